@@ -1,0 +1,133 @@
+"""Request dispatch: one method per API, each returning a body, a PendingResponse, or None.
+
+Handlers run on the trio thread and never block: a request that must wait (acks=all,
+long-poll fetch) parks in a purgatory and the connection keeps serving others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from protocol import ApiKey, RequestHeader, supported_versions
+from protocol.errors import ErrorCode
+
+from .pending import PendingResponse
+
+if TYPE_CHECKING:
+    from .server import Broker
+
+Handler = Callable[[RequestHeader, dict], "dict | PendingResponse | None"]
+
+
+class RequestHandler:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.handlers: dict[int, Handler] = {
+            ApiKey.API_VERSIONS: self.api_versions,
+            ApiKey.METADATA: self.metadata,
+            ApiKey.CREATE_TOPICS: self.create_topics,
+            ApiKey.PRODUCE: self.produce,
+            ApiKey.FETCH: self.fetch,
+            ApiKey.LIST_OFFSETS: self.list_offsets,
+            ApiKey.BROKER_STATS: self.broker_stats,
+            ApiKey.BROKER_REGISTRATION: self.controller_only(self.broker.register_broker),
+            ApiKey.BROKER_HEARTBEAT: self.controller_only(self.broker.heartbeat),
+            ApiKey.ALTER_PARTITION: self.controller_only(self.alter_partition),
+            ApiKey.UPDATE_METADATA: self.update_metadata,
+        }
+
+    def controller_only(self, method: Callable[[dict], dict]) -> Handler:
+        def handler(header: RequestHeader, body: dict) -> dict:
+            if not self.broker.is_controller:
+                return {
+                    "error_code": int(ErrorCode.NOT_CONTROLLER),
+                    "error_message": f"broker {self.broker.broker_id} is not the controller",
+                }
+            return method(body)
+
+        return handler
+
+    def handle(self, header: RequestHeader, body: dict) -> dict | PendingResponse | None:
+        return self.handlers[header.api_key](header, body)
+
+    # --- APIs -----------------------------------------------------------------------------
+
+    def api_versions(self, header: RequestHeader, body: dict) -> dict:
+        return {"error_code": 0, "api_versions": supported_versions()}
+
+    def metadata(self, header: RequestHeader, body: dict) -> dict:
+        broker = self.broker
+        md = broker.metadata
+        wanted = body["topics"]
+        if wanted and broker.config["auto.create.topics.enable"]:
+            missing = [n for n in wanted if n not in md.topics]
+            if missing:
+                broker.auto_create(missing)
+                md = broker.metadata
+        names = list(md.topics) if wanted is None else wanted
+        topics = []
+        for name in names:
+            topic = md.topics.get(name)
+            if topic is None:
+                topics.append(
+                    {
+                        "name": name,
+                        "error_code": int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+                        "partitions": [],
+                        "error_message": f"topic '{name}' does not exist",
+                    }
+                )
+                continue
+            topics.append(
+                {
+                    "name": name,
+                    "error_code": 0,
+                    "partitions": [
+                        {
+                            "partition": i,
+                            "error_code": 0
+                            if p.leader >= 0
+                            else int(ErrorCode.LEADER_NOT_AVAILABLE),
+                            "leader": p.leader,
+                            "leader_epoch": p.leader_epoch,
+                            "replicas": p.replicas,
+                            "isr": p.isr,
+                            "offline_replicas": [r for r in p.replicas if r not in md.brokers],
+                        }
+                        for i, p in enumerate(topic.partitions)
+                    ],
+                }
+            )
+        brokers = [
+            {"node_id": b.node_id, "host": b.host, "port": b.port} for b in md.brokers.values()
+        ]
+        return {"brokers": brokers, "controller_id": md.controller_id, "topics": topics}
+
+    def create_topics(self, header: RequestHeader, body: dict) -> dict | PendingResponse:
+        result = self.broker.create_topics(body["topics"], body["validate_only"])
+        return result if isinstance(result, PendingResponse) else {"topics": result}
+
+    def alter_partition(self, body: dict) -> dict:
+        return self.broker.controller.alter_partition(body)
+
+    def update_metadata(self, header: RequestHeader, body: dict) -> dict:
+        self.broker.receive_metadata(body["metadata"])
+        return {"error_code": 0, "error_message": None}
+
+    def produce(self, header: RequestHeader, body: dict) -> dict | PendingResponse | None:
+        broker = self.broker
+        if broker.config["auto.create.topics.enable"]:
+            missing = [t["name"] for t in body["topics"] if t["name"] not in broker.metadata.topics]
+            if missing:
+                broker.auto_create(missing)
+        return broker.replica_manager.produce(body)
+
+    def fetch(self, header: RequestHeader, body: dict) -> dict | PendingResponse:
+        return self.broker.replica_manager.fetch(body)
+
+    def list_offsets(self, header: RequestHeader, body: dict) -> dict:
+        return self.broker.replica_manager.list_offsets(body)
+
+    def broker_stats(self, header: RequestHeader, body: dict) -> dict:
+        return {"error_code": 0, "broker_id": self.broker.broker_id, "stats": self.broker.stats()}

@@ -1,0 +1,251 @@
+"""Broker configuration: Kafka's key names, documented defaults, validated at start.
+
+Sources, later ones winning: defaults, a TOML file (flat quoted keys like
+``"log.segment.bytes" = 1048576`` or nested tables ``[log.segment] bytes = ...``),
+then ``--set key=value``. An unknown key or a bad value raises ConfigError naming it,
+and the broker refuses to start.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration key or value the broker cannot run with."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigDef:
+    type: type
+    default: Any
+    doc: str
+    min: int | None = None
+    choices: tuple | None = None
+
+
+_LONG_MAX = 2**63 - 1
+
+DEFS: dict[str, ConfigDef] = {
+    # storage
+    "log.segment.bytes": ConfigDef(
+        int, 1073741824, "Roll a new segment once the active one reaches this size.", 1024
+    ),
+    "log.retention.bytes": ConfigDef(
+        int, -1, "Delete old segments while a partition is larger than this (-1: no limit).", -1
+    ),
+    "log.retention.ms": ConfigDef(
+        int,
+        604800000,
+        "Delete segments whose newest record is older than this (-1: keep forever).",
+        -1,
+    ),
+    "log.retention.check.interval.ms": ConfigDef(int, 300000, "How often retention runs.", 1),
+    "log.roll.ms": ConfigDef(
+        int, 604800000, "Roll a segment once it is this old, even if not full.", 1
+    ),
+    "log.index.interval.bytes": ConfigDef(
+        int, 4096, "Bytes between sparse offset index entries.", 0
+    ),
+    "log.flush.interval.messages": ConfigDef(
+        int,
+        _LONG_MAX,
+        "fsync after this many records (durability comes mainly from replication).",
+        1,
+    ),
+    "message.max.bytes": ConfigDef(int, 1048588, "Largest record batch the broker accepts.", 0),
+    "socket.request.max.bytes": ConfigDef(
+        int, 104857600, "Largest request frame; a bigger announced frame closes the connection.", 1
+    ),
+    "connections.max.idle.ms": ConfigDef(
+        int, 600000, "Close connections that send nothing for this long.", 1
+    ),
+    # topics
+    "num.partitions": ConfigDef(int, 1, "Partitions of a topic created without a count.", 1),
+    "default.replication.factor": ConfigDef(
+        int, 1, "Replication factor of a topic created without one.", 1
+    ),
+    "auto.create.topics.enable": ConfigDef(
+        bool,
+        False,
+        "Create a topic on first produce/metadata request (off: UNKNOWN_TOPIC_OR_PARTITION).",
+    ),
+    # replication
+    "min.insync.replicas": ConfigDef(
+        int, 1, "acks=all needs at least this many in-sync replicas.", 1
+    ),
+    "replica.lag.time.max.ms": ConfigDef(
+        int, 30000, "A follower not caught up for this long leaves the ISR.", 1
+    ),
+    "replica.fetch.wait.max.ms": ConfigDef(int, 500, "Long-poll time of a follower's fetch.", 0),
+    "replica.fetch.min.bytes": ConfigDef(int, 1, "Bytes a follower fetch waits for.", 0),
+    "replica.fetch.max.bytes": ConfigDef(
+        int, 1048576, "Bytes per partition a follower fetch asks for.", 1
+    ),
+    "replica.fetch.backoff.ms": ConfigDef(int, 1000, "Pause after a failed follower fetch.", 0),
+    "controller.id": ConfigDef(
+        int, -1, "Broker acting as controller (-1: the lowest id of the cluster).", -1
+    ),
+    "controller.quorum.voters": ConfigDef(
+        str,
+        "",
+        "id@host:port,... of every broker of a cluster (empty: a single broker that is its own controller).",
+    ),
+    "broker.session.timeout.ms": ConfigDef(
+        int, 9000, "A broker that misses heartbeats this long is fenced.", 1
+    ),
+    "broker.heartbeat.interval.ms": ConfigDef(
+        int, 2000, "How often a broker heartbeats to the controller.", 1
+    ),
+    "unclean.leader.election.enable": ConfigDef(
+        bool, False, "Allow a leader from outside the ISR (may lose data)."
+    ),
+    # purgatory
+    "purgatory.purge.interval.requests": ConfigDef(
+        int,
+        1000,
+        "Purge watcher lists once this many completed ops may linger (both purgatories).",
+        1,
+    ),
+    "fetch.purgatory.purge.interval.requests": ConfigDef(
+        int, 1000, "Purge interval of the fetch purgatory.", 1
+    ),
+    "producer.purgatory.purge.interval.requests": ConfigDef(
+        int, 1000, "Purge interval of the produce purgatory.", 1
+    ),
+    "timer.tick.ms": ConfigDef(int, 1, "Tick of the purgatory's timing wheel.", 1),
+    "timer.wheel.size": ConfigDef(int, 20, "Buckets per timing wheel.", 2),
+    # operations
+    "faults.enable": ConfigDef(bool, False, "Accept fault-injection requests (tests only)."),
+    "log.level": ConfigDef(
+        str, "info", "Broker log level.", choices=("debug", "info", "warning", "error")
+    ),
+    "log.format": ConfigDef(
+        str,
+        "console",
+        "Log rendering: console key=value or json lines.",
+        choices=("console", "json"),
+    ),
+}
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _flatten(value, name + ".")
+        else:
+            yield name, value
+
+
+def _coerce(key: str, definition: ConfigDef, value: Any) -> Any:
+    """Accept the TOML-typed value or the string form from --set."""
+    if definition.type is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ConfigError(f"config '{key}': expected true or false, got {value!r}")
+    if definition.type is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"config '{key}': expected an integer, got {value!r}")
+        if isinstance(value, str):
+            try:
+                value = int(value.replace("_", ""))
+            except ValueError:
+                raise ConfigError(f"config '{key}': expected an integer, got {value!r}") from None
+        if not isinstance(value, int):
+            raise ConfigError(f"config '{key}': expected an integer, got {value!r}")
+        if definition.min is not None and value < definition.min:
+            raise ConfigError(f"config '{key}': {value} is below the minimum {definition.min}")
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"config '{key}': expected a string, got {value!r}")
+    if definition.choices and value not in definition.choices:
+        raise ConfigError(
+            f"config '{key}': {value!r} is not one of {', '.join(definition.choices)}"
+        )
+    return value
+
+
+class BrokerConfig(Mapping[str, Any]):
+    """Validated, complete broker settings, read by Kafka name: ``config["min.insync.replicas"]``."""
+
+    def __init__(self, overrides: Mapping[str, Any] | None = None) -> None:
+        values = {key: d.default for key, d in DEFS.items()}
+        explicit = set()
+        for key, value in (overrides or {}).items():
+            definition = DEFS.get(key)
+            if definition is None:
+                raise ConfigError(f"unknown config key '{key}'{_suggest(key)}")
+            values[key] = _coerce(key, definition, value)
+            explicit.add(key)
+        # The 0.8-era shared purge interval applies to both purgatories unless they are set.
+        if "purgatory.purge.interval.requests" in explicit:
+            for key in (
+                "fetch.purgatory.purge.interval.requests",
+                "producer.purgatory.purge.interval.requests",
+            ):
+                if key not in explicit:
+                    values[key] = values["purgatory.purge.interval.requests"]
+        self._values = values
+        self.explicit = frozenset(explicit)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def overrides(self) -> dict[str, Any]:
+        return {key: self._values[key] for key in sorted(self.explicit)}
+
+
+def _suggest(key: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, DEFS, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def parse_set_options(items: Iterable[str]) -> dict[str, str]:
+    """``["a.b=1", ...]`` -> ``{"a.b": "1"}``; a malformed item raises ConfigError."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def load_config(
+    path: str | Path | None = None, sets: Mapping[str, Any] | None = None
+) -> BrokerConfig:
+    """Defaults, then the TOML file, then --set values."""
+    merged: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                merged.update(_flatten(tomllib.load(fh)))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    merged.update(sets or {})
+    return BrokerConfig(merged)
+
+
+def describe_defaults() -> list[tuple[str, Any, str]]:
+    """(key, default, doc) for every key: the documentation of the config surface."""
+    return [(key, d.default, d.doc) for key, d in DEFS.items()]
+
+
+Validator = Callable[[Any], Any]

@@ -1,0 +1,192 @@
+"""The controller role: owns cluster metadata, assigns replicas, elects leaders, persists.
+
+Exactly one broker (``controller.id``, default the lowest id) runs this. Every change
+is persisted atomically before it is published to the brokers, so a restarted
+controller never forgets a topic or hands out an old leader epoch again.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from protocol.errors import ErrorCode
+
+from .config import BrokerConfig
+from .metadata import (
+    BrokerInfo,
+    ClusterMetadata,
+    PartitionState,
+    TopicState,
+    load_metadata,
+    save_metadata,
+)
+
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
+METADATA_FILE = "cluster-metadata.json"
+
+
+def topic_name_error(name: str) -> str | None:
+    """Kafka's topic name rules; None if valid."""
+    if not name or name in (".", ".."):
+        return "topic name is empty, '.' or '..'"
+    if len(name) > 249:
+        return "topic name is longer than 249 characters"
+    if not _TOPIC_NAME.match(name):
+        return f"topic name {name!r} may contain only ASCII letters, digits, '.', '_' and '-'"
+    return None
+
+
+class Controller:
+    def __init__(
+        self,
+        broker_id: int,
+        data_dir: Path,
+        config: BrokerConfig,
+        logger: Any,
+        publish: Callable[[ClusterMetadata], None],
+    ) -> None:
+        self.broker_id = broker_id
+        self.path = data_dir / METADATA_FILE
+        self.config = config
+        self.log = logger
+        self.publish = publish
+        self.metadata = load_metadata(self.path) or ClusterMetadata()
+        self.metadata.controller_id = broker_id
+
+    def commit(self) -> None:
+        """Persist, then publish: the only way metadata changes leave the controller."""
+        self.metadata.epoch += 1
+        save_metadata(self.path, self.metadata)
+        self.publish(self.metadata)
+
+    def register_broker(self, info: BrokerInfo) -> None:
+        known = self.metadata.brokers.get(info.node_id)
+        if known != info:
+            self.metadata.brokers[info.node_id] = info
+            self.log.info("broker_registered", node_id=info.node_id, host=info.host, port=info.port)
+            self.commit()
+
+    def create_topics(self, topics: list[dict], validate_only: bool = False) -> list[dict]:
+        results = []
+        changed = False
+        for request in topics:
+            result = self._create_topic(request, validate_only)
+            results.append(result)
+            changed |= result["error_code"] == 0 and not validate_only
+        if changed:
+            self.commit()
+        return results
+
+    def _create_topic(self, request: dict, validate_only: bool) -> dict:
+        name = request["name"]
+        num_partitions = request["num_partitions"]
+        if num_partitions == -1:
+            num_partitions = self.config["num.partitions"]
+        rf = request["replication_factor"]
+        if rf == -1:
+            rf = self.config["default.replication.factor"]
+        result = {
+            "name": name,
+            "error_code": 0,
+            "error_message": None,
+            "num_partitions": num_partitions,
+            "replication_factor": rf,
+        }
+
+        def fail(code: ErrorCode, message: str) -> dict:
+            result.update(error_code=int(code), error_message=message)
+            return result
+
+        if (problem := topic_name_error(name)) is not None:
+            return fail(ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
+        if name in self.metadata.topics:
+            return fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic '{name}' already exists")
+        if num_partitions < 1:
+            return fail(
+                ErrorCode.INVALID_PARTITIONS, f"num_partitions must be >= 1, got {num_partitions}"
+            )
+        brokers = sorted(self.metadata.brokers)
+        if rf < 1 or rf > len(brokers):
+            return fail(
+                ErrorCode.INVALID_REPLICATION_FACTOR,
+                f"replication factor {rf} must be between 1 and the {len(brokers)} live broker(s)",
+            )
+        for key, value in request["configs"].items():
+            if key in (
+                "min.insync.replicas",
+                "retention.ms",
+                "retention.bytes",
+                "segment.bytes",
+                "segment.ms",
+                "max.message.bytes",
+                "flush.messages",
+                "index.interval.bytes",
+            ):
+                try:
+                    int(value)
+                except ValueError:
+                    return fail(
+                        ErrorCode.INVALID_CONFIG,
+                        f"topic config '{key}' must be an integer, got {value!r}",
+                    )
+            else:
+                return fail(ErrorCode.INVALID_CONFIG, f"unknown topic config '{key}'")
+        if validate_only:
+            return result
+        partitions = []
+        for index in range(num_partitions):
+            # Leaders spread round-robin; replicas follow the leader in broker order.
+            replicas = [brokers[(index + j) % len(brokers)] for j in range(rf)]
+            partitions.append(
+                PartitionState(
+                    leader=replicas[0], leader_epoch=0, replicas=replicas, isr=list(replicas)
+                )
+            )
+        self.metadata.topics[name] = TopicState(name, partitions, dict(request["configs"]))
+        self.log.info("topic_created", topic=name, partitions=num_partitions, replication_factor=rf)
+        return result
+
+    # --- ISR changes proposed by leaders -------------------------------------------------------
+
+    def alter_partition(self, request: dict) -> dict:
+        """Apply a leader's ISR proposal if it is based on the current state (Kafka's AlterPartition)."""
+        topic = self.metadata.topics.get(request["topic"])
+        index = request["partition"]
+        if topic is None or index >= len(topic.partitions):
+            return {"error_code": int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION), "error_message": None}
+        state = topic.partitions[index]
+        if request["broker_id"] != state.leader or request["leader_epoch"] != state.leader_epoch:
+            return {
+                "error_code": int(ErrorCode.FENCED_LEADER_EPOCH),
+                "error_message": f"leader is {state.leader} at epoch {state.leader_epoch}",
+            }
+        if request["partition_epoch"] != state.partition_epoch:
+            # A stale proposal: answer with the current state so the leader can catch up.
+            return {
+                "error_code": int(ErrorCode.INVALID_REQUEST),
+                "isr": state.isr,
+                "partition_epoch": state.partition_epoch,
+                "error_message": f"partition epoch {request['partition_epoch']} != {state.partition_epoch}",
+            }
+        new_isr = [r for r in request["new_isr"] if r in state.replicas]
+        if state.leader not in new_isr or len(set(new_isr)) != len(new_isr):
+            return {
+                "error_code": int(ErrorCode.INVALID_REQUEST),
+                "error_message": f"bad ISR {request['new_isr']}",
+            }
+        if sorted(new_isr) != sorted(state.isr):
+            self.log.info(
+                "isr_changed", topic=topic.name, partition=index, old_isr=state.isr, new_isr=new_isr
+            )
+            state.isr = new_isr
+            state.partition_epoch += 1
+            self.commit()
+        return {
+            "error_code": 0,
+            "error_message": None,
+            "isr": state.isr,
+            "partition_epoch": state.partition_epoch,
+        }

@@ -1,0 +1,117 @@
+"""The broker's delayed operations: acks=all produces and min.bytes fetches (kafka-semantics §3, §4).
+
+Both complete on the trio thread: triggers call ``check_and_complete`` from request
+handlers, and the timer thread hands expired operations to the loop in batches.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from protocol.errors import ErrorCode
+
+from .pending import PendingResponse
+from .purgatory import DelayedOperation
+
+if TYPE_CHECKING:
+    from .replica_manager import FetchRequest, ReplicaManager
+
+
+class ProducePartitionStatus:
+    __slots__ = ("acks_pending", "base_offset", "error", "required_offset")
+
+    def __init__(self, error: ErrorCode, base_offset: int, required_offset: int) -> None:
+        self.error = error
+        self.base_offset = base_offset
+        self.required_offset = required_offset
+        # A successful append waits for the HW; until then a timeout reports REQUEST_TIMED_OUT.
+        self.acks_pending = error is ErrorCode.NONE and required_offset >= 0
+        if self.acks_pending:
+            self.error = ErrorCode.REQUEST_TIMED_OUT
+
+
+class DelayedProduce(DelayedOperation):
+    """Completes when every appended partition's HW reaches its last offset + 1."""
+
+    __slots__ = ("manager", "response", "statuses")
+
+    def __init__(
+        self,
+        delay_ms: int,
+        statuses: dict[tuple[str, int], ProducePartitionStatus],
+        manager: ReplicaManager,
+    ) -> None:
+        super().__init__(delay_ms)
+        self.statuses = statuses
+        self.manager = manager
+        self.response = PendingResponse()
+
+    def try_complete(self) -> bool:
+        manager = self.manager
+        pending = False
+        for key, status in self.statuses.items():
+            if not status.acks_pending:
+                continue
+            partition = manager.partitions.get(key)
+            if partition is None:
+                status.acks_pending = False
+                status.error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                continue
+            done, error = partition.check_enough_replicas_reach_offset(
+                status.required_offset, manager.min_insync_replicas(key[0])
+            )
+            if done:
+                status.acks_pending = False
+                status.error = ErrorCode[error]
+            else:
+                pending = True
+        if pending:
+            return False
+        return self.force_complete()
+
+    def on_complete(self) -> None:
+        self.response.set(self.manager.produce_response(self.statuses))
+        self.manager = None  # drop references the moment we are done (KAFKA-19389)
+
+    def on_expiration(self) -> None:
+        pass
+
+
+class DelayedFetch(DelayedOperation):
+    """Completes when ``min_bytes`` are readable, on an error or a leadership change."""
+
+    __slots__ = ("fetch", "manager", "response")
+
+    def __init__(self, delay_ms: int, fetch: FetchRequest, manager: ReplicaManager) -> None:
+        super().__init__(delay_ms)
+        self.fetch = fetch
+        self.manager = manager
+        self.response = PendingResponse()
+
+    def try_complete(self) -> bool:
+        fetch = self.fetch
+        partitions = self.manager.partitions
+        accumulated = 0
+        for key, offset, max_bytes in fetch.targets:
+            partition = partitions.get(key)
+            if partition is None or not partition.is_leader:
+                return self.force_complete()
+            log = partition.log
+            end = log.log_end_offset if fetch.for_follower else partition.high_watermark
+            if offset > end or offset < log.log_start_offset:
+                return self.force_complete()  # truncated leader or retention: answer now
+            if offset < end:
+                accumulated += partition.available_bytes(
+                    offset, fetch.for_follower, min(max_bytes, fetch.min_bytes - accumulated)
+                )
+                if accumulated >= fetch.min_bytes:
+                    return self.force_complete()
+        return False
+
+    def on_complete(self) -> None:
+        self.response.set(self.manager.read_fetch(self.fetch, update_follower_state=False))
+        self.manager = None
+        self.fetch = None
+
+    def on_expiration(self) -> None:
+        pass

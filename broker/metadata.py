@@ -1,0 +1,108 @@
+"""Cluster metadata: brokers, topics, replica assignment, leaders, epochs and ISRs.
+
+One broker (the controller) owns the authoritative copy and persists it
+atomically; every broker holds the last copy pushed to it. A single-broker
+"cluster" is its own controller.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass(slots=True)
+class PartitionState:
+    leader: int
+    leader_epoch: int
+    replicas: list[int]
+    isr: list[int]
+    partition_epoch: int = 0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class TopicState:
+    name: str
+    partitions: list[PartitionState]
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class BrokerInfo:
+    node_id: int
+    host: str
+    port: int
+
+
+@dataclass
+class ClusterMetadata:
+    controller_id: int = -1
+    epoch: int = 0
+    brokers: dict[int, BrokerInfo] = field(default_factory=dict)
+    topics: dict[str, TopicState] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "controller_id": self.controller_id,
+            "epoch": self.epoch,
+            "brokers": [asdict(b) for b in sorted(self.brokers.values(), key=lambda b: b.node_id)],
+            "topics": [
+                {
+                    "name": t.name,
+                    "configs": t.configs,
+                    "partitions": [p.to_json() for p in t.partitions],
+                }
+                for t in self.topics.values()
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> ClusterMetadata:
+        md = cls(controller_id=data.get("controller_id", -1), epoch=data.get("epoch", 0))
+        for b in data.get("brokers", []):
+            md.brokers[b["node_id"]] = BrokerInfo(b["node_id"], b["host"], b["port"])
+        for t in data.get("topics", []):
+            parts = [PartitionState(**p) for p in t["partitions"]]
+            md.topics[t["name"]] = TopicState(t["name"], parts, dict(t.get("configs", {})))
+        return md
+
+
+class MetadataStoreError(RuntimeError):
+    """The persisted metadata file exists but cannot be read."""
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write temp, fsync, rename, fsync the directory: a crash leaves old or new, never half."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save_metadata(path: Path, md: ClusterMetadata) -> None:
+    write_atomic(path, json.dumps(md.to_json(), indent=1).encode())
+
+
+def load_metadata(path: Path) -> ClusterMetadata | None:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return ClusterMetadata.from_json(json.loads(raw))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MetadataStoreError(
+            f"{path} is corrupt ({exc}); restore it or remove the data dir"
+        ) from None

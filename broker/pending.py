@@ -1,0 +1,24 @@
+"""A response that is not ready yet: what a handler returns when it parks a request."""
+
+from __future__ import annotations
+
+import trio
+
+
+class PendingResponse:
+    """Set exactly once, on the trio thread, by a delayed operation's on_complete."""
+
+    __slots__ = ("_event", "body")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self.body: dict | None = None
+
+    def set(self, body: dict) -> None:
+        self.body = body
+        self._event.set()
+
+    async def wait(self) -> dict:
+        await self._event.wait()
+        assert self.body is not None
+        return self.body

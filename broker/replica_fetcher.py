@@ -1,0 +1,131 @@
+"""One replica fetcher task per follower partition, long-polling its leader.
+
+The fetch goes through the leader's fetch purgatory (``replica.fetch.wait.max.ms``,
+``replica.fetch.min.bytes``), so an idle follower costs one parked request, not a
+busy loop. Batches are appended verbatim; the follower's HW is min(leader HW, own LEO).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from protocol import ApiKey
+from protocol.errors import ErrorCode, KafkaError
+
+from .peer import PeerConnection
+
+if TYPE_CHECKING:
+    from .metadata import BrokerInfo
+    from .partition import Partition
+
+
+class ReplicaFetcher:
+    def __init__(
+        self,
+        partition: Partition,
+        leader: BrokerInfo,
+        broker_id: int,
+        config: Any,
+        logger: Any,
+        on_hw_change: Any,
+    ) -> None:
+        self.partition = partition
+        self.leader = leader
+        self.leader_epoch = partition.leader_epoch
+        self.broker_id = broker_id
+        self.config = config
+        self.log = logger.bind(
+            topic=partition.topic, partition=partition.index, leader=leader.node_id
+        )
+        self.on_hw_change = on_hw_change
+        self.cancel_scope = trio.CancelScope()
+        self.conn = PeerConnection(leader.host, leader.port, f"replica-fetcher-{broker_id}")
+        # Fault injection (delay/drop) hooks, set by the faults API; None means normal service.
+        self.delay_ms = 0
+        self.drop = False
+
+    async def run(self) -> None:
+        with self.cancel_scope:
+            try:
+                await self._loop()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self.conn.close()
+
+    def _request(self) -> dict:
+        p = self.partition
+        cfg = self.config
+        return {
+            "replica_id": self.broker_id,
+            "max_wait_ms": cfg["replica.fetch.wait.max.ms"],
+            "min_bytes": cfg["replica.fetch.min.bytes"],
+            "max_bytes": cfg["replica.fetch.max.bytes"],
+            "topics": [
+                {
+                    "name": p.topic,
+                    "partitions": [
+                        {
+                            "partition": p.index,
+                            "fetch_offset": p.log.log_end_offset,
+                            "partition_max_bytes": cfg["replica.fetch.max.bytes"],
+                            "current_leader_epoch": self.leader_epoch,
+                        }
+                    ],
+                }
+            ],
+        }
+
+    async def _loop(self) -> None:
+        cfg = self.config
+        timeout = cfg["replica.fetch.wait.max.ms"] / 1000 + 30
+        backoff = cfg["replica.fetch.backoff.ms"] / 1000
+        while True:
+            try:
+                body = await self.conn.request(ApiKey.FETCH, self._request(), timeout=timeout)
+                if self.delay_ms:
+                    await trio.sleep(self.delay_ms / 1000)
+                if self.drop:
+                    await trio.sleep(backoff)
+                    continue
+                self._process(body["topics"][0]["partitions"][0])
+            except KafkaError as exc:
+                self.log.debug("replica_fetch_failed", error=str(exc))
+                await trio.sleep(backoff)
+
+    def _process(self, data: dict) -> None:
+        p = self.partition
+        log = p.log
+        error = ErrorCode.parse(data["error_code"])
+        if error is ErrorCode.OFFSET_OUT_OF_RANGE:
+            self._handle_out_of_range(data)
+            return
+        if error is not ErrorCode.NONE:
+            raise KafkaError(f"{error.name} from leader {self.leader.node_id}")
+        records = data["records"]
+        if records:
+            log.append_as_follower(records)
+        new_hw = min(data["high_watermark"], log.log_end_offset)
+        if new_hw > p.high_watermark:
+            p.high_watermark = new_hw
+            self.on_hw_change(p)
+
+    def _handle_out_of_range(self, data: dict) -> None:
+        p = self.partition
+        log = p.log
+        leader_leo = data.get("log_end_offset", -1)
+        leader_start = data.get("log_start_offset", -1)
+        if 0 <= leader_leo < log.log_end_offset:
+            # The leader is behind us: drop our unreplicated suffix.
+            self.log.warning(
+                "follower_truncating", from_offset=log.log_end_offset, to_offset=leader_leo
+            )
+            log.truncate_to(leader_leo)
+            p.high_watermark = min(p.high_watermark, leader_leo)
+        elif leader_start > log.log_end_offset:
+            self.log.warning("follower_reset_to_leader_start", offset=leader_start)
+            log.truncate_fully_and_start_at(leader_start)
+            p.high_watermark = leader_start
+        else:
+            raise KafkaError(f"OFFSET_OUT_OF_RANGE from leader {self.leader.node_id}")

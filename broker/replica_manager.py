@@ -1,0 +1,299 @@
+"""Partitions hosted by this broker and the produce/fetch/list-offsets paths over them.
+
+Mirrors Kafka's ReplicaManager: appends, reads bounded by HW or LEO, the two
+purgatories, and "which triggers complete which purgatories" (kafka-semantics §5):
+an append checks the fetch purgatory; an HW increase checks produce and fetch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from protocol.errors import ErrorCode, KafkaError
+
+from .config import BrokerConfig
+from .delayed import DelayedFetch, DelayedProduce, ProducePartitionStatus
+from .metadata import PartitionState
+from .partition import Partition
+from .pending import PendingResponse
+from .purgatory import Purgatory
+from .storage import Log, LogConfig
+
+Key = tuple[str, int]
+
+
+class FetchRequest:
+    """A decoded fetch, kept by a DelayedFetch until it completes."""
+
+    __slots__ = ("for_follower", "max_bytes", "min_bytes", "replica_id", "targets")
+
+    def __init__(self, body: dict) -> None:
+        self.replica_id = body["replica_id"]
+        self.for_follower = self.replica_id >= 0
+        self.min_bytes = body["min_bytes"]
+        self.max_bytes = body["max_bytes"]
+        self.targets: list[tuple[Key, int, int]] = [
+            ((t["name"], p["partition"]), p["fetch_offset"], p["partition_max_bytes"])
+            for t in body["topics"]
+            for p in t["partitions"]
+        ]
+
+
+def log_config_from(config: BrokerConfig, overrides: dict[str, str] | None = None) -> LogConfig:
+    """Broker defaults with per-topic overrides (Kafka's topic-level names)."""
+    o = overrides or {}
+
+    def pick(topic_key: str, broker_key: str) -> int:
+        return int(o[topic_key]) if topic_key in o else config[broker_key]
+
+    return LogConfig(
+        segment_bytes=pick("segment.bytes", "log.segment.bytes"),
+        retention_bytes=pick("retention.bytes", "log.retention.bytes"),
+        retention_ms=pick("retention.ms", "log.retention.ms"),
+        index_interval_bytes=pick("index.interval.bytes", "log.index.interval.bytes"),
+        flush_interval_messages=pick("flush.messages", "log.flush.interval.messages"),
+        max_message_bytes=pick("max.message.bytes", "message.max.bytes"),
+        segment_ms=pick("segment.ms", "log.roll.ms"),
+    )
+
+
+class ReplicaManager:
+    def __init__(
+        self,
+        broker_id: int,
+        data_dir: Path,
+        config: BrokerConfig,
+        logger: Any,
+        fetch_purgatory: Purgatory,
+        produce_purgatory: Purgatory,
+        now_ms: Callable[[], int],
+    ) -> None:
+        self.broker_id = broker_id
+        self.data_dir = data_dir
+        self.config = config
+        self.log = logger
+        self.fetch_purgatory = fetch_purgatory
+        self.produce_purgatory = produce_purgatory
+        self.now_ms = now_ms
+        self.partitions: dict[Key, Partition] = {}
+        self.topic_configs: dict[str, dict[str, str]] = {}
+        # Called with a Partition whose ISR this leader wants changed (cluster mode).
+        self.on_isr_change: Callable[[Partition, list[int]], None] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def partition_dir(self, topic: str, index: int) -> Path:
+        return self.data_dir / f"{topic}-{index}"
+
+    def host_partition(self, topic: str, index: int, state: PartitionState) -> Partition:
+        """Open (or create) the local replica and take the role the metadata gives it."""
+        key = (topic, index)
+        partition = self.partitions.get(key)
+        if partition is None:
+            log = Log.open(
+                self.partition_dir(topic, index),
+                log_config_from(self.config, self.topic_configs.get(topic)),
+                now_ms=lambda: int(time.time() * 1000),
+                logger=self.log.bind(topic=topic, partition=index),
+            )
+            partition = Partition(topic, index, log, self.broker_id)
+            self.partitions[key] = partition
+        partition.min_insync_replicas = self.min_insync_replicas(topic)
+        if state.leader == self.broker_id:
+            if partition.make_leader(state, self.now_ms()):
+                self._hw_increased(key)
+        else:
+            was_leader = partition.is_leader
+            partition.make_follower(state)
+            if was_leader:
+                # Pending acks=all produces and fetches now answer NOT_LEADER_OR_FOLLOWER.
+                self._hw_increased(key)
+        return partition
+
+    def min_insync_replicas(self, topic: str) -> int:
+        value = self.topic_configs.get(topic, {}).get("min.insync.replicas")
+        return int(value) if value is not None else self.config["min.insync.replicas"]
+
+    def close(self) -> None:
+        for partition in self.partitions.values():
+            try:
+                partition.log.close()
+            except Exception:
+                self.log.exception(
+                    "log_close_failed", topic=partition.topic, partition=partition.index
+                )
+
+    def delete_old_segments(self) -> int:
+        return sum(p.log.delete_old_segments() for p in self.partitions.values())
+
+    # --- purgatory triggers ---------------------------------------------------------------
+
+    def _hw_increased(self, key: Key) -> None:
+        self.produce_purgatory.check_and_complete(key)
+        self.fetch_purgatory.check_and_complete(key)
+
+    # --- produce --------------------------------------------------------------------------
+
+    def produce(self, body: dict) -> dict | PendingResponse | None:
+        acks = body["acks"]
+        statuses: dict[Key, ProducePartitionStatus] = {}
+        if acks not in (-1, 0, 1):
+            for t in body["topics"]:
+                for p in t["partitions"]:
+                    statuses[(t["name"], p["partition"])] = ProducePartitionStatus(
+                        ErrorCode.INVALID_REQUIRED_ACKS, -1, -1
+                    )
+            return self.produce_response(statuses)
+        appended = []
+        for t in body["topics"]:
+            topic = t["name"]
+            for p in t["partitions"]:
+                key = (topic, p["partition"])
+                statuses[key] = self._append(key, p["records"], acks)
+                if statuses[key].acks_pending:
+                    appended.append(key)
+        if acks == 0:
+            return None  # Kafka sends no response to acks=0
+        if acks == 1 or not appended:
+            for status in statuses.values():
+                if status.acks_pending:
+                    status.acks_pending = False
+                    status.error = ErrorCode.NONE
+            return self.produce_response(statuses)
+        op = DelayedProduce(body["timeout_ms"], statuses, self)
+        pending = op.response
+        self.produce_purgatory.try_complete_else_watch(op, appended)
+        return pending.body if pending.body is not None else pending
+
+    def _append(self, key: Key, records: bytes, acks: int) -> ProducePartitionStatus:
+        partition = self.partitions.get(key)
+        if partition is None:
+            return ProducePartitionStatus(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, -1)
+        try:
+            hw_before = partition.high_watermark
+            info = partition.append_as_leader(records, acks, self.min_insync_replicas(key[0]))
+        except KafkaError as exc:
+            return ProducePartitionStatus(exc.code, -1, -1)
+        except Exception:
+            self.log.exception("append_failed", topic=key[0], partition=key[1])
+            return ProducePartitionStatus(ErrorCode.KAFKA_STORAGE_ERROR, -1, -1)
+        if partition.high_watermark > hw_before:
+            self._hw_increased(key)
+        else:
+            # Followers long-poll on the LEO: new data may complete their fetches.
+            self.fetch_purgatory.check_and_complete(key)
+        return ProducePartitionStatus(ErrorCode.NONE, info.first_offset, info.last_offset + 1)
+
+    def produce_response(self, statuses: dict[Key, ProducePartitionStatus]) -> dict:
+        topics: dict[str, list] = {}
+        for (topic, index), status in statuses.items():
+            topics.setdefault(topic, []).append(
+                {
+                    "partition": index,
+                    "error_code": int(status.error),
+                    "base_offset": status.base_offset if status.error is ErrorCode.NONE else -1,
+                }
+            )
+        return {"topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}
+
+    # --- fetch ----------------------------------------------------------------------------
+
+    def fetch(self, body: dict) -> dict | PendingResponse:
+        fetch = FetchRequest(body)
+        response, total, stop_now = self._read(fetch, update_follower_state=True)
+        if body["max_wait_ms"] <= 0 or stop_now or total >= fetch.min_bytes or not fetch.targets:
+            return response
+        op = DelayedFetch(body["max_wait_ms"], fetch, self)
+        pending = op.response
+        self.fetch_purgatory.try_complete_else_watch(op, [key for key, _, _ in fetch.targets])
+        return pending.body if pending.body is not None else pending
+
+    def read_fetch(self, fetch: FetchRequest, *, update_follower_state: bool) -> dict:
+        return self._read(fetch, update_follower_state=update_follower_state)[0]
+
+    def _read(self, fetch: FetchRequest, *, update_follower_state: bool) -> tuple[dict, int, bool]:
+        """Read every partition; returns (response body, bytes, whether to answer at once)."""
+        topics: dict[str, list] = {}
+        budget = fetch.max_bytes
+        total = 0
+        stop_now = False
+        for key, offset, max_bytes in fetch.targets:
+            entry = {"partition": key[1], "error_code": 0, "high_watermark": -1, "records": b""}
+            topics.setdefault(key[0], []).append(entry)
+            partition = self.partitions.get(key)
+            if partition is None:
+                entry["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                stop_now = True
+                continue
+            if not partition.is_leader:
+                entry["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                stop_now = True
+                continue
+            log = partition.log
+            entry["high_watermark"] = partition.high_watermark
+            entry["log_start_offset"] = log.log_start_offset
+            entry["log_end_offset"] = log.log_end_offset
+            try:
+                data = partition.read(
+                    offset,
+                    min(max_bytes, budget),
+                    for_follower=fetch.for_follower,
+                    min_one_batch=total == 0,
+                )
+            except KafkaError as exc:
+                entry["error_code"] = int(exc.code)
+                entry["error_message"] = str(exc)
+                stop_now = True
+                continue
+            entry["records"] = data
+            total += len(data)
+            budget = max(0, budget - len(data))
+            if fetch.for_follower and update_follower_state:
+                self._update_follower(partition, fetch.replica_id, offset)
+        body = {"topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}
+        return body, total, stop_now
+
+    def _update_follower(self, partition: Partition, replica_id: int, offset: int) -> None:
+        now = self.now_ms()
+        if not partition.update_follower_fetch_state(replica_id, offset, now):
+            return
+        if partition.follower_can_join_isr(replica_id) and self.on_isr_change is not None:
+            self.on_isr_change(partition, [*partition.isr, replica_id])
+        if partition.maybe_increment_hw():
+            self._hw_increased(partition.key)
+
+    # --- list offsets ---------------------------------------------------------------------
+
+    def list_offsets(self, body: dict) -> dict:
+        topics = []
+        for t in body["topics"]:
+            parts = []
+            for p in t["partitions"]:
+                parts.append(self._list_offset((t["name"], p["partition"]), p["timestamp"], body))
+            topics.append({"name": t["name"], "partitions": parts})
+        return {"topics": topics}
+
+    def _list_offset(self, key: Key, timestamp: int, body: dict) -> dict:
+        out = {"partition": key[1], "error_code": 0, "timestamp": -1, "offset": -1}
+        partition = self.partitions.get(key)
+        if partition is None:
+            out["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        elif not partition.is_leader:
+            out["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+        elif timestamp == EARLIEST_TIMESTAMP:
+            out["offset"] = partition.log.log_start_offset
+        elif timestamp == LATEST_TIMESTAMP:
+            consumer = body["replica_id"] < 0
+            out["offset"] = partition.high_watermark if consumer else partition.log.log_end_offset
+        elif timestamp < 0:
+            out["error_code"] = ErrorCode.INVALID_REQUEST
+            out["error_message"] = f"timestamp {timestamp}: use -2 (earliest), -1 (latest) or >= 0"
+        else:
+            found = partition.log.offset_for_timestamp(timestamp)
+            if found is not None and found[0] < partition.high_watermark:
+                out["offset"], out["timestamp"] = found
+        return out

@@ -1,0 +1,380 @@
+"""A broker process: wires storage, purgatories, the controller role and the network together.
+
+Threads: the trio loop (network, handlers, replica fetchers, completions) and the
+timer thread that owns the timing wheels. Expired operations cross back into the
+loop in batches through the trio token, so completion and expiration callbacks all
+run on one thread.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from protocol import ApiKey
+from protocol.errors import KafkaError
+
+from .apis import RequestHandler
+from .config import BrokerConfig, ConfigError
+from .controller import Controller
+from .membership import ControllerLink, MetadataPusher, VotersError, parse_voters
+from .metadata import BrokerInfo, ClusterMetadata
+from .network import ConnectionHandler
+from .partition import Partition
+from .pending import PendingResponse
+from .purgatory import MonotonicClock, Purgatory, SystemTimer
+from .replica_fetcher import ReplicaFetcher
+from .replica_manager import ReplicaManager
+
+
+class DataDirInUse(RuntimeError):
+    """Another broker process holds this data directory."""
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataDirInUse(f"data dir {data_dir} is in use by another broker process") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+class Broker:
+    def __init__(
+        self,
+        broker_id: int,
+        host: str,
+        port: int,
+        data_dir: Path,
+        config: BrokerConfig,
+        logger: Any,
+    ) -> None:
+        self.broker_id = broker_id
+        self.host = host
+        self.port = port
+        self.data_dir = data_dir
+        self.config = config
+        self.log = logger
+        self.clock = MonotonicClock()
+        self.started_ms = self.clock.now_ms()
+        self.metadata = ClusterMetadata()
+        try:
+            self.voters = parse_voters(config["controller.quorum.voters"])
+        except VotersError as exc:
+            raise ConfigError(str(exc)) from None
+        configured = config["controller.id"]
+        self.controller_id = configured if configured >= 0 else min(self.voters, default=broker_id)
+        self.is_controller = self.controller_id == broker_id
+        if not self.is_controller and self.controller_id not in self.voters:
+            raise ConfigError(
+                f"controller.id {self.controller_id} is not in controller.quorum.voters"
+            )
+        self.timer: SystemTimer | None = None
+        self.replica_manager: ReplicaManager | None = None
+        self.controller: Controller | None = None
+        self.link: ControllerLink | None = None
+        self.connections: ConnectionHandler | None = None
+        self.nursery: trio.Nursery | None = None
+        self.fetchers: dict[tuple[str, int], ReplicaFetcher] = {}
+        self.pushers: dict[int, MetadataPusher] = {}
+        self.heartbeats: dict[int, int] = {}
+        self._isr_in_flight: set[tuple[str, int]] = set()
+
+    # --- metadata -------------------------------------------------------------------------
+
+    def apply_metadata(self, md: ClusterMetadata) -> None:
+        """Take the roles a metadata snapshot gives this broker; start/stop replica fetchers."""
+        self.metadata = md
+        rm = self.replica_manager
+        wanted: set[tuple[str, int]] = set()
+        for name, topic in md.topics.items():
+            rm.topic_configs[name] = topic.configs
+            for index, state in enumerate(topic.partitions):
+                if self.broker_id not in state.replicas:
+                    continue
+                partition = rm.host_partition(name, index, state)
+                if not partition.is_leader and state.leader in md.brokers:
+                    wanted.add(partition.key)
+                    self._ensure_fetcher(partition, md.brokers[state.leader])
+        for key in list(self.fetchers):
+            if key not in wanted:
+                self.fetchers.pop(key).cancel_scope.cancel()
+
+    def _ensure_fetcher(self, partition: Partition, leader: BrokerInfo) -> None:
+        current = self.fetchers.get(partition.key)
+        if current is not None:
+            if current.leader == leader and current.leader_epoch == partition.leader_epoch:
+                return
+            current.cancel_scope.cancel()
+        fetcher = ReplicaFetcher(
+            partition, leader, self.broker_id, self.config, self.log, self._follower_hw_changed
+        )
+        self.fetchers[partition.key] = fetcher
+        self.nursery.start_soon(fetcher.run)
+
+    def _follower_hw_changed(self, partition: Partition) -> None:
+        self.replica_manager.fetch_purgatory.check_and_complete(partition.key)
+
+    def receive_metadata(self, snapshot: dict) -> None:
+        """A snapshot pushed by (or pulled from) the controller; older epochs are ignored."""
+        if snapshot["epoch"] > self.metadata.epoch:
+            self.apply_metadata(ClusterMetadata.from_json(snapshot))
+
+    def publish(self, md: ClusterMetadata) -> None:
+        """Controller: apply locally, then push to every other registered broker."""
+        self.apply_metadata(md)
+        snapshot = md.to_json()
+        for node_id, info in md.brokers.items():
+            if node_id == self.broker_id:
+                continue
+            pusher = self.pushers.get(node_id)
+            if pusher is None or pusher.target != info:
+                pusher = self.pushers[node_id] = MetadataPusher(info, self.broker_id, self.log)
+                self.nursery.start_soon(pusher.run)
+            pusher.offer(snapshot)
+
+    # --- controller-bound requests ----------------------------------------------------------
+
+    def create_topics(
+        self, topics: list[dict], validate_only: bool
+    ) -> list[dict] | PendingResponse:
+        if self.is_controller:
+            return self.controller.create_topics(topics, validate_only)
+        return self._forward(
+            ApiKey.CREATE_TOPICS, {"topics": topics, "validate_only": validate_only}
+        )
+
+    def _forward(self, api_key: int, body: dict) -> PendingResponse:
+        pending = PendingResponse()
+
+        async def forward() -> None:
+            try:
+                pending.set(await self.link.forward(api_key, body))
+            except KafkaError as exc:
+                pending.set(
+                    {"error_code": int(exc.code), "error_message": f"controller unreachable: {exc}"}
+                )
+
+        self.nursery.start_soon(forward)
+        return pending
+
+    def auto_create(self, names: list[str]) -> None:
+        if self.is_controller:
+            self.controller.create_topics(
+                [
+                    {"name": n, "num_partitions": -1, "replication_factor": -1, "configs": {}}
+                    for n in names
+                ]
+            )
+
+    def propose_isr(self, partition: Partition, new_isr: list[int]) -> None:
+        """Leader: ask the controller to change the ISR; one proposal in flight per partition."""
+        key = partition.key
+        if key in self._isr_in_flight:
+            return
+        request = {
+            "broker_id": self.broker_id,
+            "topic": partition.topic,
+            "partition": partition.index,
+            "leader_epoch": partition.leader_epoch,
+            "partition_epoch": partition.partition_epoch,
+            "new_isr": new_isr,
+        }
+        if self.is_controller:
+            self.controller.alter_partition(request)
+            return
+        self._isr_in_flight.add(key)
+
+        async def send() -> None:
+            try:
+                await self.link.alter_partition(request)
+            except KafkaError as exc:
+                self.log.warning(
+                    "alter_partition_failed", topic=key[0], partition=key[1], error=str(exc)
+                )
+            finally:
+                self._isr_in_flight.discard(key)
+
+        self.nursery.start_soon(send)
+
+    async def _isr_shrink_loop(self) -> None:
+        lag = self.config["replica.lag.time.max.ms"]
+        while True:
+            await trio.sleep(max(lag / 2, 10) / 1000)
+            now = self.clock.now_ms()
+            for partition in list(self.replica_manager.partitions.values()):
+                if not partition.is_leader:
+                    continue
+                out = partition.out_of_sync_replicas(now, lag)
+                if out:
+                    self.log.info(
+                        "isr_shrink_proposed",
+                        topic=partition.topic,
+                        partition=partition.index,
+                        out_of_sync=out,
+                    )
+                    self.propose_isr(partition, [r for r in partition.isr if r not in out])
+
+    def register_broker(self, body: dict) -> dict:
+        self.controller.register_broker(BrokerInfo(body["broker_id"], body["host"], body["port"]))
+        self.heartbeats[body["broker_id"]] = self.clock.now_ms()
+        return {"error_code": 0, "metadata": self.controller.metadata.to_json()}
+
+    def heartbeat(self, body: dict) -> dict:
+        self.heartbeats[body["broker_id"]] = self.clock.now_ms()
+        md = self.controller.metadata
+        newer = md.to_json() if body["metadata_epoch"] < md.epoch else None
+        return {"error_code": 0, "metadata": newer}
+
+    def stats(self) -> dict:
+        rm = self.replica_manager
+        return {
+            "uptime_ms": self.clock.now_ms() - self.started_ms,
+            "controller_id": self.controller_id,
+            "metadata_epoch": self.metadata.epoch,
+            "connections": self.connections.open_connections if self.connections else 0,
+            "purgatory": {
+                "produce": rm.produce_purgatory.stats(),
+                "fetch": rm.fetch_purgatory.stats(),
+            },
+            "partitions": [
+                {
+                    "topic": p.topic,
+                    "partition": p.index,
+                    "leader": p.leader_id,
+                    "leader_epoch": p.leader_epoch,
+                    "replicas": p.replicas,
+                    "isr": p.isr,
+                    "high_watermark": p.high_watermark,
+                    "log_end_offset": p.log.log_end_offset,
+                    "log_start_offset": p.log.log_start_offset,
+                }
+                for p in rm.partitions.values()
+            ],
+        }
+
+    # --- run ------------------------------------------------------------------------------
+
+    def _start_purgatories(self) -> tuple[Purgatory, Purgatory]:
+        token = trio.lowlevel.current_trio_token()
+        config = self.config
+        self.timer = SystemTimer(
+            tick_ms=config["timer.tick.ms"], wheel_size=config["timer.wheel.size"], clock=self.clock
+        )
+
+        def to_loop(purgatory: Purgatory):
+            # Expired ops cross into the trio thread in one batch per timer wake-up.
+            def hand_off(batch: list) -> None:
+                try:
+                    token.run_sync_soon(purgatory.expire_batch, batch)
+                except trio.RunFinishedError:
+                    pass
+
+            return hand_off
+
+        fetch = Purgatory(
+            "Fetch", self.timer, purge_interval=config["fetch.purgatory.purge.interval.requests"]
+        )
+        produce = Purgatory(
+            "Produce",
+            self.timer,
+            purge_interval=config["producer.purgatory.purge.interval.requests"],
+        )
+        fetch.set_expiry_handoff(to_loop(fetch))
+        produce.set_expiry_handoff(to_loop(produce))
+        self.timer.start()
+        return fetch, produce
+
+    async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+        config = self.config
+        fetch, produce = self._start_purgatories()
+        self.replica_manager = ReplicaManager(
+            self.broker_id,
+            self.data_dir,
+            config,
+            self.log,
+            fetch,
+            produce,
+            now_ms=self.clock.now_ms,
+        )
+        self.replica_manager.on_isr_change = self.propose_isr
+        try:
+            self.connections = ConnectionHandler(
+                RequestHandler(self),
+                max_frame_bytes=config["socket.request.max.bytes"],
+                idle_ms=config["connections.max.idle.ms"],
+                logger=self.log,
+            )
+            # Bind before any task starts, so "address in use" surfaces as a plain OSError.
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                nursery.start_soon(trio.serve_listeners, self.connections, listeners)
+                if self.is_controller:
+                    self.controller = Controller(
+                        self.broker_id, self.data_dir, config, self.log, self.publish
+                    )
+                    self.controller.register_broker(
+                        BrokerInfo(self.broker_id, self.host, self.port)
+                    )
+                    self.apply_metadata(self.controller.metadata)
+                else:
+                    host, port = self.voters[self.controller_id]
+                    self.link = ControllerLink(self, host, port)
+                    await nursery.start(self.link.run)
+                nursery.start_soon(self._retention_loop)
+                nursery.start_soon(self._isr_shrink_loop)
+                self.log.info(
+                    "broker_started",
+                    host=self.host,
+                    port=self.port,
+                    data_dir=str(self.data_dir),
+                    pid=os.getpid(),
+                    controller=self.controller_id,
+                    startup_ms=self.clock.now_ms() - self.started_ms,
+                )
+                task_status.started()
+        finally:
+            self.timer.close()
+            self.replica_manager.close()
+            self.log.info("broker_stopped")
+
+    async def _retention_loop(self) -> None:
+        interval = self.config["log.retention.check.interval.ms"] / 1000
+        while True:
+            await trio.sleep(interval)
+            deleted = self.replica_manager.delete_old_segments()
+            if deleted:
+                self.log.info("retention_deleted_segments", count=deleted)
+
+
+async def serve(broker: Broker) -> None:
+    """Run until SIGTERM/SIGINT, then shut down cleanly (logs flushed and closed)."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(broker.run)
+            async for signum in signals:
+                broker.log.info("shutdown_requested", signal=signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+
+
+def run_broker(
+    broker_id: int, host: str, port: int, data_dir: Path, config: BrokerConfig, logger: Any
+) -> None:
+    broker = Broker(broker_id, host, port, data_dir, config, logger)
+    fd = lock_data_dir(data_dir)
+    try:
+        trio.run(serve, broker)
+    finally:
+        os.close(fd)

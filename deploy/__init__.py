@@ -1,0 +1,1 @@
+"""Operations: the `minibroker` command, the cluster launcher, benchmarks, example pipelines."""

@@ -1,0 +1,128 @@
+"""`minibroker`: the one command (broker, cluster, topics, produce, consume, bench, ...).
+
+Every failure a user can cause ends as one line on stderr that says what to do and a
+non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+BENCHMARKS = {
+    "purgatory": (
+        "deploy.bench.purgatory",
+        "the seed's purgatory experiment (wheel vs heap vs trio tasks)",
+    ),
+    "produce": (
+        "deploy.bench.produce",
+        "producer throughput and ack latency against a running broker",
+    ),
+    "consume": ("deploy.bench.consume", "consumer throughput against a running broker"),
+}
+
+
+class CommandError(Exception):
+    """A user-facing failure: printed as one line."""
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+def _add_broker(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("broker", help="run one broker in the foreground")
+    p.add_argument("--id", type=int, default=0, help="broker id (default 0)")
+    p.add_argument(
+        "--listen",
+        type=parse_listen,
+        default=("127.0.0.1", 9092),
+        help="HOST:PORT to listen on (default 127.0.0.1:9092; anything but loopback is your explicit choice)",
+    )
+    p.add_argument(
+        "--data-dir", type=Path, required=True, help="directory for this broker's logs and metadata"
+    )
+    p.add_argument("--config", type=Path, help="TOML file of broker settings (Kafka key names)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one setting (repeatable)",
+    )
+    p.set_defaults(func=_run_broker)
+
+
+def _run_broker(args: argparse.Namespace) -> int:
+    from broker.config import ConfigError, load_config, parse_set_options
+    from broker.logs import configure_logging
+    from broker.server import DataDirInUse, run_broker
+
+    try:
+        config = load_config(args.config, parse_set_options(args.set))
+    except ConfigError as exc:
+        raise CommandError(f"{exc}; see README.md 'Broker configuration' for every key") from None
+    host, port = args.listen
+    logger = configure_logging(args.id, level=config["log.level"], fmt=config["log.format"])
+    try:
+        run_broker(args.id, host, port, args.data_dir, config, logger)
+    except DataDirInUse as exc:
+        raise CommandError(f"{exc}; stop it first or choose another --data-dir") from None
+    except OSError as exc:
+        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return 0
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks; each prints one JSON line of figures")
+    benches = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    for name, (module_name, doc) in BENCHMARKS.items():
+        bp = benches.add_parser(name, help=doc)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        module.add_arguments(bp)
+        bp.set_defaults(func=module.run)
+
+
+OPTIONAL_GROUPS: Sequence[str] = ("deploy.client_cli", "deploy.cluster_cli", "deploy.faults_cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="minibroker", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_broker(sub)
+    for module_name in OPTIONAL_GROUPS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        module.add_subcommands(sub)
+    _add_bench(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args) or 0
+    except CommandError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

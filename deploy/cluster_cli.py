@@ -1,0 +1,204 @@
+"""`minibroker cluster up|status|pause|resume|kill|restart|down`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+from protocol.errors import KafkaError
+
+from .cluster import DEFAULT_BASE_PORT, DEFAULT_DATA_DIR, ClusterError, ClusterState
+from .cluster_ops import first_acks_all_write, gather_status, render_status, run_demo
+
+
+def add_subcommands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cluster", help="run and control a local multi-process cluster")
+    ops = p.add_subparsers(dest="op", required=True, metavar="OP")
+
+    def common(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        parser.add_argument(
+            "--data-dir",
+            type=Path,
+            default=DEFAULT_DATA_DIR,
+            help=f"cluster directory (default ./{DEFAULT_DATA_DIR})",
+        )
+        return parser
+
+    up = common(
+        ops.add_parser("up", help="start N brokers on 127.0.0.1 and wait for an acks=all write")
+    )
+    up.add_argument("--brokers", type=int, default=3)
+    up.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT)
+    up.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="broker setting passed to every broker (repeatable)",
+    )
+    up.add_argument("--detach", action="store_true", help="leave the brokers running and return")
+    up.add_argument("--fresh", action="store_true", help="delete the data dir first")
+    up.add_argument(
+        "--demo",
+        action="store_true",
+        help="then create a 'demo' topic, produce and consume a few records, print the status",
+    )
+    up.set_defaults(func=cmd_up)
+
+    status = common(ops.add_parser("status", help="brokers (pid, state, RSS, CPU) and partitions"))
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    for name, doc in (
+        ("pause", "SIGSTOP a broker"),
+        ("resume", "SIGCONT a broker"),
+        ("kill", "SIGKILL a broker"),
+        ("restart", "start a broker again (data kept)"),
+    ):
+        op = common(ops.add_parser(name, help=doc))
+        op.add_argument("id", type=int)
+        op.set_defaults(func=cmd_control)
+    common(ops.add_parser("down", help="stop every broker cleanly")).set_defaults(func=cmd_down)
+
+
+def _fail(exc: Exception) -> int:
+    print(f"error: {exc}", file=sys.stderr)
+    return 2
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from broker.config import ConfigError, load_config, parse_set_options
+
+    try:
+        sets = parse_set_options(args.set)
+        load_config(None, sets)  # fail here, once, rather than in N broker logs
+    except ConfigError as exc:
+        return _fail(exc)
+    if args.brokers < 1:
+        return _fail(ValueError("--brokers must be at least 1"))
+    data_dir: Path = args.data_dir
+    try:
+        existing = ClusterState.load(data_dir)
+    except ClusterError:
+        existing = None
+    if existing is not None and any(existing.process(i) for i in range(existing.brokers)):
+        return _fail(
+            ClusterError(
+                f"a cluster is already running in {data_dir}; "
+                f"'minibroker cluster down --data-dir {data_dir}' first"
+            )
+        )
+    if args.fresh and data_dir.exists():
+        shutil.rmtree(data_dir)
+    state = ClusterState(data_dir, args.base_port, args.brokers, sets)
+    t0 = time.monotonic()
+    try:
+        for i in range(state.brokers):
+            state.start(i)
+        state.save()
+        state.wait_ready(list(range(state.brokers)))
+        first_acks_all_write(state)
+    except (ClusterError, OSError) as exc:
+        for i in range(state.brokers):
+            state.stop(i)
+        return _fail(exc)
+    cold_ms = (time.monotonic() - t0) * 1000
+    print(f"cluster up: {state.brokers} brokers, bootstrap {state.bootstrap}, data in {data_dir}")
+    print(f"cold start (start to first acks=all write acknowledged): {cold_ms:.0f} ms")
+    print(
+        f"try: export MINIBROKER_BOOTSTRAP={state.bootstrap.split(',')[0]}; "
+        f"minibroker cluster status --data-dir {data_dir}"
+    )
+    sys.stdout.flush()
+    if args.demo:
+        try:
+            for line in run_demo(state):
+                print("  " + line)
+        except KafkaError as exc:
+            print(f"demo failed: {exc}", file=sys.stderr)
+        print()
+        print(render_status(gather_status(state)))
+        print()
+        sys.stdout.flush()
+    if args.detach:
+        return 0
+    return supervise(state)
+
+
+def supervise(state: ClusterState) -> int:
+    """Foreground: report brokers that die; Ctrl-C (or SIGTERM) stops them all cleanly."""
+    print("supervising; Ctrl-C stops the cluster", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    reported: set[int] = set()
+    try:
+        while True:
+            time.sleep(0.5)
+            fresh = ClusterState.load(state.data_dir)  # other shells may restart brokers
+            for i in range(fresh.brokers):
+                status = fresh.status_of(i)
+                if status == "dead" and i not in reported:
+                    print(
+                        f"broker {i} is not running (restart: minibroker cluster restart {i} "
+                        f"--data-dir {state.data_dir})",
+                        flush=True,
+                    )
+                    reported.add(i)
+                elif status != "dead":
+                    reported.discard(i)
+    except KeyboardInterrupt:
+        print("stopping brokers...", flush=True)
+        return cmd_down(argparse.Namespace(data_dir=state.data_dir))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        state = ClusterState.load(args.data_dir)
+    except ClusterError as exc:
+        return _fail(exc)
+    status = gather_status(state)
+    if args.json:
+        print(json.dumps(status))
+    else:
+        print(render_status(status))
+    return 0
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    try:
+        state = ClusterState.load(args.data_dir)
+        state.check_id(args.id)
+        if args.op == "pause":
+            state.signal(args.id, signal.SIGSTOP)
+        elif args.op == "resume":
+            state.signal(args.id, signal.SIGCONT)
+        elif args.op == "kill":
+            state.kill(args.id)
+        else:
+            if state.process(args.id) is not None:
+                state.stop(args.id)
+            state.start(args.id)
+            state.save()
+            state.wait_ready([args.id])
+        state.save()
+    except ClusterError as exc:
+        return _fail(exc)
+    print(f"broker {args.id}: {args.op} done ({state.status_of(args.id)})")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    try:
+        state = ClusterState.load(args.data_dir)
+    except ClusterError as exc:
+        return _fail(exc)
+    for i in range(state.brokers):
+        state.stop(i)
+    state.pids.clear()
+    state.save()
+    print(f"cluster in {args.data_dir} stopped (data kept)")
+    return 0

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Set up ./.venv (test + spark extras) and run the whole test suite, lint included.
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh" "test,spark"
+ruff check .
+ruff format --check .
+exec python -m pytest "$@"

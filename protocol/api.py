@@ -1,0 +1,340 @@
+"""The APIs: keys (Kafka's numbers where Kafka has the API), versions and body schemas.
+
+Each (key, version) has a request schema and a response schema. Adding a field
+means adding a version; a peer that asks for a version we do not have gets
+UNSUPPORTED_VERSION, never a guess.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from .schema import (
+    BOOL,
+    BYTES,
+    INT16,
+    INT32,
+    INT64,
+    STRING,
+    Validator,
+    anything,
+    array,
+    integer,
+    mapping,
+    nullable,
+    string,
+    struct,
+)
+
+
+class ApiKey(IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    LEADER_AND_ISR = 4
+    UPDATE_METADATA = 6
+    CONTROLLED_SHUTDOWN = 7
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    OFFSET_FOR_LEADER_EPOCH = 23
+    ALTER_PARTITION = 56
+    BROKER_REGISTRATION = 62
+    BROKER_HEARTBEAT = 63
+    # minibroker's own APIs (no Kafka equivalent) live above 10000.
+    BROKER_STATS = 10000
+    FAULTS = 10001
+
+
+TOPIC_NAME = string(max_len=249)
+NODE_ID = integer("int32", min=-1)
+PARTITION = integer("int32", min=0)
+OFFSET = INT64
+ERROR = INT16
+ERROR_MESSAGE = (nullable(STRING), None)
+
+# --- shared pieces -------------------------------------------------------------------------
+
+_ERROR_ONLY = struct({"error_code": ERROR}, {"error_message": ERROR_MESSAGE})
+
+
+def _per_partition(partition_fields: dict, optional: dict | None = None) -> Validator:
+    """topics: [{name, partitions: [{partition, ...}]}] — the shape of every partitioned API."""
+    part = struct({"partition": PARTITION, **partition_fields}, optional)
+    return array(struct({"name": TOPIC_NAME, "partitions": array(part)}))
+
+
+# --- ApiVersions ---------------------------------------------------------------------------
+
+API_VERSIONS_REQ = struct({})
+API_VERSIONS_RESP = struct(
+    {"error_code": ERROR, "api_versions": array(array(INT32, max_len=3))},
+    {"error_message": ERROR_MESSAGE},
+)
+
+# --- Metadata ------------------------------------------------------------------------------
+
+METADATA_REQ = struct({}, {"topics": (nullable(array(TOPIC_NAME)), None)})
+_BROKER = struct({"node_id": NODE_ID, "host": STRING, "port": integer("int32", min=0, max=65535)})
+_PARTITION_META = struct(
+    {
+        "partition": PARTITION,
+        "error_code": ERROR,
+        "leader": NODE_ID,
+        "leader_epoch": INT32,
+        "replicas": array(NODE_ID),
+        "isr": array(NODE_ID),
+    },
+    {"offline_replicas": (array(NODE_ID), [])},
+)
+METADATA_RESP = struct(
+    {
+        "brokers": array(_BROKER),
+        "controller_id": NODE_ID,
+        "topics": array(
+            struct(
+                {"name": TOPIC_NAME, "error_code": ERROR, "partitions": array(_PARTITION_META)},
+                {"error_message": ERROR_MESSAGE},
+            )
+        ),
+    },
+    {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
+)
+
+# --- CreateTopics --------------------------------------------------------------------------
+
+CREATE_TOPICS_REQ = struct(
+    {
+        "topics": array(
+            struct(
+                {"name": TOPIC_NAME},
+                {
+                    "num_partitions": (integer("int32", min=-1), -1),
+                    "replication_factor": (integer("int16", min=-1), -1),
+                    "configs": (mapping(STRING, STRING), {}),
+                },
+            )
+        )
+    },
+    {"timeout_ms": (integer("int32", min=0), 30000), "validate_only": (BOOL, False)},
+)
+CREATE_TOPICS_RESP = struct(
+    {
+        "topics": array(
+            struct(
+                {"name": TOPIC_NAME, "error_code": ERROR},
+                {
+                    "error_message": ERROR_MESSAGE,
+                    "num_partitions": (INT32, -1),
+                    "replication_factor": (INT16, -1),
+                },
+            )
+        )
+    },
+    {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
+)
+
+# --- Produce -------------------------------------------------------------------------------
+
+PRODUCE_REQ = struct(
+    {
+        "acks": INT16,  # validated by the broker: INVALID_REQUIRED_ACKS, as Kafka does
+        "timeout_ms": integer("int32", min=0),
+        "topics": _per_partition({"records": BYTES}),
+    }
+)
+PRODUCE_RESP = struct(
+    {
+        "topics": _per_partition(
+            {"error_code": ERROR, "base_offset": OFFSET},
+            {
+                "log_append_time": (INT64, -1),
+                "log_start_offset": (INT64, -1),
+                "error_message": ERROR_MESSAGE,
+            },
+        )
+    },
+    {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
+)
+
+# --- Fetch ---------------------------------------------------------------------------------
+
+FETCH_REQ = struct(
+    {
+        "max_wait_ms": integer("int32", min=0),
+        "min_bytes": integer("int32", min=0),
+        "topics": _per_partition(
+            {"fetch_offset": OFFSET},
+            {
+                "partition_max_bytes": (integer("int32", min=0), 1048576),
+                "current_leader_epoch": (INT32, -1),
+                "last_fetched_epoch": (INT32, -1),
+            },
+        ),
+    },
+    {
+        "replica_id": (NODE_ID, -1),
+        "max_bytes": (integer("int32", min=0), 52428800),
+        "isolation_level": (integer("int8", min=0, max=1), 0),
+        "replica_epoch": (INT64, -1),
+    },
+)
+_DIVERGING = struct({"epoch": INT32, "end_offset": OFFSET})
+FETCH_RESP = struct(
+    {
+        "topics": _per_partition(
+            {"error_code": ERROR, "high_watermark": OFFSET, "records": BYTES},
+            {
+                "log_start_offset": (OFFSET, -1),
+                "log_end_offset": (OFFSET, -1),
+                "diverging_epoch": (nullable(_DIVERGING), None),
+                "error_message": ERROR_MESSAGE,
+            },
+        )
+    },
+    {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE, "throttle_time_ms": (INT32, 0)},
+)
+
+# --- ListOffsets ---------------------------------------------------------------------------
+
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+
+LIST_OFFSETS_REQ = struct(
+    {"topics": _per_partition({"timestamp": INT64})},
+    {"replica_id": (NODE_ID, -1), "isolation_level": (integer("int8", min=0, max=1), 0)},
+)
+LIST_OFFSETS_RESP = struct(
+    {
+        "topics": _per_partition(
+            {"error_code": ERROR, "timestamp": INT64, "offset": OFFSET},
+            {"error_message": ERROR_MESSAGE, "leader_epoch": (INT32, -1)},
+        )
+    },
+    {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
+)
+
+# --- BrokerStats (minibroker) --------------------------------------------------------------
+
+BROKER_STATS_REQ = struct({})
+BROKER_STATS_RESP = struct(
+    {"error_code": ERROR, "broker_id": NODE_ID, "stats": mapping(STRING, anything())},
+    {"error_message": ERROR_MESSAGE},
+)
+
+# --- cluster APIs (broker <-> controller) --------------------------------------------------
+
+_PARTITION_STATE = struct(
+    {
+        "leader": NODE_ID,
+        "leader_epoch": INT32,
+        "replicas": array(NODE_ID),
+        "isr": array(NODE_ID),
+    },
+    {"partition_epoch": (INT32, 0)},
+)
+METADATA_SNAPSHOT = struct(
+    {
+        "controller_id": NODE_ID,
+        "epoch": INT64,
+        "brokers": array(_BROKER),
+        "topics": array(
+            struct(
+                {"name": TOPIC_NAME, "partitions": array(_PARTITION_STATE)},
+                {"configs": (mapping(STRING, STRING), {})},
+            )
+        ),
+    },
+    {"live_brokers": (array(NODE_ID), [])},
+)
+
+BROKER_REGISTRATION_REQ = struct(
+    {"broker_id": NODE_ID, "host": STRING, "port": integer("int32", min=0, max=65535)},
+    {"incarnation": (INT64, 0)},
+)
+BROKER_REGISTRATION_RESP = struct(
+    {"error_code": ERROR},
+    {"error_message": ERROR_MESSAGE, "metadata": (nullable(METADATA_SNAPSHOT), None)},
+)
+BROKER_HEARTBEAT_REQ = struct(
+    {"broker_id": NODE_ID, "metadata_epoch": INT64}, {"shutting_down": (BOOL, False)}
+)
+BROKER_HEARTBEAT_RESP = BROKER_REGISTRATION_RESP
+UPDATE_METADATA_REQ = struct({"metadata": METADATA_SNAPSHOT})
+UPDATE_METADATA_RESP = _ERROR_ONLY
+ALTER_PARTITION_REQ = struct(
+    {
+        "broker_id": NODE_ID,
+        "topic": TOPIC_NAME,
+        "partition": PARTITION,
+        "leader_epoch": INT32,
+        "partition_epoch": INT32,
+        "new_isr": array(NODE_ID),
+    }
+)
+ALTER_PARTITION_RESP = struct(
+    {"error_code": ERROR},
+    {"error_message": ERROR_MESSAGE, "isr": (array(NODE_ID), []), "partition_epoch": (INT32, -1)},
+)
+OFFSET_FOR_LEADER_EPOCH_REQ = struct(
+    {"replica_id": NODE_ID, "topics": _per_partition({"leader_epoch": INT32})}
+)
+OFFSET_FOR_LEADER_EPOCH_RESP = struct(
+    {"topics": _per_partition({"error_code": ERROR, "leader_epoch": INT32, "end_offset": OFFSET})},
+    {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
+)
+
+# --- registry ------------------------------------------------------------------------------
+
+# (request schema, response schema) per key and version.
+SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
+    ApiKey.API_VERSIONS: {0: (API_VERSIONS_REQ, API_VERSIONS_RESP)},
+    ApiKey.METADATA: {0: (METADATA_REQ, METADATA_RESP)},
+    ApiKey.CREATE_TOPICS: {0: (CREATE_TOPICS_REQ, CREATE_TOPICS_RESP)},
+    ApiKey.PRODUCE: {0: (PRODUCE_REQ, PRODUCE_RESP)},
+    ApiKey.FETCH: {0: (FETCH_REQ, FETCH_RESP)},
+    ApiKey.LIST_OFFSETS: {0: (LIST_OFFSETS_REQ, LIST_OFFSETS_RESP)},
+    ApiKey.BROKER_STATS: {0: (BROKER_STATS_REQ, BROKER_STATS_RESP)},
+    ApiKey.BROKER_REGISTRATION: {0: (BROKER_REGISTRATION_REQ, BROKER_REGISTRATION_RESP)},
+    ApiKey.BROKER_HEARTBEAT: {0: (BROKER_HEARTBEAT_REQ, BROKER_HEARTBEAT_RESP)},
+    ApiKey.UPDATE_METADATA: {0: (UPDATE_METADATA_REQ, UPDATE_METADATA_RESP)},
+    ApiKey.ALTER_PARTITION: {0: (ALTER_PARTITION_REQ, ALTER_PARTITION_RESP)},
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: {
+        0: (OFFSET_FOR_LEADER_EPOCH_REQ, OFFSET_FOR_LEADER_EPOCH_RESP)
+    },
+}
+
+# A top-level error body is valid as the response to any API (UNSUPPORTED_VERSION,
+# INVALID_REQUEST, or an error injected for tests).
+ERROR_RESPONSE = _ERROR_ONLY
+
+
+def register(key: int, version: int, request: Validator, response: Validator) -> None:
+    """Add an API version; used by layers that own an API's semantics (e.g. cluster APIs)."""
+    SCHEMAS.setdefault(int(key), {})[version] = (request, response)
+
+
+def supported_versions() -> list[list[int]]:
+    """``[[api_key, min_version, max_version], ...]`` for ApiVersions."""
+    return [[int(k), min(v), max(v)] for k, v in sorted(SCHEMAS.items())]
+
+
+def api_name(key: int) -> str:
+    try:
+        return ApiKey(key).name
+    except ValueError:
+        return f"API_{key}"
+
+
+__all__ = [
+    "BYTES",
+    "EARLIEST_TIMESTAMP",
+    "ERROR_RESPONSE",
+    "INT64",
+    "LATEST_TIMESTAMP",
+    "SCHEMAS",
+    "ApiKey",
+    "api_name",
+    "register",
+    "supported_versions",
+]

@@ -1,0 +1,256 @@
+"""The record batch: unit of storage *and* transfer, identical bytes on the wire and on disk.
+
+Layout (big-endian), after Kafka's v2 batch:
+
+    base_offset      int64   patched in place by the leader when it assigns offsets
+    batch_length     int32   bytes that follow this field
+    leader_epoch     int32   patched in place by the leader (outside the CRC, as in Kafka)
+    crc              uint32  zlib.crc32 of everything after this field
+    attributes       int16
+    last_offset_delta int32  record_count - 1
+    first_timestamp  int64   ms
+    max_timestamp    int64   ms
+    record_count     int32
+    records          msgpack array of [timestamp_delta, key, value(, headers)]
+
+Because the CRC starts after the crc field, offsets and epochs can be set without
+re-encoding, followers copy batches verbatim and fetch serves file bytes as they are.
+The broker never looks inside ``records`` beyond the msgpack array header.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
+
+import msgpack
+
+from .errors import ProtocolError
+
+HEADER = struct.Struct(">qiiIhiqqi")
+HEADER_SIZE = HEADER.size  # 46
+LOG_OVERHEAD = 12  # base_offset + batch_length: what precedes batch_length's count
+CRC_START = 20  # first byte the CRC covers (attributes)
+_BASE_OFFSET = struct.Struct(">q")
+_EPOCH = struct.Struct(">i")
+_LENGTH = struct.Struct(">i")
+NO_TIMESTAMP = -1
+
+
+class CorruptBatch(ProtocolError):
+    """A batch whose length, header or CRC does not hold together."""
+
+
+class BatchHeader(NamedTuple):
+    base_offset: int
+    batch_length: int
+    leader_epoch: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    first_timestamp: int
+    max_timestamp: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        """Total bytes of the batch, header included."""
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+
+class Record:
+    """One record as a client sees it after decoding a batch."""
+
+    __slots__ = ("headers", "key", "offset", "timestamp", "value")
+
+    def __init__(
+        self,
+        offset: int,
+        timestamp: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes | None]],
+    ) -> None:
+        self.offset = offset
+        self.timestamp = timestamp
+        self.key = key
+        self.value = value
+        self.headers = headers
+
+    def __repr__(self) -> str:
+        return f"Record(offset={self.offset}, key={self.key!r}, value={self.value!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Record):
+            return NotImplemented
+        return (self.offset, self.timestamp, self.key, self.value, self.headers) == (
+            other.offset,
+            other.timestamp,
+            other.key,
+            other.value,
+            other.headers,
+        )
+
+
+def encode_batch(
+    records: Sequence[tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
+    *,
+    base_offset: int = 0,
+    leader_epoch: int = -1,
+    attributes: int = 0,
+) -> bytes:
+    """Encode ``(timestamp_ms, key, value, headers)`` tuples as one batch."""
+    if not records:
+        raise ValueError("a batch needs at least one record")
+    first_ts = records[0][0]
+    max_ts = first_ts
+    rows = []
+    append = rows.append
+    for ts, key, value, headers in records:
+        if ts > max_ts:
+            max_ts = ts
+        if headers:
+            append((ts - first_ts, key, value, [list(h) for h in headers]))
+        else:
+            append((ts - first_ts, key, value))
+    payload = msgpack.packb(rows, use_bin_type=True)
+    count = len(records)
+    tail = struct.pack(">hiqqi", attributes, count - 1, first_ts, max_ts, count) + payload
+    crc = zlib.crc32(tail)
+    head = struct.pack(">qiiI", base_offset, len(tail) + 8, leader_epoch, crc)
+    return head + tail
+
+
+def unpack_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Read a header; the caller has checked that HEADER_SIZE bytes are there."""
+    return BatchHeader._make(HEADER.unpack_from(buf, pos))
+
+
+def batch_size_at(buf: bytes | bytearray | memoryview, pos: int) -> int | None:
+    """Total size of the batch starting at ``pos``, or None if its length field is cut off."""
+    if len(buf) - pos < LOG_OVERHEAD:
+        return None
+    return _LENGTH.unpack_from(buf, pos + 8)[0] + LOG_OVERHEAD
+
+
+def _array_len(payload: memoryview) -> int:
+    """Element count from a msgpack array header, without decoding the elements."""
+    if not payload:
+        raise CorruptBatch("records are empty")
+    b = payload[0]
+    if 0x90 <= b <= 0x9F:
+        return b & 0x0F
+    if b == 0xDC and len(payload) >= 3:
+        return int.from_bytes(payload[1:3], "big")
+    if b == 0xDD and len(payload) >= 5:
+        return int.from_bytes(payload[1:5], "big")
+    raise CorruptBatch("records are not a msgpack array")
+
+
+def check_batch(buf: bytes | bytearray | memoryview, pos: int, size: int) -> BatchHeader:
+    """Validate the batch at ``pos`` (``size`` bytes): header fields, CRC, record count.
+
+    This is per-batch work only: one C-level CRC and a glance at the msgpack array header.
+    """
+    if size < HEADER_SIZE:
+        raise CorruptBatch(f"batch at byte {pos} is {size} bytes, shorter than its header")
+    header = unpack_header(buf, pos)
+    if header.record_count <= 0:
+        raise CorruptBatch(f"batch at byte {pos} has record_count {header.record_count}")
+    if header.last_offset_delta != header.record_count - 1:
+        raise CorruptBatch(
+            f"batch at byte {pos}: last_offset_delta {header.last_offset_delta} "
+            f"does not match record_count {header.record_count}"
+        )
+    view = memoryview(buf)[pos + CRC_START : pos + size]
+    crc = zlib.crc32(view)
+    if crc != header.crc:
+        raise CorruptBatch(f"batch at byte {pos}: CRC {crc:#010x} != stored {header.crc:#010x}")
+    if _array_len(view[HEADER_SIZE - CRC_START :]) != header.record_count:
+        raise CorruptBatch(f"batch at byte {pos}: records array length != record_count")
+    return header
+
+
+def iter_batches(
+    buf: bytes | bytearray | memoryview, *, verify: bool = True, allow_partial: bool = False
+) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield ``(position, header)`` for each batch in a buffer of concatenated batches.
+
+    A trailing fragment is an error unless ``allow_partial`` (a fetch response may end
+    with a batch cut by max_bytes, as in Kafka; the consumer drops it).
+    """
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        size = batch_size_at(buf, pos)
+        if size is None or pos + size > end:
+            if allow_partial:
+                return
+            raise CorruptBatch(f"truncated batch at byte {pos} of {end}")
+        if verify:
+            header = check_batch(buf, pos, size)
+        else:
+            if size < HEADER_SIZE:
+                raise CorruptBatch(f"batch at byte {pos} is shorter than its header")
+            header = unpack_header(buf, pos)
+        yield pos, header
+        pos += size
+
+
+def patch_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> None:
+    """Set a batch's base offset in place; the CRC stays valid (it starts after)."""
+    _BASE_OFFSET.pack_into(buf, pos, base_offset)
+
+
+def patch_leader_epoch(buf: bytearray | memoryview, pos: int, epoch: int) -> None:
+    _EPOCH.pack_into(buf, pos + 12, epoch)
+
+
+def decode_records(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
+) -> list[Record]:
+    """Decode one batch's records (client side: this is the only per-record decode)."""
+    start = pos + HEADER_SIZE
+    try:
+        rows = msgpack.unpackb(memoryview(buf)[start : pos + header.size], raw=False, use_list=True)
+    except Exception as exc:  # msgpack raises a zoo of types on hostile bytes
+        raise CorruptBatch(f"records of batch at offset {header.base_offset}: {exc}") from None
+    if not isinstance(rows, list) or len(rows) != header.record_count:
+        raise CorruptBatch(f"batch at offset {header.base_offset}: records do not match count")
+    base = header.base_offset
+    first_ts = header.first_timestamp
+    out = []
+    append = out.append
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) not in (3, 4):
+            raise CorruptBatch(f"record {base + i} is not [ts_delta, key, value(, headers)]")
+        headers = [tuple(h) for h in row[3]] if len(row) == 4 else []
+        append(Record(base + i, first_ts + row[0], row[1], row[2], headers))
+    return out
+
+
+def read_records(buf: bytes | bytearray | memoryview, *, min_offset: int = 0) -> list[Record]:
+    """All records of a fetched buffer at or after ``min_offset``; a cut-off tail is dropped."""
+    out: list[Record] = []
+    for pos, header in iter_batches(buf, verify=True, allow_partial=True):
+        if header.next_offset <= min_offset:
+            continue
+        records = decode_records(buf, pos, header)
+        if header.base_offset < min_offset:
+            records = records[min_offset - header.base_offset :]
+        out.extend(records)
+    return out
+
+
+def concat(batches: Iterable[bytes]) -> bytes:
+    return b"".join(batches)

@@ -1,0 +1,127 @@
+"""Requests and responses: msgpack envelopes plus per-API body validation.
+
+Request:  ``[api_key, api_version, correlation_id, client_id, body]``
+Response: ``[correlation_id, body]``
+
+Decoding is two steps so a server can answer precisely: an envelope that cannot
+be parsed is a ProtocolError (close the connection, we cannot even name the
+request), while a bad body or unknown version becomes an error *response* for
+that correlation id.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import msgpack
+
+from .api import ERROR_RESPONSE, SCHEMAS, api_name
+from .errors import ErrorCode, InvalidRequestError, ProtocolError, UnsupportedVersionError
+from .framing import encode_frame
+
+
+class RequestHeader(NamedTuple):
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+def _unpack(payload: bytes | memoryview) -> Any:
+    try:
+        return msgpack.unpackb(payload, raw=False, use_list=True)
+    except Exception as exc:  # msgpack raises many types on hostile input
+        raise ProtocolError(f"undecodable msgpack: {type(exc).__name__}: {exc}") from None
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def encode_request(
+    api_key: int, api_version: int, correlation_id: int, client_id: str | None, body: dict
+) -> bytes:
+    """A whole frame, ready to send."""
+    return encode_frame(pack([int(api_key), api_version, correlation_id, client_id, body]))
+
+
+def decode_request_envelope(payload: bytes) -> tuple[RequestHeader, Any]:
+    """Parse the envelope; the body is returned raw (validate with ``validate_request``)."""
+    msg = _unpack(payload)
+    if type(msg) is not list or len(msg) != 5:
+        raise ProtocolError(
+            "request is not [api_key, api_version, correlation_id, client_id, body]"
+        )
+    key, version, corr, client_id, body = msg
+    if not (_is_int(key) and _is_int(version) and _is_int(corr)):
+        raise ProtocolError("api_key, api_version and correlation_id must be integers")
+    if not -(2**31) <= corr < 2**31:
+        raise ProtocolError("correlation_id is not an int32")
+    if client_id is not None and type(client_id) is not str:
+        raise ProtocolError("client_id must be a string or nil")
+    return RequestHeader(key, version, corr, client_id), body
+
+
+def _schemas(api_key: int, api_version: int) -> tuple:
+    versions = SCHEMAS.get(api_key)
+    if versions is None:
+        raise UnsupportedVersionError(f"unknown api_key {api_key}")
+    pair = versions.get(api_version)
+    if pair is None:
+        raise UnsupportedVersionError(
+            f"{api_name(api_key)} version {api_version} is not supported "
+            f"(supported: {min(versions)}..{max(versions)})"
+        )
+    return pair
+
+
+def validate_request(header: RequestHeader, body: Any) -> dict:
+    """Check the body against its schema; raises UnsupportedVersionError / InvalidRequestError."""
+    request_schema, _ = _schemas(header.api_key, header.api_version)
+    return request_schema(body, "")
+
+
+def decode_request(payload: bytes) -> tuple[RequestHeader, dict]:
+    header, body = decode_request_envelope(payload)
+    return header, validate_request(header, body)
+
+
+def encode_response(correlation_id: int, body: dict) -> bytes:
+    return encode_frame(pack([correlation_id, body]))
+
+
+def error_body(code: ErrorCode, message: str | None = None) -> dict:
+    """The top-level error body that is a valid response to any API."""
+    return {"error_code": int(code), "error_message": message}
+
+
+def error_for_exception(exc: ProtocolError) -> ErrorCode:
+    if isinstance(exc, UnsupportedVersionError):
+        return ErrorCode.UNSUPPORTED_VERSION
+    return ErrorCode.INVALID_REQUEST
+
+
+def decode_response_envelope(payload: bytes) -> tuple[int, Any]:
+    msg = _unpack(payload)
+    if type(msg) is not list or len(msg) != 2 or not _is_int(msg[0]):
+        raise ProtocolError("response is not [correlation_id, body]")
+    return msg[0], msg[1]
+
+
+def validate_response(api_key: int, api_version: int, body: Any) -> dict:
+    """Validate a response body; a bare top-level error body is accepted for any API."""
+    if (
+        type(body) is dict
+        and body.get("error_code")
+        and set(body) <= {"error_code", "error_message"}
+    ):
+        return ERROR_RESPONSE(body, "")
+    _, response_schema = _schemas(api_key, api_version)
+    try:
+        return response_schema(body, "")
+    except InvalidRequestError as exc:
+        raise ProtocolError(f"malformed {api_name(api_key)} response: {exc}") from None

@@ -1,0 +1,168 @@
+"""Kafka's error codes (same names, same numbers) and the exceptions named after them.
+
+Both the broker and the client raise these, so a failure reads the same on
+both sides of the wire: ``NotEnoughReplicas`` is error code 19 everywhere.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    UNKNOWN_SERVER_ERROR = -1
+    NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    CORRUPT_MESSAGE = 2
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    INVALID_FETCH_SIZE = 4
+    LEADER_NOT_AVAILABLE = 5
+    NOT_LEADER_OR_FOLLOWER = 6
+    REQUEST_TIMED_OUT = 7
+    BROKER_NOT_AVAILABLE = 8
+    REPLICA_NOT_AVAILABLE = 9
+    MESSAGE_TOO_LARGE = 10
+    STALE_CONTROLLER_EPOCH = 11
+    NETWORK_EXCEPTION = 13
+    NOT_CONTROLLER = 41
+    INVALID_TOPIC_EXCEPTION = 17
+    RECORD_LIST_TOO_LARGE = 18
+    NOT_ENOUGH_REPLICAS = 19
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
+    INVALID_REQUIRED_ACKS = 21
+    ILLEGAL_GENERATION = 22
+    UNSUPPORTED_VERSION = 35
+    TOPIC_ALREADY_EXISTS = 36
+    INVALID_PARTITIONS = 37
+    INVALID_REPLICATION_FACTOR = 38
+    INVALID_REQUEST = 42
+    POLICY_VIOLATION = 44
+    KAFKA_STORAGE_ERROR = 56
+    FENCED_LEADER_EPOCH = 74
+    UNKNOWN_LEADER_EPOCH = 75
+    OFFSET_NOT_AVAILABLE = 78
+    INVALID_CONFIG = 40
+    INVALID_RECORD = 87
+    THROTTLING_QUOTA_EXCEEDED = 89
+
+    @property
+    def retriable(self) -> bool:
+        return self in RETRIABLE
+
+    @classmethod
+    def parse(cls, value: int) -> ErrorCode:
+        """Map a wire value to a code; codes we do not know read as UNKNOWN_SERVER_ERROR."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNKNOWN_SERVER_ERROR
+
+
+# Kafka's RetriableException subclasses: a client may retry these after a
+# metadata refresh and a backoff.
+RETRIABLE = frozenset(
+    {
+        ErrorCode.CORRUPT_MESSAGE,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.REQUEST_TIMED_OUT,
+        ErrorCode.BROKER_NOT_AVAILABLE,
+        ErrorCode.REPLICA_NOT_AVAILABLE,
+        ErrorCode.NETWORK_EXCEPTION,
+        ErrorCode.NOT_CONTROLLER,
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        ErrorCode.KAFKA_STORAGE_ERROR,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+        ErrorCode.OFFSET_NOT_AVAILABLE,
+        ErrorCode.THROTTLING_QUOTA_EXCEEDED,
+    }
+)
+
+
+class ProtocolError(Exception):
+    """Bytes that cannot be decoded: the only exception the decoders ever raise."""
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame header announced more bytes than the configured maximum."""
+
+
+class InvalidRequestError(ProtocolError):
+    """A well-formed frame whose body does not match the API's schema."""
+
+
+class UnsupportedVersionError(ProtocolError):
+    """An API key or version this side does not speak."""
+
+
+class KafkaError(Exception):
+    """Base of the exceptions named after Kafka error codes."""
+
+    code: ErrorCode = ErrorCode.UNKNOWN_SERVER_ERROR
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.code.name)
+        self.message = message
+
+    @property
+    def retriable(self) -> bool:
+        return self.code.retriable
+
+    def __str__(self) -> str:
+        if self.message and self.message != self.code.name:
+            return f"{self.code.name}: {self.message}"
+        return self.code.name
+
+
+def _class_name(code: ErrorCode) -> str:
+    name = "".join(part.capitalize() for part in code.name.split("_"))
+    return name.removesuffix("Exception")
+
+
+_BY_CODE: dict[ErrorCode, type[KafkaError]] = {}
+for _code in ErrorCode:
+    if _code is ErrorCode.NONE:
+        continue
+    _cls = type(_class_name(_code), (KafkaError,), {"code": _code, "__module__": __name__})
+    _BY_CODE[_code] = _cls
+    globals()[_cls.__name__] = _cls
+
+
+def error_class(code: int | ErrorCode) -> type[KafkaError]:
+    """The exception class for a wire error code."""
+    return _BY_CODE[ErrorCode.parse(code)]
+
+
+def raise_for(code: int, message: str = "") -> None:
+    """Raise the named exception unless ``code`` is NONE."""
+    if code != 0:
+        raise error_class(code)(message)
+
+
+# Names for static analysis and `from protocol.errors import RequestTimedOut`.
+UnknownServerError = _BY_CODE[ErrorCode.UNKNOWN_SERVER_ERROR]
+OffsetOutOfRange = _BY_CODE[ErrorCode.OFFSET_OUT_OF_RANGE]
+CorruptMessage = _BY_CODE[ErrorCode.CORRUPT_MESSAGE]
+UnknownTopicOrPartition = _BY_CODE[ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]
+LeaderNotAvailable = _BY_CODE[ErrorCode.LEADER_NOT_AVAILABLE]
+NotLeaderOrFollower = _BY_CODE[ErrorCode.NOT_LEADER_OR_FOLLOWER]
+RequestTimedOut = _BY_CODE[ErrorCode.REQUEST_TIMED_OUT]
+BrokerNotAvailable = _BY_CODE[ErrorCode.BROKER_NOT_AVAILABLE]
+MessageTooLarge = _BY_CODE[ErrorCode.MESSAGE_TOO_LARGE]
+NetworkException = _BY_CODE[ErrorCode.NETWORK_EXCEPTION]
+InvalidTopic = _BY_CODE[ErrorCode.INVALID_TOPIC_EXCEPTION]
+NotEnoughReplicas = _BY_CODE[ErrorCode.NOT_ENOUGH_REPLICAS]
+NotEnoughReplicasAfterAppend = _BY_CODE[ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND]
+InvalidRequiredAcks = _BY_CODE[ErrorCode.INVALID_REQUIRED_ACKS]
+UnsupportedVersion = _BY_CODE[ErrorCode.UNSUPPORTED_VERSION]
+TopicAlreadyExists = _BY_CODE[ErrorCode.TOPIC_ALREADY_EXISTS]
+InvalidPartitions = _BY_CODE[ErrorCode.INVALID_PARTITIONS]
+InvalidReplicationFactor = _BY_CODE[ErrorCode.INVALID_REPLICATION_FACTOR]
+InvalidRequest = _BY_CODE[ErrorCode.INVALID_REQUEST]
+InvalidConfig = _BY_CODE[ErrorCode.INVALID_CONFIG]
+KafkaStorageError = _BY_CODE[ErrorCode.KAFKA_STORAGE_ERROR]
+FencedLeaderEpoch = _BY_CODE[ErrorCode.FENCED_LEADER_EPOCH]
+InvalidRecord = _BY_CODE[ErrorCode.INVALID_RECORD]

@@ -1,0 +1,64 @@
+"""Length-prefixed frames: 4-byte big-endian length, then that many bytes of msgpack.
+
+The decoder is incremental (feed bytes as they arrive, get whole frames out) and
+refuses a frame larger than its maximum as soon as the 4-byte header is seen,
+before buffering a single byte of it.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from .errors import FrameTooLarge, ProtocolError
+
+_LEN = struct.Struct(">I")
+FRAME_HEADER_SIZE = 4
+DEFAULT_MAX_FRAME_BYTES = 104857600  # Kafka's socket.request.max.bytes
+
+
+def encode_frame(payload: bytes) -> bytes:
+    return _LEN.pack(len(payload)) + payload
+
+
+class FrameDecoder:
+    """Feed raw bytes, collect complete frame payloads."""
+
+    __slots__ = ("_buf", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
+        """Add bytes; return every frame now complete (possibly none).
+
+        Raises FrameTooLarge / ProtocolError for a header that can never be valid;
+        after that the stream is unusable and the connection should close.
+        """
+        buf = self._buf
+        buf += data
+        frames = []
+        pos = 0
+        end = len(buf)
+        while end - pos >= FRAME_HEADER_SIZE:
+            (length,) = _LEN.unpack_from(buf, pos)
+            if length > self.max_frame_bytes:
+                del buf[:]
+                raise FrameTooLarge(
+                    f"frame of {length} bytes exceeds the maximum of {self.max_frame_bytes}"
+                )
+            if length == 0:
+                del buf[:]
+                raise ProtocolError("empty frame")
+            if end - pos - FRAME_HEADER_SIZE < length:
+                break
+            start = pos + FRAME_HEADER_SIZE
+            frames.append(bytes(buf[start : start + length]))
+            pos = start + length
+        if pos:
+            del buf[:pos]
+        return frames

@@ -1,0 +1,143 @@
+"""A tiny strict schema language for message bodies.
+
+Decoding validates types and ranges and fills optional fields with their
+defaults, so handlers get complete dicts and never see a wrong type. Failures
+raise ``InvalidRequestError`` naming the path (``topics[0].partitions[2].partition``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .errors import InvalidRequestError
+
+Validator = Callable[[Any, str], Any]
+
+_INT_RANGES = {
+    "int8": (-(2**7), 2**7 - 1),
+    "int16": (-(2**15), 2**15 - 1),
+    "int32": (-(2**31), 2**31 - 1),
+    "int64": (-(2**63), 2**63 - 1),
+}
+
+
+def _fail(path: str, what: str) -> InvalidRequestError:
+    return InvalidRequestError(f"{path or 'body'}: {what}")
+
+
+def integer(kind: str = "int32", *, min: int | None = None, max: int | None = None) -> Validator:
+    lo, hi = _INT_RANGES[kind]
+    if min is not None:
+        lo = min
+    if max is not None:
+        hi = max
+
+    def check(value: Any, path: str) -> int:
+        # bool is an int subclass in Python; msgpack true/false is not a number.
+        if type(value) is not int:
+            raise _fail(path, f"expected {kind}, got {type(value).__name__}")
+        if not lo <= value <= hi:
+            raise _fail(path, f"{value} is outside [{lo}, {hi}]")
+        return value
+
+    return check
+
+
+def boolean() -> Validator:
+    def check(value: Any, path: str) -> bool:
+        if type(value) is not bool:
+            raise _fail(path, f"expected bool, got {type(value).__name__}")
+        return value
+
+    return check
+
+
+def string(*, max_len: int = 32767) -> Validator:
+    def check(value: Any, path: str) -> str:
+        if type(value) is not str:
+            raise _fail(path, f"expected string, got {type(value).__name__}")
+        if len(value) > max_len:
+            raise _fail(path, f"string longer than {max_len}")
+        return value
+
+    return check
+
+
+def binary() -> Validator:
+    def check(value: Any, path: str) -> bytes:
+        if type(value) is not bytes:
+            raise _fail(path, f"expected bytes, got {type(value).__name__}")
+        return value
+
+    return check
+
+
+def nullable(inner: Validator) -> Validator:
+    def check(value: Any, path: str) -> Any:
+        return None if value is None else inner(value, path)
+
+    return check
+
+
+def array(item: Validator, *, max_len: int = 1_000_000) -> Validator:
+    def check(value: Any, path: str) -> list:
+        if type(value) is not list:
+            raise _fail(path, f"expected array, got {type(value).__name__}")
+        if len(value) > max_len:
+            raise _fail(path, f"array longer than {max_len}")
+        return [item(v, f"{path}[{i}]") for i, v in enumerate(value)]
+
+    return check
+
+
+def mapping(key: Validator, value: Validator) -> Validator:
+    def check(obj: Any, path: str) -> dict:
+        if type(obj) is not dict:
+            raise _fail(path, f"expected map, got {type(obj).__name__}")
+        return {key(k, f"{path}.<key>"): value(v, f"{path}.{k}") for k, v in obj.items()}
+
+    return check
+
+
+_REQUIRED = object()
+
+
+def struct(
+    fields: dict[str, Validator], optional: dict[str, tuple[Validator, Any]] | None = None
+) -> Validator:
+    """A msgpack map with exactly these keys; ``optional`` maps name -> (validator, default)."""
+    optional = optional or {}
+    known = set(fields) | set(optional)
+
+    def check(value: Any, path: str) -> dict:
+        if type(value) is not dict:
+            raise _fail(path, f"expected map, got {type(value).__name__}")
+        prefix = f"{path}." if path else ""
+        out = {}
+        for name, validate in fields.items():
+            if name not in value:
+                raise _fail(path, f"missing field '{name}'")
+            out[name] = validate(value[name], prefix + name)
+        for name, (validate, default) in optional.items():
+            raw = value.get(name, _REQUIRED)
+            out[name] = default if raw is _REQUIRED else validate(raw, prefix + name)
+        if len(value) > len(out) or not known.issuperset(value):
+            extra = sorted(str(k) for k in value if k not in known)
+            raise _fail(path, f"unknown field(s) {', '.join(extra)}")
+        return out
+
+    return check
+
+
+def anything() -> Validator:
+    return lambda value, path: value
+
+
+INT8 = integer("int8")
+INT16 = integer("int16")
+INT32 = integer("int32")
+INT64 = integer("int64")
+BOOL = boolean()
+STRING = string()
+BYTES = binary()

@@ -1,0 +1,63 @@
+"""Broker configuration: Kafka key names, TOML in both shapes, errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.config import DEFS, BrokerConfig, ConfigError, load_config, parse_set_options
+
+
+def test_defaults_are_documented_and_kafka_named():
+    config = BrokerConfig()
+    assert config["min.insync.replicas"] == 1
+    assert config["replica.lag.time.max.ms"] == 30000
+    assert config["timer.tick.ms"] == 1 and config["timer.wheel.size"] == 20
+    assert all(d.doc for d in DEFS.values())
+
+
+def test_toml_flat_and_nested_keys_then_set_wins(tmp_path):
+    path = tmp_path / "broker.toml"
+    path.write_text('"log.segment.bytes" = 4096\n[min.insync]\nreplicas = 2\n')
+    config = load_config(path, parse_set_options(["min.insync.replicas=3", "faults.enable=true"]))
+    assert config["log.segment.bytes"] == 4096
+    assert config["min.insync.replicas"] == 3
+    assert config["faults.enable"] is True
+    assert config.overrides()["log.segment.bytes"] == 4096
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (
+            {"min.insync.replica": "2"},
+            "unknown config key 'min.insync.replica' (did you mean 'min.insync.replicas'?)",
+        ),
+        ({"min.insync.replicas": "two"}, "config 'min.insync.replicas': expected an integer"),
+        ({"min.insync.replicas": "0"}, "below the minimum 1"),
+        ({"faults.enable": "yes"}, "expected true or false"),
+        ({"log.format": "xml"}, "not one of console, json"),
+    ],
+)
+def test_bad_keys_and_values_are_named(sets, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, sets)
+    assert message in str(info.value)
+
+
+def test_bad_files_and_set_syntax(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("this is = = not toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="expects key=value"):
+        parse_set_options(["novalue"])
+
+
+def test_shared_purge_interval_applies_to_both_purgatories():
+    config = BrokerConfig(
+        {"purgatory.purge.interval.requests": 10, "fetch.purgatory.purge.interval.requests": 3}
+    )
+    assert config["producer.purgatory.purge.interval.requests"] == 10
+    assert config["fetch.purgatory.purge.interval.requests"] == 3

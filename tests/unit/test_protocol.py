@@ -1,0 +1,246 @@
+"""Frames, codecs and record batches: round trips, strict validation, hostile bytes."""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import protocol as p
+from protocol.batch import CorruptBatch
+from protocol.errors import ErrorCode, KafkaError
+
+
+def produce_body(records: bytes = b"") -> dict:
+    return {
+        "acks": 1,
+        "timeout_ms": 1000,
+        "topics": [{"name": "t", "partitions": [{"partition": 0, "records": records}]}],
+    }
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def test_error_classes_are_named_after_kafka_codes():
+    assert p.errors.RequestTimedOut.code is ErrorCode.REQUEST_TIMED_OUT
+    assert p.error_class(19) is p.errors.NotEnoughReplicas
+    assert p.errors.NotEnoughReplicas("x").retriable
+    assert not p.errors.InvalidRequiredAcks().retriable
+    assert str(p.errors.RequestTimedOut()) == "REQUEST_TIMED_OUT"
+    assert ErrorCode.parse(12345) is ErrorCode.UNKNOWN_SERVER_ERROR
+    with pytest.raises(p.errors.OffsetOutOfRange):
+        p.raise_for(1, "bad offset")
+    p.raise_for(0)
+
+
+def test_every_error_code_has_an_exception():
+    for code in ErrorCode:
+        if code is not ErrorCode.NONE:
+            exc = p.error_class(code)("m")
+            assert isinstance(exc, KafkaError) and exc.code is code
+
+
+# --- framing --------------------------------------------------------------------------------
+
+
+def test_frames_split_across_feeds():
+    frames = [p.encode_frame(b"a" * n) for n in (1, 5, 300)]
+    data = b"".join(frames)
+    decoder = p.FrameDecoder()
+    out = []
+    for i in range(0, len(data), 7):
+        out += decoder.feed(data[i : i + 7])
+    assert out == [b"a", b"a" * 5, b"a" * 300]
+    assert decoder.buffered == 0
+
+
+def test_oversized_frame_refused_before_buffering():
+    decoder = p.FrameDecoder(max_frame_bytes=1024)
+    with pytest.raises(p.FrameTooLarge, match="2147483648 bytes exceeds"):
+        decoder.feed(struct.pack(">I", 2**31))
+    assert decoder.buffered == 0
+
+
+def test_empty_frame_is_a_protocol_error():
+    with pytest.raises(p.ProtocolError):
+        p.FrameDecoder().feed(b"\x00\x00\x00\x00")
+
+
+# --- codec ----------------------------------------------------------------------------------
+
+
+def test_request_round_trip_fills_defaults():
+    frame = p.encode_request(
+        p.ApiKey.FETCH,
+        0,
+        7,
+        "me",
+        {
+            "max_wait_ms": 10,
+            "min_bytes": 1,
+            "topics": [{"name": "t", "partitions": [{"partition": 0, "fetch_offset": 5}]}],
+        },
+    )
+    (payload,) = p.FrameDecoder().feed(frame)
+    header, body = p.decode_request(payload)
+    assert header == p.RequestHeader(1, 0, 7, "me")
+    assert body["replica_id"] == -1
+    assert body["topics"][0]["partitions"][0]["partition_max_bytes"] == 1048576
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"acks": "1", "timeout_ms": 1, "topics": []}, "acks: expected int16"),
+        ({"acks": True, "timeout_ms": 1, "topics": []}, "acks: expected int16, got bool"),
+        ({"acks": 1, "timeout_ms": -1, "topics": []}, "timeout_ms: -1 is outside"),
+        ({"acks": 1, "topics": []}, "missing field 'timeout_ms'"),
+        ({"acks": 1, "timeout_ms": 1, "topics": [], "x": 1}, "unknown field"),
+        (
+            {
+                "acks": 1,
+                "timeout_ms": 1,
+                "topics": [{"name": "t", "partitions": [{"partition": -1, "records": b""}]}],
+            },
+            "topics[0].partitions[0].partition",
+        ),
+        ([1, 2], "expected map"),
+    ],
+)
+def test_wrong_shapes_name_the_problem(body, message):
+    header = p.RequestHeader(0, 0, 1, None)
+    with pytest.raises(p.InvalidRequestError) as info:
+        p.validate_request(header, body)
+    assert message in str(info.value)
+
+
+def test_unknown_api_and_version():
+    with pytest.raises(p.UnsupportedVersionError, match="unknown api_key 999"):
+        p.validate_request(p.RequestHeader(999, 0, 1, None), {})
+    with pytest.raises(p.UnsupportedVersionError, match="PRODUCE version 9 is not supported"):
+        p.validate_request(p.RequestHeader(0, 9, 1, None), produce_body())
+    assert p.error_for_exception(p.UnsupportedVersionError("x")) is ErrorCode.UNSUPPORTED_VERSION
+    assert p.error_for_exception(p.InvalidRequestError("x")) is ErrorCode.INVALID_REQUEST
+
+
+def test_envelope_errors():
+    for payload in (
+        msgpack.packb([1, 2]),
+        msgpack.packb(["a", 0, 1, None, {}]),
+        msgpack.packb([0, 0, 2**40, None, {}]),
+    ):
+        with pytest.raises(p.ProtocolError):
+            p.decode_request_envelope(payload)
+
+
+def test_top_level_error_response_is_valid_for_any_api():
+    body = p.validate_response(
+        p.ApiKey.PRODUCE, 0, p.error_body(ErrorCode.UNSUPPORTED_VERSION, "nope")
+    )
+    assert body["error_code"] == 35
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzz_decoders_only_raise_protocol_errors(data):
+    decoder = p.FrameDecoder(max_frame_bytes=4096)
+    try:
+        frames = decoder.feed(data)
+    except p.ProtocolError:
+        frames = []
+    for payload in [*frames, data]:
+        try:
+            header, raw = p.decode_request_envelope(payload)
+            p.validate_request(header, raw)
+        except p.ProtocolError:
+            pass
+        try:
+            _corr, raw = p.decode_response_envelope(payload)
+            p.validate_response(p.ApiKey.FETCH, 0, raw)
+        except p.ProtocolError:
+            pass
+    try:
+        p.read_records(data)
+    except p.ProtocolError:
+        pass
+
+
+json_like = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.text(max_size=5)
+    | st.binary(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(list(p.api.SCHEMAS)), json_like)
+def test_fuzz_wrong_shaped_msgpack_is_rejected_cleanly(api_key, body):
+    try:
+        p.validate_request(p.RequestHeader(api_key, 0, 1, None), body)
+    except p.ProtocolError:
+        pass
+
+
+# --- batches --------------------------------------------------------------------------------
+
+
+def make_batch(n=3, ts=1000):
+    return p.encode_batch(
+        [
+            (ts + i, f"k{i}".encode(), f"v{i}".encode(), [("h", b"x")] if i == 0 else [])
+            for i in range(n)
+        ]
+    )
+
+
+def test_batch_round_trip_and_in_place_offsets():
+    buf = bytearray(make_batch(3))
+    p.patch_base_offset(buf, 0, 41)
+    p.patch_leader_epoch(buf, 0, 7)
+    [(_pos, header)] = list(p.iter_batches(buf))
+    assert (header.base_offset, header.last_offset, header.leader_epoch, header.record_count) == (
+        41,
+        43,
+        7,
+        3,
+    )
+    records = p.read_records(buf)
+    assert [(r.offset, r.timestamp, r.key, r.value) for r in records] == [
+        (41, 1000, b"k0", b"v0"),
+        (42, 1001, b"k1", b"v1"),
+        (43, 1002, b"k2", b"v2"),
+    ]
+    assert records[0].headers == [("h", b"x")]
+    assert [r.offset for r in p.read_records(buf, min_offset=43)] == [43]
+
+
+def test_flipped_byte_fails_crc():
+    buf = bytearray(make_batch(3))
+    buf[-2] ^= 0xFF
+    with pytest.raises(CorruptBatch, match="CRC"):
+        list(p.iter_batches(buf))
+
+
+def test_truncated_batch():
+    buf = make_batch(3) + make_batch(2)[:-5]
+    with pytest.raises(CorruptBatch, match="truncated"):
+        list(p.iter_batches(buf))
+    assert len(list(p.iter_batches(buf, allow_partial=True))) == 1
+
+
+def test_record_count_must_match_records():
+    good = p.encode_batch([(1, None, b"a", [])])
+    bad = bytearray(good)
+    struct.pack_into(">i", bad, 42, 2)  # record_count
+    with pytest.raises(CorruptBatch):
+        p.check_batch(bad, 0, len(bad))
