@@ -71,7 +71,9 @@ class DelayedProduce(DelayedOperation):
 
     def on_complete(self) -> None:
         self.response.set(self.manager.produce_response(self.statuses))
-        self.manager = None  # drop references the moment we are done (KAFKA-19389)
+        # The op may linger on other keys' watch lists until a purge: keep nothing heavy
+        # alive through it (KAFKA-19389). The waiting handler holds its own reference.
+        self.manager = self.statuses = self.response = None
 
     def on_expiration(self) -> None:
         pass
@@ -110,8 +112,7 @@ class DelayedFetch(DelayedOperation):
 
     def on_complete(self) -> None:
         self.response.set(self.manager.read_fetch(self.fetch, update_follower_state=False))
-        self.manager = None
-        self.fetch = None
+        self.manager = self.fetch = self.response = None
 
     def on_expiration(self) -> None:
         pass

@@ -15,7 +15,9 @@ from .cluster import ClusterError, ClusterState
 HEALTH_TOPIC = "__minibroker_health"
 
 
-async def _acks_all_write(bootstrap: str, replication: int, deadline: float) -> None:
+async def acks_all_write(bootstrap: str, replication: int, timeout: float = 30) -> None:
+    """Wait until the cluster acknowledges an acks=all write to a fully replicated topic."""
+    deadline = time.monotonic() + timeout
     while True:
         try:
             async with Admin(bootstrap) as admin:
@@ -39,9 +41,7 @@ async def _acks_all_write(bootstrap: str, replication: int, deadline: float) -> 
 def first_acks_all_write(state: ClusterState, timeout: float = 30) -> None:
     """Block until the cluster acknowledges an acks=all write to a fully replicated topic."""
     try:
-        trio.run(
-            _acks_all_write, state.bootstrap, min(state.brokers, 3), time.monotonic() + timeout
-        )
+        trio.run(acks_all_write, state.bootstrap, min(state.brokers, 3), timeout)
     except KafkaError as exc:
         raise ClusterError(f"the cluster did not accept an acks=all write: {exc}") from None
 
@@ -89,7 +89,7 @@ async def _stats(state: ClusterState) -> dict[int, dict]:
         try:
             with trio.fail_after(2):
                 async with Admin(f"{state.host}:{state.port(broker_id)}") as admin:
-                    out[broker_id] = await admin.broker_stats()
+                    out[broker_id] = (await admin.broker_stats())["stats"]
         except (KafkaError, trio.TooSlowError, OSError):
             pass
 

@@ -2,7 +2,7 @@
 # Idempotent: pip runs only when pyproject.toml changed or new extras are asked for.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-EXTRAS="${1:-}"
+EXTRAS="${MINIBROKER_EXTRAS:-}"
 PY="${PYTHON:-python3}"
 VENV="$ROOT/.venv"
 if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then

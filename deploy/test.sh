@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up ./.venv (test + spark extras) and run the whole test suite, lint included.
-source "$(dirname "${BASH_SOURCE[0]}")/env.sh" "test,spark"
+MINIBROKER_EXTRAS=test,spark source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 ruff check .
 ruff format --check .
 exec python -m pytest "$@"

@@ -1,0 +1,83 @@
+"""The single-threaded core shared by both timers: wheel + delay queue of buckets.
+
+Whoever drives it (the timer thread, or a test's ManualTimer) is its only user, so
+nothing here locks. Hot-path choices: the bucket for the last expiration is cached
+(hundreds of adds share a millisecond at high rates), and a finest-level bucket that
+comes due is expired whole rather than re-added task by task.
+"""
+
+from __future__ import annotations
+
+from heapq import heappop
+
+from .bucket import Bucket, TimerTask
+from .wheel import TimingWheel
+
+
+class TimerEngine:
+    __slots__ = ("_cache_bucket", "_cache_exp", "counter", "queue", "wheel")
+
+    def __init__(self, tick_ms: int, wheel_size: int, start_ms: int) -> None:
+        self.counter = [0]
+        self.queue: list[tuple[int, Bucket]] = []
+        self.wheel = TimingWheel(tick_ms, wheel_size, start_ms, self.counter, self.queue)
+        self._cache_exp = -1
+        self._cache_bucket: Bucket | None = None
+
+    @property
+    def size(self) -> int:
+        return self.counter[0]
+
+    def insert(self, task: TimerTask) -> bool:
+        """Link the task; False if it is cancelled or already due (the caller expires it)."""
+        exp = task.expiration_ms
+        if exp == self._cache_exp and not task._done:
+            # Same deadline as the previous add and the wheel has not moved since: same
+            # bucket, already queued for this rotation. Inline link (Bucket.add).
+            bucket = self._cache_bucket
+            tail = bucket._prev
+            task._prev = tail
+            task._next = bucket
+            tail._next = task
+            bucket._prev = task
+            task._bucket = bucket
+            self.counter[0] += 1
+            return True
+        bucket = self.wheel.place(task)
+        if bucket is None:
+            return False
+        self._cache_exp = exp
+        self._cache_bucket = bucket
+        return True
+
+    def remove(self, task: TimerTask) -> None:
+        bucket = task._bucket
+        if bucket is not None:
+            bucket.remove(task)
+
+    def next_expiration(self) -> int | None:
+        queue = self.queue
+        return queue[0][0] if queue else None
+
+    def poll_due(self, now_ms: int, expired: list[TimerTask]) -> None:
+        """Advance through every bucket due at ``now_ms``; append expired live tasks."""
+        queue = self.queue
+        wheel = self.wheel
+        append = expired.append
+        while queue and queue[0][0] <= now_ms:
+            exp, bucket = heappop(queue)
+            # The wheel moves: cached bucket may start a new rotation, so forget it.
+            self._cache_exp = -1
+            wheel.advance_clock(exp)
+            tasks = bucket.drain()
+            if bucket.whole:
+                for task in tasks:
+                    if not task._done:
+                        task._timer = None
+                        append(task)
+            else:
+                insert = self.insert
+                for task in tasks:
+                    if not insert(task) and not task._done:
+                        task._timer = None
+                        append(task)

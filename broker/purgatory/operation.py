@@ -1,0 +1,87 @@
+"""DelayedOperation: a timer task that completes exactly once, by condition or timeout."""
+
+from __future__ import annotations
+
+import itertools
+
+from .bucket import TimerTask
+
+_ONCE = (True,)
+
+
+class DelayedOperation(TimerTask):
+    """Subclasses supply ``try_complete``, ``on_complete`` and ``on_expiration``.
+
+    Completion is a one-shot claim: ``next()`` on a private one-item iterator is a single
+    C call, hence atomic under the GIL, so whatever races (a trigger, the expiry path, a
+    completer thread) exactly one caller wins, without a lock per operation.
+    """
+
+    __slots__ = ("_completed", "_once", "_owner")
+
+    def __init__(self, delay_ms: int) -> None:
+        # Fields set here rather than via TimerTask.__init__: one call less per operation.
+        self.delay_ms = delay_ms
+        self.expiration_ms = -1
+        self._prev = self._next = self._bucket = None
+        self._timer = None
+        self._sink = None
+        self._done = False
+        self._once = iter(_ONCE)
+        self._completed = False
+        self._owner = None  # the Purgatory watching it, which counts its completion
+
+    # --- subclass hooks ---------------------------------------------------------------
+
+    def try_complete(self) -> bool:
+        """Check the condition; if met, ``return self.force_complete()``."""
+        return False
+
+    def on_complete(self) -> None:
+        """Runs exactly once, on completion or timeout. Drop heavy references here:
+        the op may linger on other keys' watch lists until a purge (KAFKA-19389)."""
+
+    def on_expiration(self) -> None:
+        """Runs after ``on_complete`` when the completion was a timeout."""
+
+    # --- machinery --------------------------------------------------------------------
+
+    def force_complete(self) -> bool:
+        """Complete now; True only for the one caller that did it. Safe from any thread."""
+        if not next(self._once, False):
+            return False
+        self._completed = True
+        self._done = True
+        timer = self._timer
+        if timer is not None:  # O(1): leave the timer at once
+            self._timer = None
+            timer._cancel(self)
+        owner = self._owner
+        if owner is not None:
+            next(owner._finished)
+        self.on_complete()
+        return True
+
+    @property
+    def is_completed(self) -> bool:
+        return self._completed
+
+    def run(self) -> None:
+        """The timeout path: onComplete, then onExpiration (Kafka's order)."""
+        if self.force_complete():
+            self.on_expiration()
+
+    def cancel(self) -> None:
+        """Leave the timer without completing (cancel_for_key). Call from the owner thread."""
+        if self._completed:
+            return
+        owner = self._owner
+        if owner is not None:
+            self._owner = None
+            owner._cancelled += 1
+        super().cancel()
+
+
+def counter_value(counter: itertools.count) -> int:
+    """Read an itertools.count without advancing it (stats only, not the hot path)."""
+    return int(repr(counter)[6:-1])

@@ -1,0 +1,240 @@
+"""The purgatory: watcher lists by key, a timer for timeouts, an estimated-count purge.
+
+Threading contract. One *owner* thread (the broker's trio thread) calls
+``try_complete_else_watch``, ``check_and_complete``, ``cancel_for_key``, ``maybe_purge``
+and runs ``expire_batch``: watcher lists are touched by that thread only, so they are
+plain lists with no lock. ``DelayedOperation.force_complete`` may be called from any
+thread; its one-shot claim keeps completion exactly-once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Hashable, Iterable
+
+from .bucket import TimerTask
+from .operation import DelayedOperation, counter_value
+
+ExpiryHandoff = Callable[[list], None]
+
+# Entries a running purge scans per watched op: a few µs, so expiry is never held up.
+PURGE_STEP_ENTRIES = 256
+
+
+class Purgatory:
+    """Kafka's DelayedOperationPurgatory for one kind of operation.
+
+    ``timer`` is a SystemTimer or ManualTimer (several purgatories may share one).
+    Expired operations reach ``expire_batch`` through ``expiry_handoff``: by default the
+    timer thread calls ``expire_batch`` itself; the broker passes a function that does
+    ``trio_token.run_sync_soon(purgatory.expire_batch, batch)``.
+    ``purge_interval`` is ``purgatory.purge.interval.requests``. ``purge_dead_share``: the
+    purge also waits until completed ops are at least this share of the estimated total,
+    so each purge's O(watched) scan is paid for by as many completions (0: Kafka's rule).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        timer,
+        purge_interval: int = 1000,
+        *,
+        expiry_handoff: ExpiryHandoff | None = None,
+        purge_dead_share: float = 0.5,
+        owns_timer: bool = False,
+    ) -> None:
+        self.name = name
+        self.timer = timer
+        self.purge_interval = purge_interval
+        self.purge_dead_share = purge_dead_share
+        self.owns_timer = owns_timer
+        self._watchers: dict[Hashable, list[DelayedOperation]] = {}
+        self._handoff: ExpiryHandoff = expiry_handoff or self.expire_batch
+        # Stored once: the timer groups expired ops by sink identity, and a bound method
+        # made afresh on every access would be a new object (and an allocation) per op.
+        self._sink = self._deliver_expired
+        self._estimated = 0  # E: grows per watched op, reset to pending by a purge
+        self._check_step = max(1, min(64, purge_interval // 16))
+        self._next_check = self._check_step
+        self._watched_ops = 0
+        self._cancelled = 0
+        self._finished = itertools.count()  # advanced by whichever thread completes an op
+        self._expired = 0
+        self._purges = 0
+        self._purge_keys: list[Hashable] = []  # keys still to compact in the running purge
+        self._checking = False
+        self._closed = False
+
+    def set_expiry_handoff(self, handoff: ExpiryHandoff) -> None:
+        self._handoff = handoff
+
+    def _deliver_expired(self, batch: list[DelayedOperation]) -> None:
+        self._handoff(batch)
+
+    # --- owner thread -----------------------------------------------------------------
+
+    def try_complete_else_watch(self, op: DelayedOperation, keys: Iterable[Hashable]) -> bool:
+        """Complete ``op`` now if possible; otherwise watch it on every key and time it.
+
+        Order matters (reference §2): a check first (cheap, and most ops never wait); then
+        watch on *every* key, so that from here on no trigger on any key can be missed;
+        then check again, because a trigger may have fired between the first check and
+        the watch; only then add to the timer, so an op completed by that second check
+        never enters the timer at all.
+        """
+        if type(keys) is not tuple and type(keys) is not list:
+            keys = list(keys)
+        if not keys:
+            raise ValueError("an operation must be watched on at least one key")
+        if op.try_complete():
+            return True
+        op._owner = self
+        self._watched_ops += 1
+        watchers = self._watchers
+        for key in keys:
+            if op._completed:  # completed meanwhile (another thread): stop watching (KAFKA-18027)
+                break
+            ops = watchers.get(key)
+            if ops is None:
+                watchers[key] = [op]
+            else:
+                ops.append(op)
+        self._estimated += 1
+        if op.try_complete():
+            return True
+        if not op._completed:
+            op._sink = self._sink
+            self.timer.add(op)
+            if op._completed:
+                # Completed by another thread between the check and the add: take it out.
+                TimerTask.cancel(op)
+        if self._purge_keys:
+            self._purge_step(PURGE_STEP_ENTRIES)
+        elif self._estimated >= self._next_check:
+            self.maybe_purge(PURGE_STEP_ENTRIES)
+        return False
+
+    def check_and_complete(self, key: Hashable) -> int:
+        """Try to complete every op watched on ``key``; drop finished ones from its list."""
+        ops = self._watchers.get(key)
+        if not ops:
+            return 0
+        completed = 0
+        survivors = []
+        n = len(ops)
+        self._checking = True
+        try:
+            for op in ops[:n]:
+                if op._completed:
+                    continue
+                if op.try_complete():
+                    completed += 1
+                else:
+                    survivors.append(op)
+        finally:
+            self._checking = False
+        # Keep ops appended to this key while we ran callbacks (re-entrant watch).
+        ops[:n] = survivors
+        if not ops and self._watchers.get(key) is ops:
+            del self._watchers[key]
+        return completed
+
+    def cancel_for_key(self, key: Hashable) -> list[DelayedOperation]:
+        """Stop watching ``key``; its ops leave the timer uncompleted and are returned."""
+        ops = self._watchers.pop(key, None)
+        if not ops:
+            return []
+        cancelled = [op for op in ops if not op._completed]
+        for op in cancelled:
+            op.cancel()
+        return cancelled
+
+    def expire_batch(self, batch: list[DelayedOperation]) -> int:
+        """Expire a batch the timer handed over; returns how many this call expired."""
+        expired = 0
+        for op in batch:
+            if op.force_complete():  # False if a trigger got there first
+                expired += 1
+                op.on_expiration()
+        self._expired += expired
+        return expired
+
+    def maybe_purge(self, budget: int | None = None) -> bool:
+        """Seed's estimated-count purge: start one only when E - pending > purge_interval.
+
+        E resets to pending when a purge *starts*; ops watched while it runs add to E
+        again (the seed's rule). ``budget``: scan about that many entries now and the rest
+        in later calls (None: all now).
+        """
+        pending = self.pending
+        estimated = self._estimated
+        self._next_check = estimated + self._check_step
+        dead = estimated - pending
+        if self._purge_keys or dead <= self.purge_interval:
+            return False
+        if dead < self.purge_dead_share * estimated:
+            return False
+        self._estimated = pending
+        self._next_check = pending + self._check_step
+        self._purges += 1
+        self._purge_keys = list(self._watchers)
+        self._purge_step(budget)
+        return True
+
+    def purge(self) -> None:
+        """Drop completed ops from every watcher list now; remove emptied keys."""
+        self._purge_keys = list(self._watchers)
+        self._purges += 1
+        self._purge_step(None)
+
+    def _purge_step(self, budget: int | None) -> None:
+        # Incremental: one purge of every list can take tens of ms at high rates, and the
+        # owner thread is also the one that runs expiry, so it is spread over many calls.
+        if self._checking:
+            return  # never compact a list check_and_complete is iterating
+        keys = self._purge_keys
+        watchers = self._watchers
+        scanned = 0
+        while keys and (budget is None or scanned < budget):
+            key = keys.pop()
+            ops = watchers.get(key)
+            if ops is None:
+                continue
+            scanned += len(ops)
+            live = [op for op in ops if not op._completed]
+            if not live:
+                del watchers[key]
+            elif len(live) != len(ops):
+                ops[:] = live
+
+    def shutdown(self) -> None:
+        """Pending ops are neither completed nor expired (Kafka); close an owned timer."""
+        self._closed = True
+        self._watchers.clear()
+        if self.owns_timer:
+            self.timer.close()
+
+    # --- metrics ----------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Ops watched here and not yet completed, expired or cancelled."""
+        return self._watched_ops - counter_value(self._finished) - self._cancelled
+
+    def watched(self) -> int:
+        """Kafka's PurgatorySize: entries on all lists (O(keys); over-counts by design)."""
+        return sum(len(ops) for ops in self._watchers.values())
+
+    def stats(self) -> dict:
+        finished = counter_value(self._finished)
+        return {
+            "name": self.name,
+            "pending": self._watched_ops - finished - self._cancelled,
+            "watched": self.watched(),
+            "completed": finished - self._expired,
+            "expired": self._expired,
+            "purges": self._purges,
+            "estimated": self._estimated,
+            "keys": len(self._watchers),
+            "timer_size": self.timer.size,
+        }

@@ -1,0 +1,146 @@
+"""The timer thread: sleeps until the earliest due bucket, expires, hands batches out.
+
+Only the timer thread touches wheels and buckets. Other threads hand it work through
+two ``collections.deque`` objects (append/popleft are atomic under the GIL: no lock on
+the hot path). An add only wakes the thread when its deadline is earlier than the one
+the thread sleeps until, so an idle timer never wakes and a busy one wakes once per due
+bucket, draining everything queued since.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from time import monotonic_ns
+
+from .bucket import TimerTask
+from .clock import Clock, ManualClock, MonotonicClock
+from .delivery import ExpireBatch, deliver, run_inline
+from .engine import TimerEngine
+
+_INF = float("inf")
+_AWAKE = float("-inf")  # published while awake: no add needs to signal
+
+
+class SystemTimer:
+    """Kafka's SystemTimer + reaper in one thread; expired tasks go out in batches.
+
+    ``expire_batch`` receives each wake-up's expired tasks (for tasks that name no sink of
+    their own); the default runs them inline on the timer thread.
+    """
+
+    def __init__(
+        self,
+        tick_ms: int = 1,
+        wheel_size: int = 20,
+        clock: Clock | None = None,
+        expire_batch: ExpireBatch | None = None,
+        name: str = "timer",
+        start_ms: int | None = None,
+    ) -> None:
+        self.clock = clock or MonotonicClock()
+        self._now = self.clock.now_ms
+        self._monotonic = type(self.clock) is MonotonicClock
+        self._engine = TimerEngine(
+            tick_ms, wheel_size, self._now() if start_ms is None else start_ms
+        )
+        self._expire_batch = expire_batch or run_inline
+        self._adds: deque[TimerTask] = deque()
+        self._cancels: deque[TimerTask] = deque()
+        self._wake = threading.Event()
+        self._wake_at: float = _AWAKE
+        self._closing = False
+        # With a manual clock, real time means nothing: sleep until the clock moves.
+        self._manual = isinstance(self.clock, ManualClock)
+        if self._manual:
+            self.clock.subscribe(self._wake.set)
+        self._thread = threading.Thread(target=self._run, name=f"timer-{name}", daemon=True)
+        self.wakeups = 0
+
+    def start(self) -> SystemTimer:
+        self._thread.start()
+        return self
+
+    def __enter__(self) -> SystemTimer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- any thread -------------------------------------------------------------------
+
+    def add(self, task: TimerTask) -> None:
+        """Schedule ``task`` to expire ``task.delay_ms`` from now (a task is added once)."""
+        if self._monotonic:  # inlined MonotonicClock.now_ms: this is the hot path
+            exp = monotonic_ns() // 1_000_000 + task.delay_ms
+        else:
+            exp = self._now() + task.delay_ms
+        task.expiration_ms = exp
+        task._timer = self
+        self._adds.append(task)
+        # Read after the append: the thread publishes its wake time *before* its last look
+        # at the deque, so either it sees this task or we see the time and signal.
+        if exp < self._wake_at:
+            self._wake.set()
+
+    def _cancel(self, task: TimerTask) -> None:
+        self._cancels.append(task)
+
+    @property
+    def size(self) -> int:
+        """Live tasks: linked, or handed over and not yet linked, minus cancels in flight."""
+        return max(0, self._engine.counter[0] + len(self._adds) - len(self._cancels))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread; pending tasks are not run."""
+        self._closing = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        if self._manual:
+            self.clock.unsubscribe(self._wake.set)
+
+    # --- timer thread -----------------------------------------------------------------
+
+    def _drain(self, expired: list[TimerTask]) -> None:
+        adds = self._adds
+        insert = self._engine.insert
+        pop = adds.popleft
+        while adds:
+            task = pop()
+            if not insert(task) and not task._done:
+                task._timer = None
+                expired.append(task)
+        cancels = self._cancels
+        remove = self._engine.remove
+        pop = cancels.popleft
+        while cancels:
+            remove(pop())
+
+    def _run(self) -> None:
+        engine = self._engine
+        wake = self._wake
+        adds = self._adds
+        now = self._now
+        while not self._closing:
+            wake.clear()
+            self._wake_at = _AWAKE
+            self.wakeups += 1
+            while True:
+                expired: list[TimerTask] = []
+                self._drain(expired)
+                engine.poll_due(now(), expired)
+                if expired:
+                    deliver(expired, self._expire_batch)
+                nxt = engine.next_expiration()
+                self._wake_at = _INF if nxt is None else nxt
+                if not adds or self._closing:
+                    break
+                self._wake_at = _AWAKE
+            if self._closing:
+                break
+            if nxt is None or self._manual:
+                wake.wait()
+            else:
+                # now() is floored, so this never wakes before the bucket is due.
+                wake.wait(max(0, nxt - now()) / 1000)

@@ -1,0 +1,48 @@
+"""Waiting on cluster state with a generous bound (never sleep-and-hope)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from client import Admin
+from deploy.cluster import ClusterState
+
+
+async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:
+    """Poll ``check`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
+    with trio.move_on_after(timeout):
+        while True:
+            result = await check()
+            if result:
+                return result
+            await trio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def broker_stats(state: ClusterState, broker_id: int) -> dict:
+    async with Admin(f"{state.host}:{state.port(broker_id)}") as admin:
+        return (await admin.broker_stats())["stats"]
+
+
+async def partition_view(
+    state: ClusterState, broker_id: int, topic: str, partition: int
+) -> dict | None:
+    for p in (await broker_stats(state, broker_id))["partitions"]:
+        if p["topic"] == topic and p["partition"] == partition:
+            return p
+    return None
+
+
+async def isr_of(state: ClusterState, topic: str, partition: int) -> list[int]:
+    async with Admin(state.bootstrap) as admin:
+        desc = (await admin.describe_topics([topic]))[topic]
+    return sorted(desc.partitions[partition].isr)
+
+
+def segment_bytes(state: ClusterState, broker_id: int, topic: str, partition: int) -> bytes:
+    directory = Path(state.data_dir) / f"broker-{broker_id}" / f"{topic}-{partition}"
+    return b"".join(p.read_bytes() for p in sorted(directory.glob("*.log")))

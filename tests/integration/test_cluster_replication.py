@@ -1,0 +1,140 @@
+"""Three broker processes: replication, high watermarks, ISR shrink/expand, acks=all."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import psutil
+import pytest
+import trio
+
+from client import Admin, Consumer, NewTopic, Producer
+from protocol.errors import NotEnoughReplicas, RequestTimedOut
+
+from .cluster_helpers import isr_of, partition_view, segment_bytes, wait_for
+
+pytestmark = pytest.mark.integration
+
+FAST_ISR = {"replica.lag.time.max.ms": 1500, "min.insync.replicas": 2}
+
+
+async def create(state, name, partitions=1, rf=3, configs=None):
+    async with Admin(state.bootstrap) as admin:
+        await admin.create_topics([NewTopic(name, partitions, rf, configs or {})])
+
+
+async def test_acks_all_round_trip_replicas_identical(cluster_factory):
+    state = await cluster_factory(3)
+    await create(state, "orders", partitions=3)
+    async with Producer(state.bootstrap, acks="all") as producer:
+        handles = [
+            producer.send_nowait("orders", f"v{i}".encode(), key=f"k{i % 7}".encode())
+            for i in range(300)
+        ]
+        acked = [await h for h in handles]
+    assert len({(m.partition, m.offset) for m in acked}) == 300
+
+    async def all_caught_up():
+        for p in range(3):
+            views = [await partition_view(state, b, "orders", p) for b in range(3)]
+            if len({(v["high_watermark"], v["log_end_offset"]) for v in views}) != 1:
+                return False
+        return True
+
+    await wait_for(all_caught_up, 20, "HW and LEO equal on every replica")
+    for p in range(3):
+        copies = {segment_bytes(state, b, "orders", p) for b in range(3)}
+        assert len(copies) == 1, f"replicas of orders-{p} differ"
+        assert copies.pop()
+
+    async with Consumer(state.bootstrap) as consumer:
+        consumer.assign([("orders", p) for p in range(3)])
+        consumer.seek_to_beginning()
+        seen = []
+        while len(seen) < 300:
+            seen += await consumer.poll(timeout_ms=2000)
+    assert sorted(r.value for r in seen) == sorted(f"v{i}".encode() for i in range(300))
+
+
+async def test_paused_follower_times_out_then_isr_shrinks(cluster_factory):
+    state = await cluster_factory(3, FAST_ISR)
+    await create(state, "slow")  # partition 0: leader 0, followers 1 and 2
+    settings = {
+        "retries": 0,
+        "request.timeout.ms": 700,
+        "delivery.timeout.ms": 5000,
+        "linger.ms": 0,
+    }
+    async with Producer(state.bootstrap, acks="all", **settings) as producer:
+        await producer.send("slow", b"before")
+        state.signal(2, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            # The produce timeout is carried in the request (request.timeout.ms), as in Kafka.
+            with pytest.raises(RequestTimedOut):
+                await producer.send("slow", b"stalled")
+            assert time.monotonic() - t0 < 5
+            await wait_for(lambda: _isr_is(state, [0, 1]), 20, "ISR to shrink to [0, 1]")
+            await producer.send("slow", b"after-shrink")
+
+            state.signal(1, signal.SIGSTOP)
+            # A caught-up follower stays in the ISR (Kafka's isCaughtUp); a write makes it lag.
+            with pytest.raises(RequestTimedOut):
+                await producer.send("slow", b"stalled-again")
+            await wait_for(lambda: _isr_is(state, [0]), 20, "ISR to shrink to [0]")
+            leo_before = (await partition_view(state, 0, "slow", 0))["log_end_offset"]
+            with pytest.raises(NotEnoughReplicas):
+                await producer.send("slow", b"refused")
+            assert (await partition_view(state, 0, "slow", 0))["log_end_offset"] == leo_before
+        finally:
+            state.signal(1, signal.SIGCONT)
+            state.signal(2, signal.SIGCONT)
+        await wait_for(lambda: _isr_is(state, [0, 1, 2]), 30, "both followers to rejoin the ISR")
+        await producer.send("slow", b"healed")
+
+
+async def _isr_is(state, expected):
+    return await isr_of(state, "slow", 0) == expected
+
+
+async def test_long_poll_completes_when_follower_fetch_moves_hw(cluster_factory):
+    state = await cluster_factory(3)
+    await create(state, "poll")
+    async with Consumer(
+        state.bootstrap, **{"fetch.max.wait.ms": 20000, "fetch.min.bytes": 1}
+    ) as consumer:
+        consumer.assign([("poll", 0)])
+        consumer.seek_to_end()
+        await consumer.position(("poll", 0))
+        async with trio.open_nursery() as nursery:
+            got = []
+
+            async def poll():
+                t0 = time.monotonic()
+                got.extend(await consumer.poll(timeout_ms=20000))
+                got.append(time.monotonic() - t0)
+
+            nursery.start_soon(poll)
+            await trio.sleep(0.3)  # let the long poll park in the leader's purgatory
+            async with Producer(state.bootstrap, acks=1) as producer:
+                await producer.send("poll", b"wake up")
+    elapsed = got.pop()
+    assert [r.value for r in got] == [b"wake up"]
+    # acks=1 leaves the HW where it was; only the followers' next fetch moves it.
+    assert elapsed < 10
+
+
+async def test_idle_cluster_uses_almost_no_cpu(cluster_factory):
+    state = await cluster_factory(3)
+    await create(state, "idle", partitions=3)
+    procs = [state.process(i) for i in range(3)]
+    await trio.sleep(1)  # let start-up work finish before measuring
+    before = [sum(p.cpu_times()[:2]) for p in procs]
+    t0 = time.monotonic()
+    await trio.sleep(3)
+    wall = time.monotonic() - t0
+    used = [sum(p.cpu_times()[:2]) - b for p, b in zip(procs, before, strict=True)]
+    for broker_id, cpu in enumerate(used):
+        assert cpu / wall < 0.05, f"broker {broker_id} used {cpu:.2f}s CPU in {wall:.1f}s idle"
+    assert all(isinstance(p, psutil.Process) for p in procs)

