@@ -35,6 +35,7 @@ class RequestHandler:
             ApiKey.BROKER_HEARTBEAT: self.controller_only(self.broker.heartbeat),
             ApiKey.ALTER_PARTITION: self.controller_only(self.alter_partition),
             ApiKey.UPDATE_METADATA: self.update_metadata,
+            ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
         }
 
     def controller_only(self, method: Callable[[dict], dict]) -> Handler:
@@ -93,7 +94,7 @@ class RequestHandler:
                             "leader_epoch": p.leader_epoch,
                             "replicas": p.replicas,
                             "isr": p.isr,
-                            "offline_replicas": [r for r in p.replicas if r not in md.brokers],
+                            "offline_replicas": [r for r in p.replicas if r not in md.live],
                         }
                         for i, p in enumerate(topic.partitions)
                     ],
@@ -110,6 +111,9 @@ class RequestHandler:
 
     def alter_partition(self, body: dict) -> dict:
         return self.broker.controller.alter_partition(body)
+
+    def offset_for_leader_epoch(self, header: RequestHeader, body: dict) -> dict:
+        return self.broker.replica_manager.offsets_for_leader_epoch(body)
 
     def update_metadata(self, header: RequestHeader, body: dict) -> dict:
         self.broker.receive_metadata(body["metadata"])

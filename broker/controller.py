@@ -55,6 +55,7 @@ class Controller:
         self.publish = publish
         self.metadata = load_metadata(self.path) or ClusterMetadata()
         self.metadata.controller_id = broker_id
+        self.metadata.live.add(broker_id)
 
     def commit(self) -> None:
         """Persist, then publish: the only way metadata changes leave the controller."""
@@ -64,10 +65,77 @@ class Controller:
 
     def register_broker(self, info: BrokerInfo) -> None:
         known = self.metadata.brokers.get(info.node_id)
-        if known != info:
+        changed = known != info
+        if changed:
             self.metadata.brokers[info.node_id] = info
             self.log.info("broker_registered", node_id=info.node_id, host=info.host, port=info.port)
+        if self._unfence(info.node_id) or changed:
             self.commit()
+
+    # --- liveness and leader election ---------------------------------------------------------
+
+    def broker_alive(self, broker_id: int) -> None:
+        """A heartbeat: a fenced broker that heartbeats again is live again."""
+        if broker_id in self.metadata.brokers and self._unfence(broker_id):
+            self.commit()
+
+    def _unfence(self, broker_id: int) -> bool:
+        md = self.metadata
+        if broker_id in md.live:
+            return False
+        md.live.add(broker_id)
+        self.log.info("broker_unfenced", node_id=broker_id)
+        # Partitions that went offline with this broker as their last ISR member come back.
+        for topic in md.topics.values():
+            for index, state in enumerate(topic.partitions):
+                if state.leader < 0 and broker_id in state.isr:
+                    self._elect(topic.name, index, state, reason="replica_returned")
+        return True
+
+    def fence(self, broker_id: int, reason: str) -> None:
+        """Take a dead (or cleanly stopping) broker out: move its leaderships, shrink ISRs."""
+        md = self.metadata
+        if broker_id not in md.live or broker_id == self.broker_id:
+            return
+        md.live.discard(broker_id)
+        self.log.warning("broker_fenced", node_id=broker_id, reason=reason)
+        for topic in md.topics.values():
+            for index, state in enumerate(topic.partitions):
+                if state.leader == broker_id:
+                    self._elect(topic.name, index, state, reason=reason)
+                elif broker_id in state.isr and len(state.isr) > 1:
+                    state.isr = [r for r in state.isr if r != broker_id]
+                    state.partition_epoch += 1
+        self.commit()
+
+    def _elect(self, topic: str, index: int, state: PartitionState, reason: str) -> None:
+        """A new leader from the live ISR (outside it only with unclean election), new epoch."""
+        live = self.metadata.live
+        candidates = [r for r in state.replicas if r in state.isr and r in live]
+        unclean = False
+        if not candidates and self.config["unclean.leader.election.enable"]:
+            candidates = [r for r in state.replicas if r in live]
+            unclean = bool(candidates)
+        old = state.leader
+        state.leader = candidates[0] if candidates else -1
+        state.leader_epoch += 1
+        state.partition_epoch += 1
+        if state.leader >= 0:
+            if unclean:
+                state.isr = [state.leader]
+            elif len(state.isr) > 1:
+                state.isr = [r for r in state.isr if r in live or r == state.leader]
+        self.log.info(
+            "leader_elected" if state.leader >= 0 else "partition_offline",
+            topic=topic,
+            partition=index,
+            old_leader=old,
+            new_leader=state.leader,
+            leader_epoch=state.leader_epoch,
+            isr=state.isr,
+            reason=reason,
+            unclean=unclean,
+        )
 
     def create_topics(self, topics: list[dict], validate_only: bool = False) -> list[dict]:
         results = []
@@ -108,7 +176,7 @@ class Controller:
             return fail(
                 ErrorCode.INVALID_PARTITIONS, f"num_partitions must be >= 1, got {num_partitions}"
             )
-        brokers = sorted(self.metadata.brokers)
+        brokers = sorted(b for b in self.metadata.brokers if b in self.metadata.live)
         if rf < 1 or rf > len(brokers):
             return fail(
                 ErrorCode.INVALID_REPLICATION_FACTOR,

@@ -45,12 +45,15 @@ class ClusterMetadata:
     epoch: int = 0
     brokers: dict[int, BrokerInfo] = field(default_factory=dict)
     topics: dict[str, TopicState] = field(default_factory=dict)
+    # Registered brokers that are not fenced (heartbeating within the session timeout).
+    live: set[int] = field(default_factory=set)
 
     def to_json(self) -> dict:
         return {
             "controller_id": self.controller_id,
             "epoch": self.epoch,
             "brokers": [asdict(b) for b in sorted(self.brokers.values(), key=lambda b: b.node_id)],
+            "live_brokers": sorted(self.live),
             "topics": [
                 {
                     "name": t.name,
@@ -64,6 +67,7 @@ class ClusterMetadata:
     @classmethod
     def from_json(cls, data: dict) -> ClusterMetadata:
         md = cls(controller_id=data.get("controller_id", -1), epoch=data.get("epoch", 0))
+        md.live = set(data.get("live_brokers", []))
         for b in data.get("brokers", []):
             md.brokers[b["node_id"]] = BrokerInfo(b["node_id"], b["host"], b["port"])
         for t in data.get("topics", []):

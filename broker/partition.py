@@ -29,6 +29,7 @@ class ReplicaState:
 class Partition:
     __slots__ = (
         "broker_id",
+        "epoch_cache",
         "high_watermark",
         "index",
         "isr",
@@ -44,8 +45,9 @@ class Partition:
         "topic",
     )
 
-    def __init__(self, topic: str, index: int, log: Any, broker_id: int) -> None:
+    def __init__(self, topic: str, index: int, log: Any, broker_id: int, epoch_cache: Any) -> None:
         self.topic = topic
+        self.epoch_cache = epoch_cache
         self.index = index
         self.key = (topic, index)
         self.log = log
@@ -76,6 +78,7 @@ class Partition:
         self._apply(state)
         if new_epoch:
             self.leader_epoch_start_offset = self.log.log_end_offset
+            self.epoch_cache.assign(self.leader_epoch, self.log.log_end_offset)
             states = {}
             for rid in self.replicas:
                 if rid == self.broker_id:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from protocol import ApiKey
+from protocol import ApiKey, iter_batches
 from protocol.errors import ErrorCode, KafkaError
 
 from .peer import PeerConnection
@@ -77,10 +77,70 @@ class ReplicaFetcher:
             ],
         }
 
+    async def _truncate(self) -> None:
+        """Cut our log where it diverges from the new leader's, by leader epoch (KIP-101).
+
+        Without this, a follower that was once leader (or missed the end of an old epoch)
+        could keep records the new leader never had, and two replicas would hold two
+        different records at one offset.
+        """
+        p = self.partition
+        log = p.log
+        cache = p.epoch_cache
+        epoch = cache.latest_epoch
+        if epoch < 0:
+            target = min(p.high_watermark, log.log_end_offset) if log.log_end_offset else 0
+        else:
+            body = await self.conn.request(
+                ApiKey.OFFSET_FOR_LEADER_EPOCH,
+                {
+                    "replica_id": self.broker_id,
+                    "topics": [
+                        {
+                            "name": p.topic,
+                            "partitions": [{"partition": p.index, "leader_epoch": epoch}],
+                        }
+                    ],
+                },
+                timeout=10,
+            )
+            answer = body["topics"][0]["partitions"][0]
+            error = ErrorCode.parse(answer["error_code"])
+            if error is not ErrorCode.NONE:
+                raise KafkaError(
+                    f"{error.name} from leader {self.leader.node_id} for OffsetsForLeaderEpoch"
+                )
+            leader_epoch, leader_end = answer["leader_epoch"], answer["end_offset"]
+            if leader_epoch < 0:
+                target = (
+                    p.high_watermark
+                )  # the leader knows nothing of our epochs: keep what is committed
+            elif leader_epoch == epoch:
+                target = leader_end
+            else:
+                target = min(leader_end, cache.end_offset_for(leader_epoch, log.log_end_offset)[1])
+        if target < log.log_end_offset:
+            self.log.warning(
+                "follower_truncating_to_leader",
+                from_offset=log.log_end_offset,
+                to_offset=target,
+                leader_epoch=self.leader_epoch,
+            )
+            log.truncate_to(target)
+            cache.truncate_from_end(log.log_end_offset)
+            p.high_watermark = min(p.high_watermark, log.log_end_offset)
+
     async def _loop(self) -> None:
         cfg = self.config
         timeout = cfg["replica.fetch.wait.max.ms"] / 1000 + 30
         backoff = cfg["replica.fetch.backoff.ms"] / 1000
+        while True:
+            try:
+                await self._truncate()
+                break
+            except KafkaError as exc:
+                self.log.debug("truncation_check_failed", error=str(exc))
+                await trio.sleep(backoff)
         while True:
             try:
                 body = await self.conn.request(ApiKey.FETCH, self._request(), timeout=timeout)
@@ -106,6 +166,10 @@ class ReplicaFetcher:
         records = data["records"]
         if records:
             log.append_as_follower(records)
+            cache = p.epoch_cache
+            for _, header in iter_batches(records, verify=False):
+                if header.leader_epoch > cache.latest_epoch:
+                    cache.assign(header.leader_epoch, header.base_offset)
         new_hw = min(data["high_watermark"], log.log_end_offset)
         if new_hw > p.high_watermark:
             p.high_watermark = new_hw

@@ -17,6 +17,7 @@ from protocol.errors import ErrorCode, KafkaError
 
 from .config import BrokerConfig
 from .delayed import DelayedFetch, DelayedProduce, ProducePartitionStatus
+from .epoch_cache import LeaderEpochCache
 from .metadata import PartitionState
 from .partition import Partition
 from .pending import PendingResponse
@@ -29,11 +30,16 @@ Key = tuple[str, int]
 class FetchRequest:
     """A decoded fetch, kept by a DelayedFetch until it completes."""
 
-    __slots__ = ("for_follower", "max_bytes", "min_bytes", "replica_id", "targets")
+    __slots__ = ("epochs", "for_follower", "max_bytes", "min_bytes", "replica_id", "targets")
 
     def __init__(self, body: dict) -> None:
         self.replica_id = body["replica_id"]
         self.for_follower = self.replica_id >= 0
+        self.epochs = {
+            (t["name"], p["partition"]): p["current_leader_epoch"]
+            for t in body["topics"]
+            for p in t["partitions"]
+        }
         self.min_bytes = body["min_bytes"]
         self.max_bytes = body["max_bytes"]
         self.targets: list[tuple[Key, int, int]] = [
@@ -100,7 +106,8 @@ class ReplicaManager:
                 now_ms=lambda: int(time.time() * 1000),
                 logger=self.log.bind(topic=topic, partition=index),
             )
-            partition = Partition(topic, index, log, self.broker_id)
+            cache = LeaderEpochCache(self.partition_dir(topic, index))
+            partition = Partition(topic, index, log, self.broker_id, cache)
             self.partitions[key] = partition
         partition.min_insync_replicas = self.min_insync_replicas(topic)
         if state.leader == self.broker_id:
@@ -233,6 +240,17 @@ class ReplicaManager:
                 entry["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER
                 stop_now = True
                 continue
+            epoch = fetch.epochs[key]
+            if epoch >= 0 and epoch != partition.leader_epoch:
+                # A fetch for another epoch: an old leader's follower, or metadata we lack yet.
+                code = (
+                    ErrorCode.FENCED_LEADER_EPOCH
+                    if epoch < partition.leader_epoch
+                    else ErrorCode.UNKNOWN_LEADER_EPOCH
+                )
+                entry["error_code"] = int(code)
+                stop_now = True
+                continue
             log = partition.log
             entry["high_watermark"] = partition.high_watermark
             entry["log_start_offset"] = log.log_start_offset
@@ -265,6 +283,34 @@ class ReplicaManager:
             self.on_isr_change(partition, [*partition.isr, replica_id])
         if partition.maybe_increment_hw():
             self._hw_increased(partition.key)
+
+    # --- leader epochs -----------------------------------------------------------------------
+
+    def offsets_for_leader_epoch(self, body: dict) -> dict:
+        """Where each requested epoch ends on this leader (Kafka's OffsetsForLeaderEpoch)."""
+        topics = []
+        for t in body["topics"]:
+            parts = []
+            for p in t["partitions"]:
+                entry = {
+                    "partition": p["partition"],
+                    "error_code": 0,
+                    "leader_epoch": -1,
+                    "end_offset": -1,
+                }
+                partition = self.partitions.get((t["name"], p["partition"]))
+                if partition is None:
+                    entry["error_code"] = int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                elif not partition.is_leader:
+                    entry["error_code"] = int(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                else:
+                    epoch, end = partition.epoch_cache.end_offset_for(
+                        p["leader_epoch"], partition.log.log_end_offset
+                    )
+                    entry["leader_epoch"], entry["end_offset"] = epoch, end
+                parts.append(entry)
+            topics.append({"name": t["name"], "partitions": parts})
+        return {"topics": topics}
 
     # --- list offsets ---------------------------------------------------------------------
 

@@ -231,7 +231,14 @@ class Broker:
         return {"error_code": 0, "metadata": self.controller.metadata.to_json()}
 
     def heartbeat(self, body: dict) -> dict:
-        self.heartbeats[body["broker_id"]] = self.clock.now_ms()
+        broker_id = body["broker_id"]
+        if body["shutting_down"]:
+            # Controlled shutdown: move leadership now instead of after the session timeout.
+            self.heartbeats.pop(broker_id, None)
+            self.controller.fence(broker_id, reason="controlled_shutdown")
+            return {"error_code": 0, "metadata": None}
+        self.heartbeats[broker_id] = self.clock.now_ms()
+        self.controller.broker_alive(broker_id)
         md = self.controller.metadata
         newer = md.to_json() if body["metadata_epoch"] < md.epoch else None
         return {"error_code": 0, "metadata": newer}
@@ -334,6 +341,8 @@ class Broker:
                     await nursery.start(self.link.run)
                 nursery.start_soon(self._retention_loop)
                 nursery.start_soon(self._isr_shrink_loop)
+                if self.is_controller:
+                    nursery.start_soon(self._session_loop)
                 self.log.info(
                     "broker_started",
                     host=self.host,
@@ -348,6 +357,39 @@ class Broker:
             self.timer.close()
             self.replica_manager.close()
             self.log.info("broker_stopped")
+
+    async def _session_loop(self) -> None:
+        """Controller: fence brokers whose heartbeats stopped for broker.session.timeout.ms."""
+        timeout = self.config["broker.session.timeout.ms"]
+        started = self.clock.now_ms()
+        while True:
+            await trio.sleep(min(timeout / 4, 250) / 1000)
+            now = self.clock.now_ms()
+            md = self.controller.metadata
+            for broker_id in list(md.live):
+                if broker_id == self.broker_id:
+                    continue
+                last = self.heartbeats.get(broker_id, started)
+                if now - last > timeout:
+                    self.controller.fence(broker_id, reason=f"no heartbeat for {now - last} ms")
+
+    async def controlled_shutdown(self) -> None:
+        """Tell the controller we are going, so leaders move at once (best effort)."""
+        if self.link is None:
+            return
+        with trio.move_on_after(2):
+            try:
+                await self.link.conn.request(
+                    ApiKey.BROKER_HEARTBEAT,
+                    {
+                        "broker_id": self.broker_id,
+                        "metadata_epoch": self.metadata.epoch,
+                        "shutting_down": True,
+                    },
+                    timeout=2,
+                )
+            except KafkaError as exc:
+                self.log.warning("controlled_shutdown_failed", error=str(exc))
 
     async def _retention_loop(self) -> None:
         interval = self.config["log.retention.check.interval.ms"] / 1000
@@ -365,6 +407,7 @@ async def serve(broker: Broker) -> None:
             nursery.start_soon(broker.run)
             async for signum in signals:
                 broker.log.info("shutdown_requested", signal=signal.Signals(signum).name)
+                await broker.controlled_shutdown()
                 nursery.cancel_scope.cancel()
                 break
 

@@ -89,7 +89,7 @@ async def _stats(state: ClusterState) -> dict[int, dict]:
         try:
             with trio.fail_after(2):
                 async with Admin(f"{state.host}:{state.port(broker_id)}") as admin:
-                    out[broker_id] = (await admin.broker_stats())["stats"]
+                    out[broker_id] = (await admin.broker_stats(broker_id))["stats"]
         except (KafkaError, trio.TooSlowError, OSError):
             pass
 

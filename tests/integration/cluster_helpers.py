@@ -25,7 +25,7 @@ async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float, what: st
 
 async def broker_stats(state: ClusterState, broker_id: int) -> dict:
     async with Admin(f"{state.host}:{state.port(broker_id)}") as admin:
-        return (await admin.broker_stats())["stats"]
+        return (await admin.broker_stats(broker_id))["stats"]
 
 
 async def partition_view(
