@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from protocol import ApiKey, RequestHeader, supported_versions
 from protocol.errors import ErrorCode
 
+from .faults import FaultError
 from .pending import PendingResponse
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class RequestHandler:
             ApiKey.ALTER_PARTITION: self.controller_only(self.alter_partition),
             ApiKey.UPDATE_METADATA: self.update_metadata,
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
+            ApiKey.FAULTS: self.faults,
         }
 
     def controller_only(self, method: Callable[[dict], dict]) -> Handler:
@@ -50,7 +52,34 @@ class RequestHandler:
         return handler
 
     def handle(self, header: RequestHeader, body: dict) -> dict | PendingResponse | None:
+        faults = self.broker.faults
+        if faults.faults and header.api_key != ApiKey.FAULTS:
+            code = faults.take_failure(header.api_key)
+            if code:
+                return {"error_code": code, "error_message": "injected by fault fail-api"}
+            delay = faults.api_delay(header.api_key)
+            if delay:
+                return self.broker.delayed(delay, self.handlers[header.api_key](header, body))
         return self.handlers[header.api_key](header, body)
+
+    def faults(self, header: RequestHeader, body: dict) -> dict:
+        if not self.broker.config["faults.enable"]:
+            return {
+                "error_code": int(ErrorCode.INVALID_REQUEST),
+                "faults": [],
+                "error_message": f"fault injection is off on broker {self.broker.broker_id}: "
+                "start it with faults.enable=true",
+            }
+        try:
+            active = self.broker.faults.apply(body)
+        except FaultError as exc:
+            return {
+                "error_code": int(ErrorCode.INVALID_REQUEST),
+                "faults": self.broker.faults.describe(),
+                "error_message": str(exc),
+            }
+        self.broker.log.warning("fault_injection", **body)
+        return {"error_code": 0, "faults": active, "error_message": None}
 
     # --- APIs -----------------------------------------------------------------------------
 

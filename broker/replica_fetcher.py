@@ -30,6 +30,7 @@ class ReplicaFetcher:
         config: Any,
         logger: Any,
         on_hw_change: Any,
+        faults: Any,
     ) -> None:
         self.partition = partition
         self.leader = leader
@@ -42,9 +43,7 @@ class ReplicaFetcher:
         self.on_hw_change = on_hw_change
         self.cancel_scope = trio.CancelScope()
         self.conn = PeerConnection(leader.host, leader.port, f"replica-fetcher-{broker_id}")
-        # Fault injection (delay/drop) hooks, set by the faults API; None means normal service.
-        self.delay_ms = 0
-        self.drop = False
+        self.faults = faults
 
     async def run(self) -> None:
         with self.cancel_scope:
@@ -143,10 +142,13 @@ class ReplicaFetcher:
                 await trio.sleep(backoff)
         while True:
             try:
+                delay_ms, _ = self.faults.replication(self.partition.key)
+                if delay_ms:
+                    await trio.sleep(delay_ms / 1000)
                 body = await self.conn.request(ApiKey.FETCH, self._request(), timeout=timeout)
-                if self.delay_ms:
-                    await trio.sleep(self.delay_ms / 1000)
-                if self.drop:
+                # Asked again: a fault injected while this fetch was parked applies to its data.
+                if self.faults.replication(self.partition.key)[1]:
+                    # Dropped replication: the leader saw the fetch, we discard the data.
                     await trio.sleep(backoff)
                     continue
                 self._process(body["topics"][0]["partitions"][0])

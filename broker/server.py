@@ -22,6 +22,7 @@ from protocol.errors import KafkaError
 from .apis import RequestHandler
 from .config import BrokerConfig, ConfigError
 from .controller import Controller
+from .faults import FaultInjector
 from .membership import ControllerLink, MetadataPusher, VotersError, parse_voters
 from .metadata import BrokerInfo, ClusterMetadata
 from .network import ConnectionHandler
@@ -89,6 +90,7 @@ class Broker:
         self.pushers: dict[int, MetadataPusher] = {}
         self.heartbeats: dict[int, int] = {}
         self._isr_in_flight: set[tuple[str, int]] = set()
+        self.faults = FaultInjector()
 
     # --- metadata -------------------------------------------------------------------------
 
@@ -117,7 +119,13 @@ class Broker:
                 return
             current.cancel_scope.cancel()
         fetcher = ReplicaFetcher(
-            partition, leader, self.broker_id, self.config, self.log, self._follower_hw_changed
+            partition,
+            leader,
+            self.broker_id,
+            self.config,
+            self.log,
+            self._follower_hw_changed,
+            self.faults,
         )
         self.fetchers[partition.key] = fetcher
         self.nursery.start_soon(fetcher.run)
@@ -166,6 +174,21 @@ class Broker:
                 )
 
         self.nursery.start_soon(forward)
+        return pending
+
+    def delayed(
+        self, delay_ms: int, result: dict | PendingResponse | None
+    ) -> PendingResponse | None:
+        """Hold a response back for ``delay_ms`` (fault delay-api)."""
+        if result is None:
+            return None
+        pending = PendingResponse()
+
+        async def later() -> None:
+            await trio.sleep(delay_ms / 1000)
+            pending.set(await result.wait() if isinstance(result, PendingResponse) else result)
+
+        self.nursery.start_soon(later)
         return pending
 
     def auto_create(self, names: list[str]) -> None:

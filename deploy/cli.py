@@ -92,7 +92,12 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         bp.set_defaults(func=module.run)
 
 
-OPTIONAL_GROUPS: Sequence[str] = ("deploy.client_cli", "deploy.cluster_cli", "deploy.faults_cli")
+OPTIONAL_GROUPS: Sequence[str] = (
+    "deploy.client_cli",
+    "deploy.cluster_cli",
+    "deploy.faults_cli",
+    "deploy.chaos_cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

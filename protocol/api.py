@@ -284,6 +284,25 @@ OFFSET_FOR_LEADER_EPOCH_RESP = struct(
     {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
 )
 
+# --- Faults (minibroker: fault injection for tests) -------------------------------------------
+
+FAULT_ACTIONS = ("delay-replication", "drop-replication", "delay-api", "fail-api", "clear")
+_FAULT = struct(
+    {"action": string(max_len=32)},
+    {
+        "topic": (nullable(TOPIC_NAME), None),
+        "partition": (integer("int32", min=-1), -1),
+        "delay_ms": (integer("int32", min=0), 0),
+        "api_key": (integer("int32", min=-1), -1),
+        "error_code": (INT16, 0),
+        "count": (integer("int32", min=-1), -1),
+    },
+)
+FAULTS_REQ = _FAULT
+FAULTS_RESP = struct(
+    {"error_code": ERROR, "faults": array(_FAULT)}, {"error_message": ERROR_MESSAGE}
+)
+
 # --- registry ------------------------------------------------------------------------------
 
 # (request schema, response schema) per key and version.
@@ -302,6 +321,7 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.OFFSET_FOR_LEADER_EPOCH: {
         0: (OFFSET_FOR_LEADER_EPOCH_REQ, OFFSET_FOR_LEADER_EPOCH_RESP)
     },
+    ApiKey.FAULTS: {0: (FAULTS_REQ, FAULTS_RESP)},
 }
 
 # A top-level error body is valid as the response to any API (UNSUPPORTED_VERSION,

@@ -9,6 +9,7 @@ tear). Reads are served with pread straight from the files.
 from __future__ import annotations
 
 import os
+import struct
 import time
 from bisect import bisect_right
 from collections.abc import Callable
@@ -19,18 +20,21 @@ from typing import Any
 import structlog
 
 from protocol.batch import (
+    HEADER_SIZE,
     LOG_OVERHEAD,
     CorruptBatch,
     check_batch,
     patch_base_offset,
     patch_leader_epoch,
-    unpack_header,
 )
 from protocol.errors import CorruptMessage, MessageTooLarge, OffsetOutOfRange
 
-from .segment import Segment, scan_headers
+from .segment import Segment, scan_segment, walk_to
 
 _LEN_AT = 8
+_BASE_AND_LENGTH = struct.Struct(">qi")
+_LAST_DELTA = struct.Struct(">i")
+_LAST_DELTA_AT = 22
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,70 +115,71 @@ class Log:
         return log
 
     def _load(self) -> None:
+        """Open every segment, check they chain, and recover the active one.
+
+        Older segments get a header-only scan (they were fsynced when they were rolled);
+        the active one is validated batch by batch, CRC included. At the first
+        inconsistency, as in Kafka's recovery, the log is cut there: the damaged segment
+        keeps its good prefix and becomes the active one, later segments are deleted
+        (their offsets would no longer continue the log).
+        """
         bases = sorted(int(p.stem) for p in self.dir.glob("*.log") if p.stem.isdigit())
         now = self.now_ms()
+        segments = []
         for base in bases:
             segment = Segment(self.dir, base, self.config.index_interval_bytes, now)
             segment.created_ms = int(os.stat(segment.path).st_mtime * 1000)
-            self.segments.append(segment)
-        if not self.segments:
-            self.segments.append(Segment(self.dir, 0, self.config.index_interval_bytes, now))
-        for segment in self.segments[:-1]:
-            headers, max_ts = scan_headers(segment)
-            segment.max_timestamp = max_ts
-            if headers:
-                last_pos, _, _ = headers[-1]
-                segment.next_offset = unpack_header(segment.pread(64, last_pos)).next_offset
-            segment.rebuild_index(headers)
+            segments.append(segment)
+        if not segments:
+            segments.append(Segment(self.dir, 0, self.config.index_interval_bytes, now))
+        keep = len(segments)
+        for i, segment in enumerate(segments):
+            if i and segment.base_offset != segments[i - 1].next_offset:
+                keep = i
+                self.log.warning(
+                    "log_recovery_segment_out_of_sequence",
+                    file=str(segment.path),
+                    expected_base=segments[i - 1].next_offset,
+                )
+                break
+            if i == len(segments) - 1:
+                break  # the active segment is recovered below, with full validation
+            scan = scan_segment(segment, verify=False)
+            segment.next_offset = scan.next_offset
+            segment.max_timestamp = scan.max_timestamp
+            segment.rebuild_index(scan.batches)
+            if scan.problem is not None:
+                keep = i + 1
+                self.log.warning(
+                    "log_recovery_bad_segment",
+                    file=str(segment.path),
+                    position=scan.valid_bytes,
+                    reason=scan.problem,
+                )
+                break
+        for segment in segments[keep:]:
+            self.log.warning("log_recovery_deleted_segment", file=str(segment.path))
+            segment.delete()
+        self.segments = segments[:keep]
         self._recover(self.segments[-1])
         self._bases = [s.base_offset for s in self.segments]
         self.log_start_offset = self.segments[0].base_offset
 
     def _recover(self, segment: Segment) -> None:
         """Validate every batch of the active segment; cut a torn or corrupt tail."""
-        data = segment.pread(segment.size, 0) if segment.size else b""
-        position = 0
-        expected = segment.base_offset
-        headers = []
-        max_ts = -1
-        reason = None
-        while position < len(data):
-            if len(data) - position < LOG_OVERHEAD:
-                reason = "torn batch header"
-                break
-            size = (
-                int.from_bytes(
-                    data[position + _LEN_AT : position + LOG_OVERHEAD], "big", signed=True
-                )
-                + LOG_OVERHEAD
-            )
-            if size <= LOG_OVERHEAD or position + size > len(data):
-                reason = "torn batch" if size > LOG_OVERHEAD else "bad batch length"
-                break
-            try:
-                header = check_batch(data, position, size)
-            except CorruptBatch as exc:
-                reason = str(exc)
-                break
-            if header.base_offset != expected:
-                reason = f"batch offset {header.base_offset} where {expected} was expected"
-                break
-            headers.append((position, header.base_offset, size))
-            max_ts = max(max_ts, header.max_timestamp)
-            expected = header.next_offset
-            position += size
-        if reason is not None:
+        scan = scan_segment(segment, verify=True)
+        if scan.problem is not None:
             self.log.warning(
                 "log_recovery_truncated",
                 file=str(segment.path),
-                position=position,
-                bytes_removed=len(data) - position,
-                reason=reason,
+                position=scan.valid_bytes,
+                bytes_removed=segment.size - scan.valid_bytes,
+                reason=scan.problem,
             )
-            segment.truncate_file(position)
-        segment.next_offset = expected
-        segment.max_timestamp = max_ts
-        segment.rebuild_index(headers)
+            segment.truncate_file(scan.valid_bytes)
+        segment.next_offset = scan.next_offset
+        segment.max_timestamp = scan.max_timestamp
+        segment.rebuild_index(scan.batches)
 
     # --- properties -----------------------------------------------------------------------
 
@@ -230,14 +235,16 @@ class Log:
         offset = first = self.log_end_offset
         max_ts = -1
         count = 0
+        starts = []
         for position, header in batches:
             patch_base_offset(buf, position, offset)
             patch_leader_epoch(buf, position, leader_epoch)
+            starts.append((position, offset))
             offset += header.record_count
             count += header.record_count
             if header.max_timestamp > max_ts:
                 max_ts = header.max_timestamp
-        self._write(buf, first, offset, max_ts, count)
+        self._write(buf, first, offset, max_ts, count, starts)
         return AppendInfo(first, offset - 1, max_ts, count, len(buf))
 
     def append_as_follower(self, records: bytes | bytearray) -> AppendInfo:
@@ -255,28 +262,43 @@ class Log:
             count += header.record_count
             if header.max_timestamp > max_ts:
                 max_ts = header.max_timestamp
-        self._write(records, first, expected, max_ts, count)
+        starts = [(position, header.base_offset) for position, header in batches]
+        self._write(records, first, expected, max_ts, count, starts)
         return AppendInfo(first, expected - 1, max_ts, count, len(records))
 
     def _write(
-        self, data: bytes | bytearray, first: int, next_offset: int, max_ts: int, count: int
+        self,
+        data: bytes | bytearray,
+        first: int,
+        next_offset: int,
+        max_ts: int,
+        count: int,
+        starts: list[tuple[int, int]],
     ) -> None:
+        """One os.write of the whole request into the active segment (rolled first if due)."""
         active = self.active
         if active.size and (
             active.size + len(data) > self.config.segment_bytes
             or self.now_ms() - active.created_ms > self.config.segment_ms
         ):
             active = self.roll()
-        active.append(data, first, next_offset, max_ts)
+        active.append(data, first, next_offset, max_ts, starts)
         self._unflushed += count
         if self._unflushed >= self.config.flush_interval_messages:
             self.flush()
 
     def roll(self) -> Segment:
+        """Start a new active segment at the LEO; the old one is fsynced first.
+
+        Rolling an empty active segment is a no-op: the new one would have the same base
+        offset, hence the same file names, as the one it replaced.
+        """
         old = self.active
+        if old.size == 0:
+            return old
         old.flush()
         segment = Segment(
-            self.dir, old.next_offset, self.config.index_interval_bytes, self.now_ms()
+            self.dir, old.next_offset, self.config.index_interval_bytes, self.now_ms(), fresh=True
         )
         segment.next_offset = old.next_offset
         self.segments.append(segment)
@@ -294,55 +316,80 @@ class Log:
         max_offset: int | None = None,
         min_one_batch: bool = True,
     ) -> ReadResult:
-        """Whole batches from the one holding ``offset``, below ``max_offset``, within ``max_bytes``."""
+        """Whole batches from the one holding ``offset``, ending at or below ``max_offset``.
+
+        At most ``max_bytes`` bytes, except that ``min_one_batch`` returns the first batch
+        whole however large it is (as Kafka does, so a consumer never gets stuck). A batch
+        that reaches past ``max_offset`` (the HW for consumers) is never returned: its
+        records above the HW are not committed. A read stays in one segment.
+
+        Cost: one pread (from the index entry before ``offset`` to ``max_bytes`` past the
+        next one) and a walk over batch headers in memory; a second pread only when the
+        first batch alone is larger than what was read.
+        """
         leo = self.log_end_offset
         if offset < self.log_start_offset or offset > leo:
             raise OffsetOutOfRange(f"offset {offset} is outside [{self.log_start_offset}, {leo}]")
         upper = leo if max_offset is None else min(max_offset, leo)
         if offset >= upper:
             return ReadResult(b"", offset, offset)
-        i = bisect_right(self._bases, offset) - 1
-        segment = self.segments[i]
+        segment = self.segments[bisect_right(self._bases, offset) - 1]
         if offset >= segment.next_offset:  # only possible in an empty active segment
             return ReadResult(b"", offset, offset)
-        position = segment.find_position(offset)
-        if position is None:
-            return ReadResult(b"", offset, offset)
-        data = segment.pread(max(max_bytes, LOG_OVERHEAD), position)
-        end = 0
+        start, bound = segment.lookup_span(offset)
+        # The batch holding ``offset`` starts before ``bound``, so this covers the walk to
+        # it, its header, and max_bytes from wherever it starts.
+        window = bound - start + max(max_bytes, HEADER_SIZE)
+        data = segment.pread(min(window, segment.size - start), start)
+        begin = walk_to(data, offset)
+        if begin is None:  # an index that lies; never expected, so be slow but right
+            self.log.error("log_index_inconsistent", file=str(segment.path), offset=offset)
+            start, data = 0, segment.pread(segment.size, 0)
+            begin = walk_to(data, offset)
+            if begin is None:
+                return ReadResult(b"", offset, offset)
+        limit = begin + max_bytes
+        end = begin
         first = -1
         next_offset = offset
-        while end + LOG_OVERHEAD <= len(data):
-            base = int.from_bytes(data[end : end + 8], "big", signed=True)
-            if base >= upper:
+        while end + HEADER_SIZE <= len(data):
+            base, length = _BASE_AND_LENGTH.unpack_from(data, end)
+            batch_next = base + _LAST_DELTA.unpack_from(data, end + _LAST_DELTA_AT)[0] + 1
+            if batch_next > upper:
                 break
-            size = int.from_bytes(data[end + 8 : end + 12], "big", signed=True) + LOG_OVERHEAD
-            if end + size > len(data):
-                if end == 0 and min_one_batch:
+            size = length + LOG_OVERHEAD
+            if end + size > limit:
+                if end == begin and min_one_batch:
                     # Kafka returns at least one whole batch, even past max_bytes.
-                    data = segment.pread(size, position)
-                    end = size
-                    first = base
-                    next_offset = unpack_header(data).next_offset
+                    if end + size > len(data):
+                        whole = segment.pread(size, start + end)
+                        return ReadResult(whole, base, batch_next)
+                    first, next_offset, end = base, batch_next, end + size
                 break
             if first < 0:
                 first = base
-            next_offset = unpack_header(data, end).next_offset
+            next_offset = batch_next
             end += size
-        return ReadResult(
-            bytes(data[:end]) if end != len(data) else data,
-            first if first >= 0 else offset,
-            next_offset,
-        )
+        if end == begin:
+            return ReadResult(b"", offset, offset)
+        out = data if begin == 0 and end == len(data) else data[begin:end]
+        return ReadResult(out, first, next_offset)
 
     # --- truncation -----------------------------------------------------------------------
 
     def truncate_to(self, offset: int) -> int:
-        """Drop every record at or above ``offset``; returns how many bytes went."""
+        """Drop every record at or above ``offset``; returns how many bytes went.
+
+        A batch holding ``offset`` goes whole (the follower fetches it again), so the
+        LEO ends at or below ``offset``. Below the first segment there is nothing to
+        keep: the log restarts empty at ``offset``, as Kafka's ``truncateTo`` does.
+        """
         if offset >= self.log_end_offset:
             return 0
-        if offset < self.log_start_offset:
-            offset = self.log_start_offset
+        if offset < self.segments[0].base_offset:
+            removed = self.size_bytes
+            self.truncate_fully_and_start_at(offset)
+            return removed
         removed = 0
         while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
             segment = self.segments.pop()
@@ -350,35 +397,31 @@ class Log:
             removed += segment.size
             segment.delete()
         segment = self.active
-        headers, _ = scan_headers(segment)
-        keep = [h for h in headers if h[1] < offset]
-        cut = 0
-        next_offset = segment.base_offset
-        max_ts = -1
-        for position, _, size in keep:
-            header = unpack_header(segment.pread(64, position))
-            if header.next_offset > offset:
-                # Offsets inside a batch: the whole batch goes (followers re-fetch it).
-                break
-            cut = position + size
-            next_offset = header.next_offset
-            max_ts = max(max_ts, header.max_timestamp)
+        kept = [b for b in scan_segment(segment, verify=False).batches if b.next_offset <= offset]
+        cut = kept[-1].position + kept[-1].size if kept else 0
         removed += segment.size - cut
         segment.truncate_file(cut)
-        segment.next_offset = next_offset
-        segment.max_timestamp = max_ts
-        segment.rebuild_index([h for h in keep if h[0] < cut])
-        self.log.info("log_truncated", to_offset=next_offset, bytes_removed=removed)
+        segment.next_offset = kept[-1].next_offset if kept else segment.base_offset
+        segment.max_timestamp = max((b.max_timestamp for b in kept), default=-1)
+        # The index must not point at bytes that are gone (appends reuse those positions).
+        segment.rebuild_index(kept)
+        self.log_start_offset = min(self.log_start_offset, segment.next_offset)
+        self.log.info("log_truncated", to_offset=segment.next_offset, bytes_removed=removed)
         return removed
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete everything; the log restarts empty with start and end at ``offset``."""
         for segment in self.segments:
             segment.delete()
-        segment = Segment(self.dir, offset, self.config.index_interval_bytes, self.now_ms())
+        segment = Segment(
+            self.dir, offset, self.config.index_interval_bytes, self.now_ms(), fresh=True
+        )
         segment.next_offset = offset
         self.segments = [segment]
         self._bases = [offset]
         self.log_start_offset = offset
+        self._unflushed = 0
+        self.log.info("log_truncated_fully", start_offset=offset)
 
     # --- timestamps and retention ---------------------------------------------------------
 
@@ -390,12 +433,10 @@ class Log:
         """
         for segment in self.segments:
             if segment.max_timestamp < timestamp:
-                continue
-            headers, _ = scan_headers(segment)
-            for position, _, _ in headers:
-                header = unpack_header(segment.pread(64, position))
-                if header.max_timestamp >= timestamp:
-                    return header.base_offset, header.max_timestamp
+                continue  # no batch in here is late enough: skip without any I/O
+            for b in scan_segment(segment, verify=False).batches:
+                if b.max_timestamp >= timestamp:
+                    return b.base_offset, b.max_timestamp
         return None
 
     def delete_old_segments(self) -> int:

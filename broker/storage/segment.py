@@ -1,8 +1,13 @@
 """One segment: a file of concatenated batches plus its sparse offset index.
 
 The file holds batches exactly as they travel on the wire. The index maps a
-relative offset to a file position every ``index_interval_bytes``; a read
-bisects it and then walks batch headers in memory from there.
+relative offset to a file position about every ``index_interval_bytes``; a read
+bisects it, reads from that position in one pread and walks batch headers in memory.
+
+The index is a cache: it is kept in memory, written to its file lazily (on flush,
+roll and close, so an append costs exactly one ``os.write``), and checked against
+the batch headers when the log is opened, where a missing, stale or garbled index
+file is rewritten.
 """
 
 from __future__ import annotations
@@ -11,19 +16,45 @@ import os
 import struct
 from bisect import bisect_right
 from pathlib import Path
+from typing import NamedTuple
 
-from protocol.batch import HEADER, HEADER_SIZE, LOG_OVERHEAD
+from protocol.batch import HEADER, HEADER_SIZE, CorruptBatch, check_batch
 
-_INDEX_ENTRY = struct.Struct(">ii")
-_LEN = struct.Struct(">qi")  # base_offset, batch_length
+_INDEX_ENTRY = struct.Struct(">ii")  # relative offset, file position
+# The fields a header walk needs, by their byte positions in the batch header.
+_BASE_AND_LENGTH = struct.Struct(">qi")  # base_offset @0, batch_length @8
+_LAST_DELTA = struct.Struct(">i")  # last_offset_delta @22
+LAST_DELTA_AT = 22
+# Recovery and header scans read the file in chunks this big (a batch larger than a
+# chunk is read on its own), so a scan is a handful of preads, not one per batch.
+SCAN_CHUNK = 1 << 20
 
 
 def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}"
 
 
+class BatchInfo(NamedTuple):
+    """What a scan learns about one batch without decoding its records."""
+
+    position: int
+    base_offset: int
+    size: int
+    next_offset: int
+    max_timestamp: int
+
+
+class ScanResult(NamedTuple):
+    batches: list[BatchInfo]
+    valid_bytes: int  # every byte below this is a whole, consistent batch
+    next_offset: int
+    max_timestamp: int
+    problem: str | None  # why the scan stopped before the end of the file, if it did
+
+
 class Segment:
     __slots__ = (
+        "_index_pending",
         "base_offset",
         "bytes_since_index",
         "created_ms",
@@ -39,16 +70,33 @@ class Segment:
         "size",
     )
 
-    def __init__(self, directory: Path, base_offset: int, interval: int, now_ms: int) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        base_offset: int,
+        interval: int,
+        now_ms: int,
+        *,
+        fresh: bool = False,
+    ) -> None:
+        """Open (or create) the files of the segment starting at ``base_offset``.
+
+        ``fresh`` empties any file left at that name (a crash between the two unlinks
+        of a deleted segment can leave a stale index behind, for instance).
+        """
         self.base_offset = base_offset
         self.path = directory / (segment_name(base_offset) + ".log")
         self.index_path = directory / (segment_name(base_offset) + ".index")
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        self.index_fd = os.open(self.index_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if fresh else 0)
+        self.fd = os.open(self.path, flags, 0o644)
+        self.index_fd = os.open(self.index_path, flags, 0o644)
         self.size = os.fstat(self.fd).st_size
-        self.interval = interval
+        self.interval = max(1, interval)
+        # Invariant: index_offsets is strictly increasing, index_positions too, every
+        # position is the start of a batch whose base offset is base_offset + the entry.
         self.index_offsets: list[int] = []
         self.index_positions: list[int] = []
+        self._index_pending = bytearray()  # entries not yet in the index file
         self.bytes_since_index = 0
         self.max_timestamp = -1
         self.next_offset = base_offset
@@ -57,31 +105,85 @@ class Segment:
     # --- writing --------------------------------------------------------------------------
 
     def append(
-        self, data: bytes | bytearray | memoryview, first_offset: int, next_offset: int, max_ts: int
+        self,
+        data: bytes | bytearray | memoryview,
+        first_offset: int,
+        next_offset: int,
+        max_ts: int,
+        batch_starts: list[tuple[int, int]] | None = None,
     ) -> None:
-        """Append whole batches; one index entry at most per call (the index is sparse)."""
-        if self.bytes_since_index >= self.interval or not self.index_offsets:
-            self._add_index_entry(first_offset - self.base_offset, self.size)
-        written = os.write(self.fd, data)
+        """Append whole batches with one ``os.write``.
+
+        ``batch_starts`` lists ``(position in data, base offset)`` of each batch so the
+        index gets an entry every ``interval`` bytes even inside one large request;
+        without it only the first batch can be indexed.
+        """
+        if batch_starts is None:
+            batch_starts = [(0, first_offset)]
+        size = self.size
+        since = self.bytes_since_index
+        last = 0
+        entries: list[tuple[int, int]] = []
+        for position, base in batch_starts:
+            since += position - last
+            last = position
+            if since >= self.interval or not (self.index_offsets or entries):
+                entries.append((base - self.base_offset, size + position))
+                since = 0
+        try:
+            written = os.write(self.fd, data)
+        except OSError:
+            self._cut_back(size)
+            raise
         if written != len(data):  # a short write on a regular file means the disk is full
+            self._cut_back(size)
             raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
-        self.size += written
-        self.bytes_since_index += written
+        # Index entries only after the bytes they point at are in the file.
+        for relative_offset, position in entries:
+            self._add_index_entry(relative_offset, position)
+        self.size = size + written
+        self.bytes_since_index = since + (written - last)
         self.next_offset = next_offset
         if max_ts > self.max_timestamp:
             self.max_timestamp = max_ts
 
+    def _cut_back(self, size: int) -> None:
+        """Leave no partial batch behind a failed write: whole batches below ``size`` only."""
+        try:
+            os.ftruncate(self.fd, size)
+        except OSError:
+            pass  # recovery on the next open cuts a torn tail anyway
+
     def _add_index_entry(self, relative_offset: int, position: int) -> None:
         self.index_offsets.append(relative_offset)
         self.index_positions.append(position)
-        os.write(self.index_fd, _INDEX_ENTRY.pack(relative_offset, position))
-        self.bytes_since_index = 0
+        self._index_pending += _INDEX_ENTRY.pack(relative_offset, position)
+
+    def _write_index_file(self) -> None:
+        os.ftruncate(self.index_fd, 0)
+        data = b"".join(
+            _INDEX_ENTRY.pack(o, p)
+            for o, p in zip(self.index_offsets, self.index_positions, strict=True)
+        )
+        if data:
+            os.write(self.index_fd, data)
+        self._index_pending.clear()
+
+    def _write_pending_index(self) -> None:
+        if self._index_pending:
+            os.write(self.index_fd, self._index_pending)
+            self._index_pending.clear()
 
     def flush(self) -> None:
+        self._write_pending_index()
         os.fsync(self.fd)
         os.fsync(self.index_fd)
 
     def close(self) -> None:
+        try:
+            self._write_pending_index()
+        except OSError:
+            pass  # the index is rebuilt from the batches on open anyway
         for fd in (self.fd, self.index_fd):
             try:
                 os.close(fd)
@@ -106,57 +208,131 @@ class Segment:
         i = bisect_right(self.index_offsets, offset - self.base_offset) - 1
         return self.index_positions[i] if i >= 0 else 0
 
+    def lookup_span(self, offset: int) -> tuple[int, int]:
+        """``(start, bound)``: the batch holding ``offset`` begins in ``[start, bound)``.
+
+        ``bound`` is the next index entry's position (or the segment size), which is what
+        lets a read fetch the walk and the data in one pread.
+        """
+        i = bisect_right(self.index_offsets, offset - self.base_offset) - 1
+        start = self.index_positions[i] if i >= 0 else 0
+        bound = self.index_positions[i + 1] if i + 1 < len(self.index_positions) else self.size
+        return start, bound
+
     def find_position(self, offset: int) -> int | None:
-        """Position of the batch containing ``offset``, walking headers from the index hint."""
-        position = self.lookup(offset)
-        while position < self.size:
-            head = os.pread(self.fd, LOG_OVERHEAD + 16, position)
-            if len(head) < LOG_OVERHEAD:
-                return None
-            base, length = _LEN.unpack_from(head)
-            last = base + struct.unpack_from(">i", head, 22)[0] if len(head) >= 26 else base
-            if last >= offset:
-                return position
-            position += length + LOG_OVERHEAD
-        return None
+        """Position of the batch containing ``offset``, or None if this segment lacks it."""
+        if offset < self.base_offset or offset >= self.next_offset:
+            return None
+        start, bound = self.lookup_span(offset)
+        data = self.pread(bound - start + HEADER_SIZE, start)
+        found = walk_to(data, offset)
+        return None if found is None else start + found
 
     # --- recovery -------------------------------------------------------------------------
 
-    def rebuild_index(self, headers: list[tuple[int, int, int]]) -> None:
-        """Rewrite the index from ``(position, base_offset, size)`` of every batch."""
-        os.ftruncate(self.index_fd, 0)
-        self.index_offsets.clear()
-        self.index_positions.clear()
-        self.bytes_since_index = 0
-        entries = bytearray()
-        for position, base, size in headers:
-            if not self.index_offsets or self.bytes_since_index >= self.interval:
-                self.index_offsets.append(base - self.base_offset)
-                self.index_positions.append(position)
-                entries += _INDEX_ENTRY.pack(base - self.base_offset, position)
-                self.bytes_since_index = 0
-            self.bytes_since_index += size
-        os.write(self.index_fd, bytes(entries))
+    def rebuild_index(self, batches: list[tuple[int, int, int]] | list[BatchInfo]) -> None:
+        """Recompute the index from ``(position, base_offset, size, ...)`` of every batch.
+
+        The file is rewritten only when its bytes differ, so a clean open writes nothing.
+        """
+        offsets: list[int] = []
+        positions: list[int] = []
+        since = 0
+        for b in batches:
+            position, base, size = b[0], b[1], b[2]
+            if not offsets or since >= self.interval:
+                offsets.append(base - self.base_offset)
+                positions.append(position)
+                since = 0
+            since += size
+        self.index_offsets = offsets
+        self.index_positions = positions
+        self.bytes_since_index = since
+        self._index_pending.clear()
+        wanted = b"".join(_INDEX_ENTRY.pack(o, p) for o, p in zip(offsets, positions, strict=True))
+        current_size = os.fstat(self.index_fd).st_size
+        if current_size != len(wanted) or os.pread(self.index_fd, current_size, 0) != wanted:
+            self._write_index_file()
 
     def truncate_file(self, size: int) -> None:
         os.ftruncate(self.fd, size)
         self.size = size
 
 
+def walk_to(data: bytes | memoryview, offset: int) -> int | None:
+    """Position in ``data`` (which starts at a batch) of the batch holding ``offset``.
+
+    None when ``data`` ends before that batch's header does.
+    """
+    position = 0
+    end = len(data)
+    while position + HEADER_SIZE <= end:
+        base, length = _BASE_AND_LENGTH.unpack_from(data, position)
+        if base + _LAST_DELTA.unpack_from(data, position + LAST_DELTA_AT)[0] >= offset:
+            return position
+        if length + 12 < HEADER_SIZE:  # cannot happen below ``size``; never loop forever
+            raise CorruptBatch(f"batch length {length} at byte {position} of a segment walk")
+        position += length + 12
+    return None
+
+
+def scan_segment(segment: Segment, *, verify: bool) -> ScanResult:
+    """Walk every batch of the segment, checking that the offsets continue.
+
+    ``verify`` also checks each batch's CRC and record count (the active segment on
+    open, the only one a crash can tear); without it the scan reads headers only.
+    It stops at the first batch that is torn, inconsistent or out of sequence.
+    """
+    batches: list[BatchInfo] = []
+    expected = segment.base_offset
+    max_ts = -1
+    position = 0
+    file_size = segment.size
+    chunk = b""
+    chunk_start = 0
+    problem = None
+    # Header-only scans read small chunks: large batches make most of a big chunk waste.
+    chunk_size = SCAN_CHUNK if verify else 64 * 1024
+    while position < file_size:
+        if position + HEADER_SIZE > file_size:
+            problem = "torn batch header"
+            break
+        rel = position - chunk_start
+        if rel + HEADER_SIZE > len(chunk):
+            chunk = segment.pread(min(chunk_size, file_size - position), position)
+            chunk_start, rel = position, 0
+        h = HEADER.unpack_from(chunk, rel)
+        base, size = h[0], h[1] + 12
+        if size < HEADER_SIZE:
+            problem = f"bad batch length {h[1]}"
+            break
+        if position + size > file_size:
+            problem = "torn batch"
+            break
+        if base != expected:
+            problem = f"batch offset {base} where {expected} was expected"
+            break
+        if verify:
+            if rel + size > len(chunk):
+                chunk = segment.pread(min(max(chunk_size, size), file_size - position), position)
+                chunk_start, rel = position, 0
+            try:
+                check_batch(chunk, rel, size)
+            except CorruptBatch as exc:
+                problem = str(exc)
+                break
+        elif h[8] <= 0 or h[5] != h[8] - 1:
+            problem = f"batch at byte {position}: record count {h[8]}, last delta {h[5]}"
+            break
+        expected = base + h[5] + 1
+        batches.append(BatchInfo(position, base, size, expected, h[7]))
+        if h[7] > max_ts:
+            max_ts = h[7]
+        position += size
+    return ScanResult(batches, position, expected, max_ts, problem)
+
+
 def scan_headers(segment: Segment) -> tuple[list[tuple[int, int, int]], int]:
     """``(position, base_offset, size)`` of each whole batch (headers only), and the max timestamp."""
-    out = []
-    position = 0
-    max_ts = -1
-    while position + HEADER_SIZE <= segment.size:
-        head = os.pread(segment.fd, HEADER_SIZE, position)
-        if len(head) < HEADER_SIZE:
-            break
-        h = HEADER.unpack(head)
-        size = h[1] + LOG_OVERHEAD
-        if size < HEADER_SIZE or position + size > segment.size:
-            break
-        out.append((position, h[0], size))
-        max_ts = max(max_ts, h[7])
-        position += size
-    return out, max_ts
+    result = scan_segment(segment, verify=False)
+    return [(b.position, b.base_offset, b.size) for b in result.batches], result.max_timestamp

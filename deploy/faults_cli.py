@@ -1,0 +1,112 @@
+"""`minibroker faults delay-replication|drop-replication|delay-api|fail-api|clear`.
+
+Faults act on one broker, which must run with ``faults.enable=true`` (e.g.
+``minibroker cluster up --set faults.enable=true``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import trio
+
+from client import Admin
+from protocol import ApiKey
+from protocol.errors import ErrorCode, KafkaError
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
+
+def api_key(value: str) -> int:
+    """``produce`` / ``PRODUCE`` / ``0`` -> 0."""
+    if value.lstrip("-").isdigit():
+        return int(value)
+    try:
+        return int(ApiKey[value.upper().replace("-", "_")])
+    except KeyError:
+        names = ", ".join(k.name.lower() for k in ApiKey)
+        raise argparse.ArgumentTypeError(f"unknown API {value!r}; one of {names}") from None
+
+
+def error_code(value: str) -> int:
+    if value.lstrip("-").isdigit():
+        return int(value)
+    try:
+        return int(ErrorCode[value.upper()])
+    except KeyError:
+        raise argparse.ArgumentTypeError(
+            f"unknown error code {value!r} (e.g. REQUEST_TIMED_OUT)"
+        ) from None
+
+
+def add_subcommands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("faults", help="inject faults into a broker started with faults.enable=true")
+    ops = p.add_subparsers(dest="fault", required=True, metavar="FAULT")
+
+    def common(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        parser.add_argument(
+            "--bootstrap", default=os.environ.get("MINIBROKER_BOOTSTRAP", DEFAULT_BOOTSTRAP)
+        )
+        parser.add_argument("--broker", type=int, required=True, help="id of the broker to act on")
+        parser.set_defaults(func=run)
+        return parser
+
+    def partition_args(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--topic", help="only this topic (default: all)")
+        parser.add_argument(
+            "--partition", type=int, default=-1, help="only this partition (default: all)"
+        )
+
+    d = common(ops.add_parser("delay-replication", help="delay this broker's replica fetches"))
+    partition_args(d)
+    d.add_argument("--delay-ms", type=int, required=True)
+    partition_args(
+        common(
+            ops.add_parser(
+                "drop-replication", help="discard what this broker fetches as a follower"
+            )
+        )
+    )
+    a = common(ops.add_parser("delay-api", help="delay this broker's responses of one API"))
+    a.add_argument("--api", type=api_key, required=True, help="e.g. produce, fetch, metadata")
+    a.add_argument("--delay-ms", type=int, required=True)
+    f = common(ops.add_parser("fail-api", help="answer one API with an error code"))
+    f.add_argument("--api", type=api_key, required=True)
+    f.add_argument("--error", type=error_code, required=True, help="e.g. REQUEST_TIMED_OUT")
+    f.add_argument(
+        "--count", type=int, default=-1, help="for the next N requests (default: until cleared)"
+    )
+    common(ops.add_parser("clear", help="remove every fault from the broker"))
+
+
+def spec_from(args: argparse.Namespace) -> dict:
+    spec: dict = {}
+    for name in ("topic", "partition", "delay_ms", "count"):
+        value = getattr(args, name, None)
+        if value is not None:
+            spec[name] = value
+    if getattr(args, "api", None) is not None:
+        spec["api_key"] = args.api
+    if getattr(args, "error", None) is not None:
+        spec["error_code"] = args.error
+    return spec
+
+
+async def _apply(args: argparse.Namespace) -> list[dict]:
+    async with Admin(args.bootstrap) as admin:
+        return await admin.faults(args.broker, args.fault, **spec_from(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        active = trio.run(_apply, args)
+    except KafkaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"broker {args.broker}: {len(active)} active fault(s)")
+    for fault in active:
+        print("  " + json.dumps(fault))
+    return 0
