@@ -192,6 +192,12 @@ class BrokerConfig(Mapping[str, Any]):
             ):
                 if key not in explicit:
                     values[key] = values["purgatory.purge.interval.requests"]
+        if values["broker.heartbeat.interval.ms"] >= values["broker.session.timeout.ms"]:
+            raise ConfigError(
+                f"config 'broker.heartbeat.interval.ms' ({values['broker.heartbeat.interval.ms']}) must be "
+                f"less than 'broker.session.timeout.ms' ({values['broker.session.timeout.ms']}), or live "
+                "brokers get fenced between heartbeats"
+            )
         self._values = values
         self.explicit = frozenset(explicit)
 

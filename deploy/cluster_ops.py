@@ -100,85 +100,130 @@ async def _stats(state: ClusterState) -> dict[int, dict]:
     return out
 
 
+def _process_figures(state: ClusterState) -> dict[int, tuple[float, float]]:
+    """(RSS MB, CPU %) per live broker; CPU measured over one shared 0.2 s window."""
+    procs = {i: state.process(i) for i in range(state.brokers)}
+    before = {}
+    for i, proc in procs.items():
+        try:
+            if proc is not None:
+                before[i] = sum(proc.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    t0 = time.monotonic()
+    time.sleep(0.2)
+    wall = time.monotonic() - t0
+    out = {}
+    for i, start in before.items():
+        try:
+            proc = procs[i]
+            cpu = (sum(proc.cpu_times()[:2]) - start) / wall * 100
+            out[i] = (round(proc.memory_info().rss / 2**20, 1), round(cpu, 1))
+        except psutil.Error:
+            pass
+    return out
+
+
 def gather_status(state: ClusterState) -> dict:
+    """Brokers (process, RSS, CPU, purgatories) and partitions (leader, epoch, ISR, HW, LEO).
+
+    Leader, epoch and ISR come from the newest metadata any live broker holds; HW and LEO
+    from the leader itself. A partition whose leader is -1 has no live ISR member: offline.
+    """
     stats = trio.run(_stats, state)
-    brokers = []
-    partitions: dict[tuple[str, int], dict] = {}
-    for i in range(state.brokers):
-        proc = state.process(i)
-        entry = {
-            "id": i,
-            "port": state.port(i),
-            "pid": state.pids.get(i),
-            "state": state.status_of(i),
-            "rss_mb": None,
-            "cpu_percent": None,
-            "partitions_led": 0,
-            "purgatory": None,
+    figures = _process_figures(state)
+    newest: dict[tuple[str, int], tuple[int, dict]] = {}
+    leo_by_replica: dict[tuple[str, int], dict[int, int]] = {}
+    for broker_id, s in stats.items():
+        for p in s["partitions"]:
+            key = (p["topic"], p["partition"])
+            leo_by_replica.setdefault(key, {})[broker_id] = p["log_end_offset"]
+            if key not in newest or s["metadata_epoch"] > newest[key][0]:
+                newest[key] = (s["metadata_epoch"], p)
+    partitions = []
+    for key, (_, p) in sorted(newest.items()):
+        leader = p["leader"]
+        view = {
+            "topic": key[0],
+            "partition": key[1],
+            "leader": leader,
+            "leader_epoch": p["leader_epoch"],
+            "replicas": p["replicas"],
+            "isr": p["isr"],
+            "offline": leader < 0,
+            "high_watermark": None,
+            "log_end_offset": None,
+            "replica_leo": leo_by_replica[key],
         }
-        if proc is not None:
-            try:
-                entry["rss_mb"] = round(proc.memory_info().rss / 2**20, 1)
-                entry["cpu_percent"] = proc.cpu_percent(interval=0.05)
-            except psutil.Error:
-                pass
+        leader_view = next(
+            (
+                q
+                for q in stats.get(leader, {}).get("partitions", [])
+                if (q["topic"], q["partition"]) == key
+            ),
+            None,
+        )
+        if leader_view is not None:
+            view["high_watermark"] = leader_view["high_watermark"]
+            view["log_end_offset"] = leader_view["log_end_offset"]
+        partitions.append(view)
+    brokers = []
+    for i in range(state.brokers):
+        rss, cpu = figures.get(i, (None, None))
         s = stats.get(i)
-        if s is not None:
-            entry["purgatory"] = s["purgatory"]
-            for p in s["partitions"]:
-                key = (p["topic"], p["partition"])
-                view = partitions.setdefault(
-                    key,
-                    {
-                        "topic": p["topic"],
-                        "partition": p["partition"],
-                        "replicas": p["replicas"],
-                        "leo": {},
-                    },
-                )
-                view["leo"][i] = p["log_end_offset"]
-                if p["leader"] == i:
-                    entry["partitions_led"] += 1
-                    view.update(
-                        leader=i,
-                        leader_epoch=p["leader_epoch"],
-                        isr=p["isr"],
-                        high_watermark=p["high_watermark"],
-                        log_end_offset=p["log_end_offset"],
-                    )
-        brokers.append(entry)
-    return {
-        "bootstrap": state.bootstrap,
-        "brokers": brokers,
-        "partitions": sorted(partitions.values(), key=lambda v: (v["topic"], v["partition"])),
-    }
+        brokers.append(
+            {
+                "id": i,
+                "port": state.port(i),
+                "pid": state.pids.get(i),
+                "state": state.status_of(i),
+                "rss_mb": rss,
+                "cpu_percent": cpu,
+                "partitions_led": sum(1 for p in partitions if p["leader"] == i),
+                "purgatory": s["purgatory"] if s else None,
+            }
+        )
+    return {"bootstrap": state.bootstrap, "brokers": brokers, "partitions": partitions}
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)
 
 
 def render_status(status: dict) -> str:
     lines = [
         f"bootstrap {status['bootstrap']}",
         "",
-        f"{'id':>3} {'port':>6} {'pid':>8} {'state':<7} {'rss_mb':>7} {'cpu%':>6} {'led':>4}  purgatory (pending produce/fetch)",
+        f"{'id':>3} {'port':>6} {'pid':>8} {'state':<7} {'rss_mb':>7} {'cpu%':>6} {'led':>4}  "
+        "purgatory produce / fetch: pending watched completed expired purges",
     ]
     for b in status["brokers"]:
         purg = b["purgatory"]
-        purg_text = f"{purg['produce']['pending']}/{purg['fetch']['pending']}" if purg else "-"
+        if purg:
+            text = "  /  ".join(
+                " ".join(
+                    str(purg[kind][k])
+                    for k in ("pending", "watched", "completed", "expired", "purges")
+                )
+                for kind in ("produce", "fetch")
+            )
+        else:
+            text = "-"
         lines.append(
-            f"{b['id']:>3} {b['port']:>6} {b['pid'] or '-':>8} {b['state']:<7} "
-            f"{b['rss_mb'] if b['rss_mb'] is not None else '-':>7} "
-            f"{b['cpu_percent'] if b['cpu_percent'] is not None else '-':>6} {b['partitions_led']:>4}  {purg_text}"
+            f"{b['id']:>3} {b['port']:>6} {_dash(b['pid']):>8} {b['state']:<7} {_dash(b['rss_mb']):>7} "
+            f"{_dash(b['cpu_percent']):>6} {b['partitions_led']:>4}  {text}"
         )
     lines += [
         "",
-        f"{'topic-partition':<28} {'leader':>6} {'epoch':>5} {'replicas':<12} {'isr':<12} {'hw':>8} {'leo':>8}",
+        f"{'topic-partition':<28} {'leader':>7} {'epoch':>5} {'replicas':<12} {'isr':<12} {'hw':>8} {'leo':>8}",
     ]
     for p in status["partitions"]:
         if p["topic"].startswith("__"):
             continue
-        leader = p.get("leader", "none")
+        leader = "OFFLINE" if p["offline"] else str(p["leader"])
         lines.append(
-            f"{p['topic'] + '-' + str(p['partition']):<28} {leader:>6} {p.get('leader_epoch', '-'):>5} "
-            f"{','.join(map(str, p['replicas'])):<12} {','.join(map(str, p.get('isr', []))):<12} "
-            f"{p.get('high_watermark', '-'):>8} {p.get('log_end_offset', '-'):>8}"
+            f"{p['topic'] + '-' + str(p['partition']):<28} {leader:>7} {p['leader_epoch']:>5} "
+            f"{','.join(map(str, p['replicas'])):<12} {','.join(map(str, p['isr'])):<12} "
+            f"{_dash(p['high_watermark']):>8} {_dash(p['log_end_offset']):>8}"
         )
     return "\n".join(lines)

@@ -36,6 +36,10 @@ def test_toml_flat_and_nested_keys_then_set_wins(tmp_path):
         ({"min.insync.replicas": "0"}, "below the minimum 1"),
         ({"faults.enable": "yes"}, "expected true or false"),
         ({"log.format": "xml"}, "not one of console, json"),
+        (
+            {"broker.session.timeout.ms": "1000"},
+            "must be less than 'broker.session.timeout.ms' (1000)",
+        ),
     ],
 )
 def test_bad_keys_and_values_are_named(sets, message):
