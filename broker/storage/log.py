@@ -39,6 +39,11 @@ _LAST_DELTA_AT = 22
 
 @dataclass(frozen=True, slots=True)
 class LogConfig:
+    """Per-partition settings, named after Kafka's topic configs (``segment.bytes``, ...).
+
+    ``-1`` disables a retention limit, as in Kafka.
+    """
+
     segment_bytes: int = 1073741824
     retention_bytes: int = -1
     retention_ms: int = 604800000
@@ -49,6 +54,8 @@ class LogConfig:
 
 
 class AppendInfo:
+    """Where an append landed: the broker answers the producer and moves the HW with it."""
+
     __slots__ = ("first_offset", "last_offset", "max_timestamp", "num_bytes", "record_count")
 
     def __init__(
@@ -67,6 +74,8 @@ class AppendInfo:
 
 
 class ReadResult:
+    """File bytes to send as they are, plus the offset the next fetch should ask for."""
+
     __slots__ = ("data", "first_offset", "next_offset")
 
     def __init__(self, data: bytes, first_offset: int, next_offset: int) -> None:
@@ -80,6 +89,8 @@ class LogAppendError(ValueError):
 
 
 class Log:
+    """One partition replica's log. Not thread-safe: the broker's trio loop owns it."""
+
     def __init__(
         self, directory: Path, config: LogConfig, now_ms: Callable[[], int], logger: Any
     ) -> None:
@@ -384,6 +395,8 @@ class Log:
         LEO ends at or below ``offset``. Below the first segment there is nothing to
         keep: the log restarts empty at ``offset``, as Kafka's ``truncateTo`` does.
         """
+        if offset < 0:
+            raise ValueError(f"cannot truncate to negative offset {offset}")
         if offset >= self.log_end_offset:
             return 0
         if offset < self.segments[0].base_offset:
@@ -411,6 +424,8 @@ class Log:
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete everything; the log restarts empty with start and end at ``offset``."""
+        if offset < 0:  # the segment file name could not be parsed back on open
+            raise ValueError(f"cannot start a log at negative offset {offset}")
         for segment in self.segments:
             segment.delete()
         segment = Segment(
