@@ -97,6 +97,7 @@ OPTIONAL_GROUPS: Sequence[str] = (
     "deploy.cluster_cli",
     "deploy.faults_cli",
     "deploy.chaos_cli",
+    "deploy.stats_cli",
 )
 
 

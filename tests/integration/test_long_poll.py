@@ -49,3 +49,26 @@ async def test_long_poll_returns_when_data_arrives_and_empty_after_max_wait(brok
         stats = (await admin.broker_stats())["stats"]["purgatory"]["fetch"]
     assert stats["expired"] > stats_before["expired"]
     assert stats["completed"] > stats_before["completed"]
+
+
+def test_stats_command_shows_purgatory_metrics(broker):
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "deploy.cli", "stats", "--bootstrap", broker]
+    table = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert table.returncode == 0, table.stderr
+    assert "purgatory" in table.stdout and "fetch" in table.stdout
+    body = json.loads(
+        subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=30).stdout
+    )
+    assert set(body["stats"]["purgatory"]["fetch"]) >= {
+        "pending",
+        "watched",
+        "completed",
+        "expired",
+        "purges",
+    }
+    down = subprocess.run([*cmd[:-1], "127.0.0.1:1"], capture_output=True, text=True, timeout=30)
+    assert down.returncode != 0 and down.stderr.count("\n") == 1 and "127.0.0.1:1" in down.stderr

@@ -1,0 +1,60 @@
+"""`minibroker stats`: one broker's own figures (purgatories, partitions), from any shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import trio
+
+from client import Admin
+from protocol.errors import KafkaError
+
+PURGATORY_FIELDS = ("pending", "watched", "completed", "expired", "purges")
+
+
+def add_subcommands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stats", help="a broker's purgatory metrics and partition states")
+    p.add_argument("--bootstrap", default=os.environ.get("MINIBROKER_BOOTSTRAP", "127.0.0.1:9092"))
+    p.add_argument("--broker", type=int, help="broker id (default: the bootstrap broker's answer)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+async def _fetch(args: argparse.Namespace) -> dict:
+    async with Admin(args.bootstrap) as admin:
+        return await admin.broker_stats(args.broker)
+
+
+def render(body: dict) -> str:
+    stats = body["stats"]
+    lines = [
+        f"broker {body['broker_id']}  uptime {stats['uptime_ms'] / 1000:.1f}s  "
+        f"controller {stats['controller_id']}  connections {stats['connections']}",
+        "",
+        f"{'purgatory':<10}" + "".join(f"{f:>11}" for f in PURGATORY_FIELDS),
+    ]
+    for name, figures in stats["purgatory"].items():
+        lines.append(f"{name:<10}" + "".join(f"{figures[f]:>11}" for f in PURGATORY_FIELDS))
+    lines += [
+        "",
+        f"{'topic-partition':<28} {'leader':>6} {'epoch':>5} {'isr':<12} {'hw':>8} {'leo':>8}",
+    ]
+    for p in stats["partitions"]:
+        lines.append(
+            f"{p['topic'] + '-' + str(p['partition']):<28} {p['leader']:>6} {p['leader_epoch']:>5} "
+            f"{','.join(map(str, p['isr'])):<12} {p['high_watermark']:>8} {p['log_end_offset']:>8}"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        body = trio.run(_fetch, args)
+    except KafkaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(body) if args.json else render(body))
+    return 0
