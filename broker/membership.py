@@ -79,7 +79,10 @@ class ControllerLink:
     def _apply(self, body: dict) -> None:
         snapshot = body.get("metadata")
         if snapshot is not None:
-            self.broker.receive_metadata(snapshot)
+            try:
+                self.broker.receive_metadata(snapshot)
+            except Exception:
+                self.log.exception("metadata_apply_failed", epoch=snapshot.get("epoch"))
 
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         b = self.broker

@@ -48,6 +48,16 @@ async def _answer_later(
     await responses.send(encode_response(correlation_id, body))
 
 
+_DISCONNECTS = (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError)
+
+
+def is_disconnect(exc: BaseException) -> bool:
+    """True if ``exc`` (or every leaf of an exception group) is a peer going away."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(is_disconnect(e) for e in exc.exceptions)
+    return isinstance(exc, _DISCONNECTS)
+
+
 class ConnectionHandler:
     def __init__(self, dispatcher: Any, *, max_frame_bytes: int, idle_ms: int, logger: Any) -> None:
         self.dispatcher = dispatcher
@@ -66,8 +76,11 @@ class ConnectionHandler:
         try:
             async with stream:
                 await self._serve(stream, log)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        except Exception as exc:
+            # Whatever one connection does, it must never take the broker down: a peer
+            # that resets mid-request arrives here wrapped in an ExceptionGroup.
+            if not is_disconnect(exc):
+                log.error("connection_failed", exc_info=exc)
         finally:
             self.open_connections -= 1
 

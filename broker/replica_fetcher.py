@@ -140,6 +140,9 @@ class ReplicaFetcher:
             except KafkaError as exc:
                 self.log.debug("truncation_check_failed", error=str(exc))
                 await trio.sleep(backoff)
+            except Exception:
+                self.log.exception("truncation_error")
+                await trio.sleep(backoff)
         while True:
             try:
                 delay_ms, _ = self.faults.replication(self.partition.key)
@@ -154,6 +157,10 @@ class ReplicaFetcher:
                 self._process(body["topics"][0]["partitions"][0])
             except KafkaError as exc:
                 self.log.debug("replica_fetch_failed", error=str(exc))
+                await trio.sleep(backoff)
+            except Exception:
+                # A bug or a bad answer must cost this partition a retry, not the broker.
+                self.log.exception("replica_fetch_error")
                 await trio.sleep(backoff)
 
     def _process(self, data: dict) -> None:

@@ -418,7 +418,11 @@ class Broker:
         interval = self.config["log.retention.check.interval.ms"] / 1000
         while True:
             await trio.sleep(interval)
-            deleted = self.replica_manager.delete_old_segments()
+            try:
+                deleted = self.replica_manager.delete_old_segments()
+            except OSError as exc:
+                self.log.error("retention_failed", error=str(exc))
+                continue
             if deleted:
                 self.log.info("retention_deleted_segments", count=deleted)
 

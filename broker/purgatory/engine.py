@@ -8,7 +8,7 @@ comes due is expired whole rather than re-added task by task.
 
 from __future__ import annotations
 
-from heapq import heappop
+from heapq import heappop, heappush
 
 from .bucket import Bucket, TimerTask
 from .wheel import TimingWheel
@@ -69,15 +69,77 @@ class TimerEngine:
             # The wheel moves: cached bucket may start a new rotation, so forget it.
             self._cache_exp = -1
             wheel.advance_clock(exp)
-            tasks = bucket.drain()
             if bucket.whole:
-                for task in tasks:
+                # Every task in a due finest-level bucket is due: unlink and hand out the
+                # live ones in one pass (Bucket.drain fused with the filter).
+                node = bucket._next
+                unlinked = 0
+                while node is not bucket:
+                    task = node
+                    node = task._next
+                    task._prev = task._next = task._bucket = None
+                    unlinked += 1
                     if not task._done:
                         task._timer = None
                         append(task)
+                bucket._prev = bucket._next = bucket
+                bucket.expiration = -1
+                self.counter[0] -= unlinked
             else:
-                insert = self.insert
-                for task in tasks:
-                    if not insert(task) and not task._done:
-                        task._timer = None
-                        append(task)
+                self._cascade(bucket, append)
+
+    def _cascade(self, bucket: Bucket, append) -> None:
+        """Re-add every task of a due coarser bucket (Kafka's flush), inlined for level 0.
+
+        Nearly all of them land in the finest wheel, and runs of them share a deadline, so
+        the level-0 placement and the link are done here rather than by a call per task.
+        """
+        wheel = self.wheel
+        tick = wheel.tick_ms
+        size = wheel.wheel_size
+        buckets = wheel.buckets
+        due_before = wheel.current_ms + tick
+        level0_before = wheel.current_ms + wheel.interval
+        queue = self.queue
+        cache_exp = -1
+        target = bucket  # never used before cache_exp is set
+        node = bucket._next
+        bucket._prev = bucket._next = bucket
+        bucket.expiration = -1
+        moved = 0
+        while node is not bucket:
+            task = node
+            node = task._next
+            if task._done:
+                task._prev = task._next = task._bucket = None
+                moved -= 1
+                continue
+            exp = task.expiration_ms
+            if exp != cache_exp:
+                if exp < due_before:  # due now: hand it out
+                    task._prev = task._next = task._bucket = None
+                    task._timer = None
+                    append(task)
+                    moved -= 1
+                    continue
+                if exp >= level0_before:  # still far off: a coarser wheel takes it
+                    task._prev = task._next = task._bucket = None
+                    moved -= 1
+                    self.insert(task)
+                    continue
+                vid = exp // tick
+                target = buckets[vid % size]
+                if target.expiration != vid * tick:
+                    target.expiration = vid * tick
+                    heappush(queue, (target.expiration, target))
+                cache_exp = exp
+            tail = target._prev
+            task._prev = tail
+            task._next = target
+            tail._next = task
+            target._prev = task
+            task._bucket = target
+        self.counter[0] += moved
+        if cache_exp != -1:
+            self._cache_exp = cache_exp
+            self._cache_bucket = target

@@ -47,6 +47,9 @@ class SystemTimer:
         self._expire_batch = expire_batch or run_inline
         self._adds: deque[TimerTask] = deque()
         self._cancels: deque[TimerTask] = deque()
+        # A cancel is one C call on the caller's thread (no Python frame): the timer thread
+        # unlinks the task on its next wake-up.
+        self._cancel = self._cancels.append
         self._wake = threading.Event()
         self._wake_at: float = _AWAKE
         self._closing = False
@@ -83,9 +86,6 @@ class SystemTimer:
         if exp < self._wake_at:
             self._wake.set()
 
-    def _cancel(self, task: TimerTask) -> None:
-        self._cancels.append(task)
-
     @property
     def size(self) -> int:
         """Live tasks: linked, or handed over and not yet linked, minus cancels in flight."""
@@ -103,19 +103,52 @@ class SystemTimer:
     # --- timer thread -----------------------------------------------------------------
 
     def _drain(self, expired: list[TimerTask]) -> None:
+        """Link every handed-over task, then unlink every cancelled one.
+
+        This runs once per wake-up for hundreds of tasks while the other threads wait for
+        the GIL, so the common cases are inlined: a task with the same deadline as the one
+        before goes into the cached bucket (TimerEngine.insert's fast path), and a cancel
+        unlinks in place (Bucket.remove).
+        """
+        engine = self._engine
         adds = self._adds
-        insert = self._engine.insert
-        pop = adds.popleft
-        while adds:
-            task = pop()
-            if not insert(task) and not task._done:
-                task._timer = None
-                expired.append(task)
+        if adds:
+            insert = engine.insert
+            pop = adds.popleft
+            cache_exp = engine._cache_exp
+            bucket = engine._cache_bucket
+            linked = 0
+            while adds:
+                task = pop()
+                if task.expiration_ms == cache_exp and not task._done:
+                    tail = bucket._prev
+                    task._prev = tail
+                    task._next = bucket
+                    tail._next = task
+                    bucket._prev = task
+                    task._bucket = bucket
+                    linked += 1
+                elif insert(task):
+                    cache_exp = engine._cache_exp
+                    bucket = engine._cache_bucket
+                elif not task._done:
+                    task._timer = None
+                    expired.append(task)
+            engine.counter[0] += linked
         cancels = self._cancels
-        remove = self._engine.remove
-        pop = cancels.popleft
-        while cancels:
-            remove(pop())
+        if cancels:
+            pop = cancels.popleft
+            unlinked = 0
+            while cancels:
+                task = pop()
+                if task._bucket is not None:
+                    prev = task._prev
+                    nxt = task._next
+                    prev._next = nxt
+                    nxt._prev = prev
+                    task._prev = task._next = task._bucket = None
+                    unlinked += 1
+            engine.counter[0] -= unlinked
 
     def _run(self) -> None:
         engine = self._engine

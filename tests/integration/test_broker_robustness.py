@@ -241,3 +241,27 @@ async def test_torn_and_corrupt_segments_are_cut_on_restart(broker_factory, tmp_
     assert "log_recovery_truncated" in proc2.log_path.read_text()
     async with Producer(proc2.address, acks=1) as producer:
         assert (await producer.send("c", b"again")).offset == 7
+
+
+async def test_peer_reset_with_parked_requests_leaves_the_broker_serving(broker):
+    import socket
+
+    await make_topic(broker, name="rst")
+    host, port = broker.split(":")
+    fetch = {
+        "max_wait_ms": 30000,
+        "min_bytes": 1000,
+        "topics": [{"name": "rst", "partitions": [{"partition": 0, "fetch_offset": 0}]}],
+    }
+    for _ in range(5):
+        sock = socket.create_connection((host, int(port)))
+        for corr in range(3):
+            sock.sendall(p.encode_request(p.ApiKey.FETCH, 0, corr, "rst", fetch))
+        # SO_LINGER 0: close sends RST, the broker's next recv fails with ECONNRESET.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await trio.sleep(0.05)
+        sock.close()
+    await trio.sleep(0.2)
+    assert ping(host, int(port))
+    async with Producer(broker, acks=1) as producer:
+        await producer.send("rst", b"still here")
