@@ -22,6 +22,7 @@ BENCHMARKS = {
         "producer throughput and ack latency against a running broker",
     ),
     "consume": ("deploy.bench.consume", "consumer throughput against a running broker"),
+    "spark-read": ("deploy.bench.spark_read", "records/s read into a Spark DataFrame and written back"),
 }
 
 

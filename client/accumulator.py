@@ -1,0 +1,255 @@
+"""Per-partition record batches waiting to be sent: the producer's buffer.
+
+Everything per record here is a list append and two additions; the trio Event,
+the encoding and the bookkeeping happen once per batch. The logic is pure (the
+caller passes the time in milliseconds), so linger and batch.size rules are unit
+tested without a broker or a clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Generator
+from typing import Any
+
+import trio
+
+from protocol import encode_batch
+
+from .records import Headers, RecordMetadata
+
+# msgpack framing per record ([ts_delta, key, value]) on top of key and value bytes.
+RECORD_OVERHEAD = 10
+
+RecordTuple = tuple[int, bytes | None, bytes | None, Headers]
+
+
+def record_size(key: bytes | None, value: bytes | None, headers: Headers) -> int:
+    """Bytes a record adds to a batch (an estimate within a few bytes)."""
+    size = RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
+    for name, hvalue in headers:
+        size += len(name) + (len(hvalue) if hvalue else 0) + 4
+    return size
+
+
+class ProducerBatch:
+    """Records for one partition, sent and acknowledged as one unit."""
+
+    __slots__ = (
+        "acked_at",
+        "attempts",
+        "base_offset",
+        "count",
+        "created_ms",
+        "deadline_ms",
+        "done",
+        "error",
+        "partition",
+        "payload",
+        "records",
+        "retry_at_ms",
+        "size",
+        "topic",
+    )
+
+    def __init__(self, topic: str, partition: int, created_ms: float, deadline_ms: float) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.records: list[RecordTuple] = []
+        self.size = 0
+        self.count = 0
+        self.created_ms = created_ms
+        self.deadline_ms = deadline_ms
+        self.retry_at_ms = 0.0
+        self.attempts = 0
+        self.payload: bytes | None = None
+        self.done = trio.Event()
+        self.base_offset = -1
+        self.error: BaseException | None = None
+        self.acked_at = 0.0
+
+    @property
+    def sealed(self) -> bool:
+        return self.payload is not None
+
+    def seal(self) -> bytes:
+        """Encode once (one encode_batch call); retries resend the same bytes."""
+        if self.payload is None:
+            self.count = len(self.records)
+            self.payload = encode_batch(self.records)
+            self.records = []
+        return self.payload
+
+    def complete(self, base_offset: int) -> None:
+        self.base_offset = base_offset
+        self._finish()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self._finish()
+
+    def _finish(self) -> None:
+        self.acked_at = time.monotonic()
+        self.records = []
+        self.done.set()
+
+    def metadata(self, index: int) -> RecordMetadata:
+        if self.error is not None:
+            raise self.error
+        offset = -1 if self.base_offset < 0 else self.base_offset + index
+        return RecordMetadata(self.topic, self.partition, offset)
+
+
+class Parked:
+    """Records sent before their topic's partition count was known; placed by the sender."""
+
+    __slots__ = ("error", "placed", "records", "topic")
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.records: list[tuple[Any, ...]] = []
+        self.placed = trio.Event()
+        self.error: BaseException | None = None
+
+
+class DeliveryHandle:
+    """The outcome of one ``send_nowait``: ``await handle`` gives its RecordMetadata or raises."""
+
+    __slots__ = ("_batch", "_index", "_parked")
+
+    def __init__(self, batch: ProducerBatch | None, index: int, parked: Parked | None = None) -> None:
+        self._batch = batch
+        self._index = index
+        self._parked = parked
+
+    def done(self) -> bool:
+        if self._batch is None:
+            return self._parked is not None and self._parked.error is not None
+        return self._batch.done.is_set()
+
+    def exception(self) -> BaseException | None:
+        """The failure of a finished send (None on success); only valid once ``done()``."""
+        if self._batch is None:
+            return self._parked.error if self._parked else None
+        return self._batch.error
+
+    def result(self) -> RecordMetadata:
+        if not self.done():
+            raise RuntimeError("the record is not acknowledged yet: await the handle")
+        if self._batch is None:
+            raise self._parked.error
+        return self._batch.metadata(self._index)
+
+    @property
+    def acked_at(self) -> float:
+        """``time.monotonic()`` when the broker's answer arrived (for latency figures)."""
+        return self._batch.acked_at if self._batch is not None else 0.0
+
+    def _bind(self, batch: ProducerBatch, index: int) -> None:
+        self._batch = batch
+        self._index = index
+
+    async def wait(self) -> RecordMetadata:
+        if self._batch is None and self._parked is not None:
+            await self._parked.placed.wait()
+            if self._parked.error is not None:
+                raise self._parked.error
+        await self._batch.done.wait()
+        return self._batch.metadata(self._index)
+
+    def __await__(self) -> Generator[Any, None, RecordMetadata]:
+        return self.wait().__await__()
+
+
+class RecordAccumulator:
+    def __init__(self, batch_size: int, linger_ms: int, delivery_timeout_ms: int) -> None:
+        self.batch_size = batch_size
+        self.linger_ms = linger_ms
+        self.delivery_timeout_ms = delivery_timeout_ms
+        self.batches: dict[tuple[str, int], deque[ProducerBatch]] = {}
+        self.buffered_bytes = 0
+        self.flushing = 0
+
+    def append(
+        self, topic: str, partition: int, record: RecordTuple, nbytes: int, now_ms: float | None = None
+    ) -> tuple[ProducerBatch, int, bool]:
+        """Add a record; returns (batch, index in batch, whether a new batch was started).
+
+        ``now_ms`` defaults to the monotonic clock, read only when a batch is started.
+        """
+        dq = self.batches.get((topic, partition))
+        if dq is None:
+            dq = self.batches[(topic, partition)] = deque()
+        batch = dq[-1] if dq else None
+        created = False
+        if batch is None or batch.payload is not None or (
+            batch.size + nbytes > self.batch_size and batch.records
+        ):
+            if now_ms is None:
+                now_ms = time.monotonic() * 1000
+            batch = ProducerBatch(topic, partition, now_ms, now_ms + self.delivery_timeout_ms)
+            dq.append(batch)
+            created = True
+        records = batch.records
+        records.append(record)
+        batch.size += nbytes
+        self.buffered_bytes += nbytes
+        return batch, len(records) - 1, created
+
+    def ready(self, now_ms: float) -> tuple[list[tuple[str, int]], float]:
+        """Partitions whose first batch may be sent now, and when to look again otherwise."""
+        ready = []
+        next_ms = float("inf")
+        linger = self.linger_ms
+        full = self.batch_size
+        flushing = self.flushing > 0
+        for key, dq in self.batches.items():
+            if not dq:
+                continue
+            head = dq[0]
+            if head.retry_at_ms > now_ms:
+                next_ms = min(next_ms, head.retry_at_ms)
+            elif (
+                flushing
+                or len(dq) > 1  # the head is full: a newer batch was started behind it
+                or head.size >= full
+                or head.payload is not None  # a retry
+                or head.created_ms + linger <= now_ms
+            ):
+                ready.append(key)
+            else:
+                next_ms = min(next_ms, head.created_ms + linger)
+        return ready, next_ms
+
+    def pop(self, key: tuple[str, int]) -> ProducerBatch:
+        """Take a partition's first batch for sending; it is encoded here, once."""
+        batch = self.batches[key].popleft()
+        batch.seal()
+        return batch
+
+    def reenqueue(self, batch: ProducerBatch, retry_at_ms: float) -> None:
+        """Put a batch back at the front of its partition to retry after a backoff."""
+        batch.retry_at_ms = retry_at_ms
+        self.batches.setdefault((batch.topic, batch.partition), deque()).appendleft(batch)
+
+    def expired(self, now_ms: float) -> list[ProducerBatch]:
+        """Remove and return waiting batches whose delivery.timeout.ms has passed."""
+        out = []
+        for dq in self.batches.values():
+            while dq and dq[0].deadline_ms <= now_ms:
+                out.append(dq.popleft())
+        return out
+
+    def release(self, batch: ProducerBatch) -> None:
+        """A batch is finished (acked or failed): its bytes no longer count against the buffer."""
+        self.buffered_bytes -= batch.size
+
+    def drain_all(self) -> list[ProducerBatch]:
+        out = [b for dq in self.batches.values() for b in dq]
+        self.batches.clear()
+        return out
+
+    @property
+    def pending_batches(self) -> int:
+        return sum(len(dq) for dq in self.batches.values())

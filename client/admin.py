@@ -1,0 +1,190 @@
+"""The admin client: create, list and describe topics, and read a broker's stats."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from protocol import ApiKey
+from protocol.errors import BrokerNotAvailable, KafkaError, NotController, error_class, raise_for
+
+from .background import Background
+from .cluster import BrokerInfo, Cluster, PartitionInfo
+from .config import load_config
+from .producer import client_settings
+
+__all__ = ["Admin", "BrokerInfo", "NewTopic", "PartitionInfo", "TopicDescription"]
+
+
+@dataclass
+class NewTopic:
+    name: str
+    num_partitions: int = -1  # -1: the broker's num.partitions
+    replication_factor: int = -1  # -1: the broker's default.replication.factor
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TopicDescription:
+    name: str
+    partitions: list[PartitionInfo]
+
+
+class Admin:
+    """``async with Admin("127.0.0.1:9092") as a: await a.create_topics([NewTopic("t", 3, 1)])``."""
+
+    def __init__(
+        self, bootstrap: str | None = None, config: Mapping[str, Any] | None = None, **settings: Any
+    ) -> None:
+        self.config = load_config("admin", *client_settings(bootstrap, config, settings))
+        self._background = Background()
+        self._cluster: Cluster | None = None
+
+    async def __aenter__(self) -> Admin:
+        nursery = await self._background.open()
+        try:
+            self._cluster = Cluster(self.config, nursery)
+            await self._cluster.refresh(())
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._cluster is not None:
+            await self._cluster.aclose()
+        await self._background.close()
+
+    def _open(self) -> Cluster:
+        if self._cluster is None:
+            raise RuntimeError("the admin client is not open: use 'async with Admin(...) as a'")
+        return self._cluster
+
+    # --- topics ---------------------------------------------------------------------------
+
+    async def create_topics(
+        self,
+        topics: Iterable[NewTopic],
+        *,
+        timeout_ms: int = 30000,
+        validate_only: bool = False,
+        wait_for_leaders: bool = True,
+        raise_errors: bool = True,
+    ) -> dict[str, KafkaError | None]:
+        """Create topics through the controller; per-topic outcome (None: created).
+
+        With ``raise_errors`` the first failure is raised (e.g. TopicAlreadyExists). With
+        ``wait_for_leaders`` it returns once every new partition has a leader in the
+        metadata, so producing right after does not race the metadata propagation.
+        """
+        topics = list(topics)
+        body = {
+            "topics": [
+                {"name": t.name, "num_partitions": t.num_partitions,
+                 "replication_factor": t.replication_factor,
+                 "configs": {k: str(v) for k, v in t.configs.items()}}
+                for t in topics
+            ],
+            "timeout_ms": timeout_ms,
+            "validate_only": validate_only,
+        }
+        response = await self._controller_request(ApiKey.CREATE_TOPICS, body, timeout_ms / 1000 + 5)
+        outcome: dict[str, KafkaError | None] = {}
+        for t in response["topics"]:
+            code = t["error_code"]
+            outcome[t["name"]] = error_class(code)(t.get("error_message") or t["name"]) if code else None
+        if raise_errors:
+            for error in outcome.values():
+                if error is not None:
+                    raise error
+        created = [name for name, error in outcome.items() if error is None]
+        if wait_for_leaders and created and not validate_only:
+            await self._wait_for_leaders(created, timeout_ms / 1000)
+        return outcome
+
+    async def _controller_request(self, api_key: int, body: dict, timeout: float) -> dict:
+        cluster = self._open()
+        for attempt in range(5):
+            if attempt:
+                await trio.sleep(0.1 * attempt)
+                await cluster.refresh(())
+            controller = cluster.controller_id
+            try:
+                if controller in cluster.brokers:
+                    return await cluster.request(controller, api_key, body, timeout=timeout)
+                return await cluster.any_request(api_key, body, timeout=timeout)
+            except NotController:
+                continue
+        raise NotController("could not find the controller (is the cluster still starting?)")
+
+    async def _wait_for_leaders(self, names: list[str], timeout: float) -> None:
+        cluster = self._open()
+        with trio.move_on_after(timeout):
+            while True:
+                await cluster.refresh(names)
+                if all(
+                    cluster.partition_count(n) and all(p.leader >= 0 for p in cluster.topics[n])
+                    for n in names
+                ):
+                    return
+                await trio.sleep(0.05)
+
+    async def list_topics(self) -> list[str]:
+        body = await self._open().refresh(None)
+        return sorted(t["name"] for t in body["topics"] if not t["error_code"])
+
+    async def describe_topics(self, names: Iterable[str] | None = None) -> dict[str, TopicDescription]:
+        """Partitions (leader, epoch, replicas, ISR) per topic; a missing topic raises."""
+        cluster = self._open()
+        names = None if names is None else list(names)
+        await cluster.refresh(names)
+        wanted = sorted(cluster.topics) if names is None else names
+        out = {}
+        for name in wanted:
+            if name not in cluster.topics:
+                code, message = cluster.topic_errors.get(name, (3, None))
+                raise error_class(code)(message or f"topic '{name}' does not exist")
+            out[name] = TopicDescription(name, list(cluster.topics[name]))
+        return out
+
+    async def describe_cluster(self) -> tuple[list[BrokerInfo], int]:
+        """(brokers, controller id)."""
+        cluster = self._open()
+        await cluster.refresh(())
+        return sorted(cluster.brokers.values(), key=lambda b: b.node_id), cluster.controller_id
+
+    async def broker_stats(self, node_id: int | None = None) -> dict[str, Any]:
+        """A broker's own figures (BROKER_STATS): ``{"broker_id": .., "stats": {...}}``."""
+        cluster = self._open()
+        if node_id is None:
+            body = await cluster.any_request(ApiKey.BROKER_STATS, {})
+        else:
+            if node_id not in cluster.brokers:
+                await cluster.refresh(())
+            if node_id not in cluster.brokers:
+                raise BrokerNotAvailable(f"broker {node_id} is not in the cluster metadata")
+            body = await cluster.request(node_id, ApiKey.BROKER_STATS, {})
+        return {"broker_id": body["broker_id"], "stats": body["stats"]}
+
+    async def faults(self, node_id: int, action: str, **spec: Any) -> list[dict[str, Any]]:
+        """Inject or clear a fault on one broker (it must run with ``faults.enable=true``).
+
+        ``action``: ``delay-replication`` (``delay_ms``, optional ``topic``/``partition``),
+        ``drop-replication`` (optional ``topic``/``partition``), ``delay-api`` (``api_key``,
+        ``delay_ms``), ``fail-api`` (``api_key``, ``error_code``, ``count``; -1 = until
+        cleared) or ``clear``. Returns the broker's active faults.
+        """
+        cluster = self._open()
+        if node_id not in cluster.brokers:
+            await cluster.refresh(())
+        if node_id not in cluster.brokers:
+            raise BrokerNotAvailable(f"broker {node_id} is not in the cluster metadata")
+        body = await cluster.request(node_id, ApiKey.FAULTS, {"action": action, **spec})
+        raise_for(body["error_code"], body.get("error_message") or "")
+        return body["faults"]

@@ -1,0 +1,162 @@
+"""Client settings by their Kafka names, with Kafka's defaults, validated up front.
+
+A typo or a bad value is a ``ValueError`` that names the key at construction time,
+not a surprise deep inside a send. Values may be given typed (``{"linger.ms": 5}``)
+or as strings (``--property linger.ms=5`` on the command line).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+ROLES = ("producer", "consumer", "admin")
+_INT32_MAX = 2147483647
+
+
+@dataclass(frozen=True)
+class Setting:
+    parse: Callable[[str, Any], Any]
+    default: Any
+    roles: tuple[str, ...]
+    doc: str
+
+
+def parse_bootstrap(key: str, value: Any) -> list[tuple[str, int]]:
+    """``"h1:9092,h2:9093"`` (or a list of such strings) -> ``[("h1", 9092), ("h2", 9093)]``."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        raise ValueError(f"config '{key}': expected HOST:PORT[,HOST:PORT...], got {value!r}")
+    out = []
+    for item in items:
+        if isinstance(item, tuple) and len(item) == 2:
+            host, port = item
+            item = f"{host}:{port}"
+        text = str(item).strip()
+        host, sep, port = text.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"config '{key}': expected HOST:PORT, got {text!r}")
+        out.append((host.strip("[]"), int(port)))
+    if not out:
+        raise ValueError(f"config '{key}': at least one HOST:PORT is needed")
+    return out
+
+
+def _int(minimum: int = 0, maximum: int = 2**63 - 1) -> Callable[[str, Any], int]:
+    def parse(key: str, value: Any) -> int:
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value.strip())
+        if type(value) is not int:
+            raise ValueError(f"config '{key}': expected an integer, got {value!r}")
+        if not minimum <= value <= maximum:
+            raise ValueError(f"config '{key}': {value} is outside [{minimum}, {maximum}]")
+        return value
+
+    return parse
+
+
+def _choice(*choices: str) -> Callable[[str, Any], str]:
+    def parse(key: str, value: Any) -> str:
+        if not isinstance(value, str) or value.lower() not in choices:
+            raise ValueError(f"config '{key}': {value!r} is not one of {', '.join(choices)}")
+        return value.lower()
+
+    return parse
+
+
+def _string(key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"config '{key}': expected a string, got {value!r}")
+    return value
+
+
+def parse_acks(key: str, value: Any) -> int:
+    """Kafka spells acks as all, -1, 0 or 1; the wire wants -1, 0 or 1."""
+    text = str(value).strip().lower()
+    if text == "all":
+        return -1
+    if text in ("-1", "0", "1"):
+        return int(text)
+    raise ValueError(f"config '{key}': {value!r} is not one of all, -1, 0, 1")
+
+
+_ALL = ROLES
+_P = ("producer",)
+_C = ("consumer",)
+
+SETTINGS: dict[str, Setting] = {
+    "bootstrap.servers": Setting(parse_bootstrap, DEFAULT_BOOTSTRAP, _ALL, "Brokers to ask for metadata first."),
+    "client.id": Setting(_string, "minibroker-client", _ALL, "Sent with every request; shows in broker logs."),
+    "request.timeout.ms": Setting(_int(1, _INT32_MAX), 30000, _ALL, "How long to wait for one response."),
+    "retry.backoff.ms": Setting(_int(0), 100, _ALL, "Pause before retrying a failed request."),
+    "metadata.max.age.ms": Setting(_int(0), 300000, _ALL, "Refresh metadata at least this often."),
+    "socket.connection.setup.timeout.ms": Setting(_int(1), 10000, _ALL, "How long a TCP connect may take."),
+    # producer
+    "acks": Setting(parse_acks, -1, _P, "Replicas that must have a record before it is acknowledged."),
+    "delivery.timeout.ms": Setting(_int(1, _INT32_MAX), 120000, _P, "Upper bound on send to ack, retries included."),
+    "retries": Setting(_int(0, _INT32_MAX), _INT32_MAX, _P, "Retries of retriable errors (bounded by delivery.timeout.ms)."),
+    "linger.ms": Setting(_int(0), 5, _P, "Wait this long for more records before sending a batch that is not full."),
+    "batch.size": Setting(_int(1), 16384, _P, "Bytes of records per partition batch; large batches mean high throughput."),
+    "max.request.size": Setting(_int(1), 1048576, _P, "Largest record (and batch) the producer will send."),
+    "max.in.flight.requests.per.connection": Setting(_int(1), 5, _P, "Unanswered produce requests per broker."),
+    "buffer.memory": Setting(_int(1), 33554432, _P, "Bytes of unsent records before send_nowait refuses / enqueue waits."),
+    "max.block.ms": Setting(_int(0), 60000, _P, "How long a send may wait for metadata or buffer space."),
+    # consumer
+    "fetch.min.bytes": Setting(_int(0, _INT32_MAX), 1, _C, "Bytes a fetch waits for (long poll)."),
+    "fetch.max.wait.ms": Setting(_int(0, _INT32_MAX), 500, _C, "Longest a fetch waits for fetch.min.bytes."),
+    "fetch.max.bytes": Setting(_int(0, _INT32_MAX), 52428800, _C, "Bytes per fetch response."),
+    "max.partition.fetch.bytes": Setting(_int(0, _INT32_MAX), 1048576, _C, "Bytes per partition in a fetch response."),
+    "max.poll.records": Setting(_int(1), 500, _C, "Records returned by one poll()."),
+    "auto.offset.reset": Setting(_choice("latest", "earliest", "none"), "latest", _C, "Where to start without a valid position."),
+}
+
+
+def _suggest(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def load_config(role: str, *sources: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Defaults for ``role``, overlaid with each source in order, every value validated."""
+    known = [k for k, s in SETTINGS.items() if role in s.roles]
+    values: dict[str, Any] = {}
+    for key in known:
+        setting = SETTINGS[key]
+        values[key] = setting.parse(key, setting.default)
+    for source in sources:
+        for key, raw in (source or {}).items():
+            if key not in known:
+                where = "" if key not in SETTINGS else f" (it is not a {role} setting)"
+                raise ValueError(f"unknown config key '{key}'{where or _suggest(key, known)}")
+            values[key] = SETTINGS[key].parse(key, raw)
+    _check_consistency(role, values)
+    return values
+
+
+def _check_consistency(role: str, values: dict[str, Any]) -> None:
+    if role == "producer":
+        floor = values["linger.ms"] + values["request.timeout.ms"]
+        if values["delivery.timeout.ms"] < floor:
+            raise ValueError(
+                f"config 'delivery.timeout.ms': {values['delivery.timeout.ms']} must be at least "
+                f"linger.ms + request.timeout.ms ({floor})"
+            )
+
+
+def parse_properties(items: list[str] | None) -> dict[str, str]:
+    """``["linger.ms=5", ...]`` (command-line ``--property``) -> ``{"linger.ms": "5"}``."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--property expects key=value, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def describe(role: str) -> list[tuple[str, Any, str]]:
+    """(key, default, doc) of every setting of ``role``: the documented config surface."""
+    return [(k, s.default, s.doc) for k, s in SETTINGS.items() if role in s.roles]

@@ -1,0 +1,302 @@
+"""The trio-native consumer: assign, seek, poll.
+
+Fetches are long polls (``fetch.min.bytes`` / ``fetch.max.wait.ms``), one in flight
+per broker, and the next one is sent as soon as an answer is decoded, so while the
+caller works through one response the following one is already on its way. Poll
+waits on an Event set by arriving data: no busy loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import trio
+
+from protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey
+from protocol.errors import KafkaError, OffsetOutOfRange
+
+from .background import Background
+from .cluster import Cluster
+from .config import load_config
+from .fetcher import PartitionState, apply_partition_result, fetch_body
+from .offsets import OffsetAndTimestamp, list_offsets, refine_by_time
+from .producer import client_settings
+from .records import ConsumerRecord, TopicPartition
+
+
+class Consumer:
+    """``async with Consumer("127.0.0.1:9092") as c: c.assign([("t", 0)]); await c.poll(1000)``."""
+
+    def __init__(
+        self, bootstrap: str | None = None, config: Mapping[str, Any] | None = None, **settings: Any
+    ) -> None:
+        self.config = load_config("consumer", *client_settings(bootstrap, config, settings))
+        self._states: dict[TopicPartition, PartitionState] = {}
+        self._background = Background()
+        self._cluster: Cluster | None = None
+        self._data = trio.Event()
+        self._errors: list[BaseException] = []
+        self._fetching_nodes: set[int] = set()
+        self._metadata_running = False
+        self._metadata_at = 0.0
+        self._backoff = self.config["retry.backoff.ms"] / 1000
+
+    async def __aenter__(self) -> Consumer:
+        nursery = await self._background.open()
+        try:
+            self._cluster = Cluster(self.config, nursery)
+            await self._cluster.refresh(())
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._cluster is not None:
+            await self._cluster.aclose()
+        await self._background.close()
+
+    def _open(self) -> Cluster:
+        if self._cluster is None or self._background.nursery is None:
+            raise RuntimeError("the consumer is not open: use 'async with Consumer(...) as c'")
+        return self._cluster
+
+    # --- assignment and positions --------------------------------------------------------
+
+    def assign(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Consume exactly these partitions (replacing any earlier assignment)."""
+        wanted = [TopicPartition(t, p) for t, p in partitions]
+        max_bytes = self.config["max.partition.fetch.bytes"]
+        self._states = {tp: self._states.get(tp) or PartitionState(tp, max_bytes) for tp in wanted}
+        if self._cluster is not None:
+            self._cluster.wanted.update(tp.topic for tp in wanted)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._states)
+
+    def _state(self, tp: tuple[str, int]) -> PartitionState:
+        try:
+            return self._states[TopicPartition(*tp)]
+        except KeyError:
+            raise ValueError(f"{tp[0]}-{tp[1]} is not assigned to this consumer") from None
+
+    def seek(self, tp: tuple[str, int], offset: int) -> None:
+        """Read ``tp`` from ``offset`` at the next poll (an offset out of range is reset)."""
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        self._state(tp).seek(offset)
+
+    def seek_to_beginning(self, *partitions: tuple[str, int]) -> None:
+        """Lazily: the earliest offset is looked up at the next poll or position()."""
+        for tp in partitions or list(self._states):
+            self._state(tp).seek(None, "earliest")
+
+    def seek_to_end(self, *partitions: tuple[str, int]) -> None:
+        for tp in partitions or list(self._states):
+            self._state(tp).seek(None, "latest")
+
+    async def position(self, tp: tuple[str, int]) -> int:
+        """The offset of the next record poll() returns for ``tp``."""
+        st = self._state(tp)
+        if st.position is None:
+            await self._resolve_positions()
+        return st.position
+
+    def highwater(self, tp: tuple[str, int]) -> int:
+        """The partition's high watermark from the latest fetch (-1 before any)."""
+        return self._state(tp).high_watermark
+
+    async def _resolve_positions(self) -> None:
+        pending = [st for st in self._states.values() if st.position is None]
+        if not pending:
+            return
+        wanted = {}
+        for st in pending:
+            strategy = st.reset or self.config["auto.offset.reset"]
+            if strategy == "none":
+                raise OffsetOutOfRange(
+                    f"no position for {st.tp.topic}-{st.tp.partition} and auto.offset.reset is none:"
+                    " seek() first"
+                )
+            wanted[st.tp] = EARLIEST_TIMESTAMP if strategy == "earliest" else LATEST_TIMESTAMP
+        epochs = {st.tp: st.epoch for st in pending}
+        found = await list_offsets(self._open(), wanted, backoff=self._backoff)
+        for tp, (offset, _) in found.items():
+            st = self._states.get(tp)
+            if st is not None and st.epoch == epochs[tp] and st.position is None:
+                st.seek(offset)
+
+    # --- offsets lookups -------------------------------------------------------------------
+
+    async def list_offsets(self, timestamps: Mapping[tuple[str, int], int]) -> dict[TopicPartition, OffsetAndTimestamp]:
+        """``{tp: timestamp}`` (-2 earliest, -1 latest) -> ``{tp: (offset, timestamp)}``."""
+        wanted = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
+        return await list_offsets(self._open(), wanted, backoff=self._backoff)
+
+    async def beginning_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[TopicPartition, int]:
+        found = await self.list_offsets({tp: EARLIEST_TIMESTAMP for tp in partitions})
+        return {tp: r.offset for tp, r in found.items()}
+
+    async def end_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[TopicPartition, int]:
+        found = await self.list_offsets({tp: LATEST_TIMESTAMP for tp in partitions})
+        return {tp: r.offset for tp, r in found.items()}
+
+    async def offsets_for_times(
+        self, timestamps: Mapping[tuple[str, int], int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """Earliest offset whose timestamp is >= the given one (None: no such record)."""
+        wanted = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
+        found = await self.list_offsets(wanted)
+        max_bytes = self.config["max.partition.fetch.bytes"]
+        out: dict[TopicPartition, OffsetAndTimestamp | None] = {}
+        for tp, r in found.items():
+            if r.offset < 0:
+                out[tp] = None
+            else:
+                out[tp] = await refine_by_time(self._open(), tp, r, wanted[tp], max_bytes)
+        return out
+
+    async def partitions_for(self, topic: str) -> int | None:
+        cluster = self._open()
+        await cluster.refresh([topic])
+        return cluster.partition_count(topic)
+
+    # --- polling -----------------------------------------------------------------------------
+
+    async def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
+        """Records after each partition's position: at most ``max.poll.records``, possibly none.
+
+        Returns as soon as any record is there, or after ``timeout_ms`` with an empty list.
+        """
+        self._open()
+        limit = max_records or self.config["max.poll.records"]
+        records = self._drain(limit)
+        if not records:
+            with trio.move_on_after(max(timeout_ms, 0) / 1000):
+                while not records:
+                    self._raise_errors()
+                    await self._resolve_positions()
+                    data = self._data
+                    self._start_fetches()
+                    records = self._drain(limit)
+                    if not records:
+                        await data.wait()
+                        records = self._drain(limit)
+        self._raise_errors()
+        self._start_fetches()  # prefetch while the caller works on these
+        return records
+
+    def _raise_errors(self) -> None:
+        if self._errors:
+            error = self._errors.pop(0)
+            raise error
+
+    def _drain(self, limit: int) -> list[ConsumerRecord]:
+        out: list[ConsumerRecord] = []
+        for tp in [tp for tp, st in self._states.items() if st.chunks]:
+            st = self._states[tp]
+            while st.chunks and len(out) < limit:
+                chunk = st.chunks[0]
+                room = limit - len(out)
+                if len(chunk) <= room:
+                    out += chunk
+                    st.chunks.popleft()
+                    st.position = chunk[-1].offset + 1
+                else:
+                    out += chunk[:room]
+                    st.chunks[0] = chunk[room:]
+                    st.position = chunk[room - 1].offset + 1
+            # Move this partition to the back so others get their turn next poll.
+            self._states[tp] = self._states.pop(tp)
+            if len(out) >= limit:
+                break
+        return out
+
+    def _signal(self) -> None:
+        data, self._data = self._data, trio.Event()
+        data.set()
+
+    def _start_fetches(self) -> None:
+        by_node: dict[int, list[PartitionState]] = defaultdict(list)
+        cluster = self._cluster
+        missing = False
+        for st in self._states.values():
+            if st.fetchable:
+                leader = cluster.leader(*st.tp)
+                if leader is None:
+                    missing = True
+                elif leader not in self._fetching_nodes:
+                    by_node[leader].append(st)
+        nursery = self._background.nursery
+        for node, states in by_node.items():
+            self._fetching_nodes.add(node)
+            for st in states:
+                st.fetching = True
+            # Snapshot offsets now: a seek before the task runs must not leak into the request.
+            sent = [(st, st.epoch, st.fetch_offset) for st in states]
+            nursery.start_soon(self._fetch, node, sent, fetch_body(states, self.config))
+        if missing or cluster.stale:
+            self._refresh_metadata_soon()
+
+    async def _fetch(self, node: int, sent: list[tuple[PartitionState, int, int]], body: dict) -> None:
+        timeout = (self.config["request.timeout.ms"] + self.config["fetch.max.wait.ms"]) / 1000
+        try:
+            response = await self._cluster.request(node, ApiKey.FETCH, body, timeout=timeout)
+        except KafkaError as exc:
+            if not exc.retriable:
+                self._errors.append(exc)
+            self._refresh_metadata_soon()
+            await trio.sleep(self._backoff)
+            return
+        finally:
+            self._fetching_nodes.discard(node)
+            for st, _, _ in sent:
+                st.fetching = False
+        self._apply(response, sent)
+        self._signal()
+        self._start_fetches()
+
+    def _apply(self, response: dict, sent: list[tuple[PartitionState, int, int]]) -> None:
+        results = {(t["name"], p["partition"]): p for t in response["topics"] for p in t["partitions"]}
+        limit = self.config["fetch.max.bytes"]
+        for st, epoch, offset in sent:
+            result = results.get(st.tp)
+            if result is None or st.epoch != epoch or self._states.get(st.tp) is not st:
+                continue
+            outcome = apply_partition_result(st, result, offset, limit)
+            if outcome.out_of_range:
+                strategy = self.config["auto.offset.reset"]
+                if strategy != "none":
+                    st.seek(None, strategy)
+                else:
+                    st.fetch_offset = None  # stop fetching until the user seeks
+                    self._errors.append(OffsetOutOfRange(
+                        f"offset {offset} is out of range for {st.tp.topic}-{st.tp.partition}"
+                        " and auto.offset.reset is none: seek() to a valid offset"
+                    ))
+            if outcome.needs_metadata:
+                self._refresh_metadata_soon()
+            if outcome.error is not None:
+                self._errors.append(outcome.error)
+
+    def _refresh_metadata_soon(self) -> None:
+        if not self._metadata_running and self._background.nursery is not None:
+            self._metadata_running = True
+            self._background.nursery.start_soon(self._refresh_metadata)
+
+    async def _refresh_metadata(self) -> None:
+        try:
+            await trio.sleep(max(0.0, self._metadata_at + self._backoff - time.monotonic()))
+            self._metadata_at = time.monotonic()
+            await self._cluster.refresh({tp.topic for tp in self._states})
+        except KafkaError:
+            pass
+        finally:
+            self._metadata_running = False
+            self._signal()

@@ -1,0 +1,130 @@
+"""ListOffsets for a set of partitions: each request goes to the partition's leader.
+
+Shared by the consumer (positions, seek_to_beginning/end, offsets_for_times) and
+admin-style lookups. Leadership can move between the metadata and the request, so
+NOT_LEADER_OR_FOLLOWER and friends trigger a refresh and another try.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import NamedTuple
+
+import trio
+
+from protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey, read_records
+from protocol.errors import KafkaError, LeaderNotAvailable, error_class
+
+from .cluster import Cluster
+from .records import TopicPartition
+
+__all__ = ["EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "OffsetAndTimestamp", "list_offsets", "refine_by_time"]
+
+
+class OffsetAndTimestamp(NamedTuple):
+    offset: int
+    timestamp: int
+
+
+async def list_offsets(
+    cluster: Cluster, wanted: dict[TopicPartition, int], *, attempts: int = 5, backoff: float = 0.1
+) -> dict[TopicPartition, OffsetAndTimestamp]:
+    """``{tp: timestamp}`` -> ``{tp: (offset, timestamp)}``; -2 earliest, -1 latest, else by time.
+
+    A timestamp later than every record gives offset -1 (Kafka's "no such offset").
+    """
+    results: dict[TopicPartition, OffsetAndTimestamp] = {}
+    todo = dict(wanted)
+    error: KafkaError | None = None
+    for attempt in range(attempts):
+        if attempt:
+            await trio.sleep(backoff)
+        missing = {tp.topic for tp in todo if cluster.leader(*tp) is None}
+        if missing or attempt:
+            await cluster.refresh(missing)
+        by_node: dict[int, list[TopicPartition]] = defaultdict(list)
+        for tp in todo:
+            leader = cluster.leader(*tp)
+            if leader is None:
+                error = cluster_error(cluster, tp)
+            else:
+                by_node[leader].append(tp)
+        for node, tps in by_node.items():
+            error = await _ask(cluster, node, tps, todo, results) or error
+        if not todo:
+            return results
+    assert error is not None
+    raise error
+
+
+def cluster_error(cluster: Cluster, tp: TopicPartition) -> KafkaError:
+    code, message = cluster.topic_errors.get(tp.topic, (0, None))
+    if code:
+        return error_class(code)(message or f"topic '{tp.topic}'")
+    return LeaderNotAvailable(f"no leader for {tp.topic}-{tp.partition}")
+
+
+async def _ask(
+    cluster: Cluster,
+    node: int,
+    tps: list[TopicPartition],
+    todo: dict[TopicPartition, int],
+    results: dict[TopicPartition, OffsetAndTimestamp],
+) -> KafkaError | None:
+    by_topic: dict[str, list[dict]] = defaultdict(list)
+    for tp in tps:
+        by_topic[tp.topic].append({"partition": tp.partition, "timestamp": todo[tp]})
+    body = {"topics": [{"name": t, "partitions": p} for t, p in by_topic.items()]}
+    try:
+        response = await cluster.request(node, ApiKey.LIST_OFFSETS, body)
+    except KafkaError as exc:
+        if not exc.retriable:
+            raise
+        return exc
+    error = None
+    for t in response["topics"]:
+        for p in t["partitions"]:
+            tp = TopicPartition(t["name"], p["partition"])
+            if tp not in todo:
+                continue
+            if p["error_code"]:
+                exc = error_class(p["error_code"])(p.get("error_message") or f"{tp.topic}-{tp.partition}")
+                if not exc.retriable:
+                    raise exc
+                error = exc
+                continue
+            results[tp] = OffsetAndTimestamp(p["offset"], p["timestamp"])
+            del todo[tp]
+    return error
+
+
+async def refine_by_time(
+    cluster: Cluster, tp: TopicPartition, found: OffsetAndTimestamp, timestamp: int, max_bytes: int
+) -> OffsetAndTimestamp:
+    """The exact record for a time lookup.
+
+    The broker answers with the first *batch* whose max timestamp reaches ``timestamp``
+    (it never looks inside batches); the record is found by reading that batch here.
+    """
+    leader = cluster.leader(*tp)
+    if leader is None or found.offset < 0:
+        return found
+    body = {
+        "max_wait_ms": 0,
+        "min_bytes": 0,
+        "topics": [{"name": tp.topic, "partitions": [
+            {"partition": tp.partition, "fetch_offset": found.offset, "partition_max_bytes": max_bytes}
+        ]}],
+    }
+    try:
+        response = await cluster.request(leader, ApiKey.FETCH, body)
+    except KafkaError:
+        return found
+    for t in response["topics"]:
+        for p in t["partitions"]:
+            if p["error_code"]:
+                return found
+            for record in read_records(p["records"], min_offset=found.offset):
+                if record.timestamp >= timestamp:
+                    return OffsetAndTimestamp(record.offset, record.timestamp)
+    return found

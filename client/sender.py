@@ -1,0 +1,253 @@
+"""The producer's background task: turns ready batches into Produce requests and acks into offsets.
+
+One loop decides what to send (linger elapsed or batch full, a leader known, a free
+in-flight slot on that broker); each request then runs as its own task so up to
+``max.in.flight.requests.per.connection`` are outstanding per broker. Retriable
+failures go back to the front of their partition after ``retry.backoff.ms`` and a
+metadata refresh, until ``retries`` or ``delivery.timeout.ms`` runs out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+import trio
+
+from protocol import ApiKey
+from protocol.errors import (
+    KafkaError,
+    NetworkException,
+    RequestTimedOut,
+    UnknownTopicOrPartition,
+    error_class,
+)
+
+from .accumulator import DeliveryHandle, Parked, ProducerBatch, RecordAccumulator
+from .cluster import Cluster
+
+
+def now_ms() -> float:
+    return time.monotonic() * 1000
+
+
+class Sender:
+    def __init__(self, config: dict[str, Any], cluster: Cluster, accumulator: RecordAccumulator) -> None:
+        self.cluster = cluster
+        self.acc = accumulator
+        self.acks: int = config["acks"]
+        self.request_timeout_ms: int = config["request.timeout.ms"]
+        self.retries: int = config["retries"]
+        self.backoff_ms: int = config["retry.backoff.ms"]
+        self.max_in_flight: int = config["max.in.flight.requests.per.connection"]
+        self.max_request_size: int = config["max.request.size"]
+        self.max_block_ms: int = config["max.block.ms"]
+        self.in_flight: dict[int, int] = defaultdict(int)
+        self.in_flight_batches: set[ProducerBatch] = set()
+        self.parked: dict[str, tuple[Parked, float]] = {}
+        self.space_freed = trio.Event()
+        self._wakeup = trio.Event()
+        self._metadata_needed = False
+        self._metadata_running = False
+        self._metadata_at = -1e18
+        self._nursery: trio.Nursery | None = None
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                now = now_ms()
+                self._place_parked(now)
+                for batch in self.acc.expired(now):
+                    self._fail(batch, self._expiry_error(batch))
+                ready, next_ms = self.acc.ready(now)
+                sent = self._send_ready(ready) if ready else False
+                if self.cluster.stale:  # metadata.max.age.ms: notice leader moves without an error
+                    self._metadata_needed = True
+                else:
+                    next_ms = min(next_ms, self.cluster.expires_at * 1000)
+                next_ms = min(next_ms, self._maybe_refresh_metadata(now))
+                if sent:
+                    await trio.lowlevel.checkpoint()
+                    continue
+                delay = max(0.0, (next_ms - now_ms()) / 1000)
+                with trio.move_on_after(delay):
+                    await self._wakeup.wait()
+                self._wakeup = trio.Event()
+
+    def _expiry_error(self, batch: ProducerBatch) -> KafkaError:
+        age = now_ms() - batch.created_ms
+        return RequestTimedOut(
+            f"expiring {batch.count or len(batch.records)} record(s) for {batch.topic}-{batch.partition}:"
+            f" {age:.0f} ms has passed since batch creation (delivery.timeout.ms)"
+        )
+
+    def _send_ready(self, ready: list[tuple[str, int]]) -> bool:
+        by_node: dict[int, list[tuple[str, int]]] = defaultdict(list)
+        for key in ready:
+            leader = self.cluster.leader(*key)
+            if leader is None:
+                self._metadata_needed = True
+            else:
+                by_node[leader].append(key)
+        sent = False
+        for node, keys in by_node.items():
+            if self.in_flight[node] >= self.max_in_flight:
+                continue
+            batches: list[ProducerBatch] = []
+            size = 0
+            for key in keys:
+                head = self.acc.batches[key][0]
+                head.seal()
+                if batches and size + len(head.payload) > self.max_request_size:
+                    break
+                batches.append(self.acc.pop(key))
+                size += len(head.payload)
+            self.in_flight[node] += 1
+            self.in_flight_batches.update(batches)
+            self._nursery.start_soon(self._produce, node, batches)
+            sent = True
+        return sent
+
+    # --- one request ------------------------------------------------------------------------
+
+    def _request_body(self, batches: list[ProducerBatch]) -> dict:
+        topics: dict[str, list[dict]] = defaultdict(list)
+        for b in batches:
+            topics[b.topic].append({"partition": b.partition, "records": b.payload})
+            b.attempts += 1
+        return {
+            "acks": self.acks,
+            "timeout_ms": self.request_timeout_ms,
+            "topics": [{"name": name, "partitions": parts} for name, parts in topics.items()],
+        }
+
+    async def _produce(self, node: int, batches: list[ProducerBatch]) -> None:
+        body = self._request_body(batches)
+        try:
+            # A little longer than the broker's own timeout, so its REQUEST_TIMED_OUT wins.
+            response = await self.cluster.request(
+                node, ApiKey.PRODUCE, body, timeout=self.request_timeout_ms / 1000 + 1.0,
+                expect_response=self.acks != 0,
+            )
+        except Exception as exc:
+            for batch in batches:
+                self._retry_or_fail(batch, exc)
+        else:
+            self._handle_response(batches, response)
+        finally:
+            self.in_flight[node] -= 1
+            self.in_flight_batches.difference_update(batches)
+            self.wake()
+
+    def _handle_response(self, batches: list[ProducerBatch], response: dict) -> None:
+        if self.acks == 0:
+            for batch in batches:
+                self._complete(batch, -1)
+            return
+        results = {(t["name"], p["partition"]): p for t in response["topics"] for p in t["partitions"]}
+        for batch in batches:
+            result = results.get((batch.topic, batch.partition))
+            if result is None:
+                self._retry_or_fail(batch, NetworkException("the produce response left out this partition"))
+            elif result["error_code"]:
+                error = error_class(result["error_code"])(result.get("error_message") or "")
+                self._retry_or_fail(batch, error)
+            else:
+                self._complete(batch, result["base_offset"])
+
+    def _retry_or_fail(self, batch: ProducerBatch, error: BaseException) -> None:
+        now = now_ms()
+        retriable = isinstance(error, KafkaError) and error.retriable
+        if retriable and batch.attempts <= self.retries and now + self.backoff_ms < batch.deadline_ms:
+            self._metadata_needed = True
+            self.acc.reenqueue(batch, now + self.backoff_ms)
+        else:
+            self._fail(batch, error)
+
+    def _complete(self, batch: ProducerBatch, base_offset: int) -> None:
+        self.acc.release(batch)
+        batch.complete(base_offset)
+        self._space_freed()
+
+    def _fail(self, batch: ProducerBatch, error: BaseException) -> None:
+        self.acc.release(batch)
+        batch.fail(error)
+        self._space_freed()
+
+    def _space_freed(self) -> None:
+        self.space_freed.set()
+        self.space_freed = trio.Event()
+
+    # --- metadata -----------------------------------------------------------------------------
+
+    def _maybe_refresh_metadata(self, now: float) -> float:
+        """Start a refresh if one is needed and the backoff allows; returns when to look again."""
+        if not self._metadata_needed or self._metadata_running:
+            return float("inf")
+        due = self._metadata_at + self.backoff_ms
+        if now < due:
+            return due
+        self._metadata_needed = False
+        self._metadata_running = True
+        self._metadata_at = now
+        self._nursery.start_soon(self._refresh_metadata)
+        return float("inf")
+
+    async def _refresh_metadata(self) -> None:
+        try:
+            await self.cluster.refresh(self.parked.keys())
+        except KafkaError:
+            self._metadata_needed = True  # try again after the backoff
+        finally:
+            self._metadata_running = False
+            self.wake()
+
+    def need_metadata(self) -> None:
+        self._metadata_needed = True
+        self.wake()
+
+    # --- records sent before their topic was known ----------------------------------------
+
+    def park(self, topic: str, item: tuple) -> DeliveryHandle:
+        entry = self.parked.get(topic)
+        if entry is None:
+            entry = self.parked[topic] = (Parked(topic), now_ms())
+            self.cluster.wanted.add(topic)
+            self.need_metadata()
+        handle = DeliveryHandle(None, 0, entry[0])
+        entry[0].records.append((*item, handle))
+        return handle
+
+    def _place_parked(self, now: float) -> None:
+        for topic, (parked, since) in list(self.parked.items()):
+            count = self.cluster.partition_count(topic)
+            if count is None:
+                if now - since >= self.max_block_ms:
+                    del self.parked[topic]
+                    code, message = self.cluster.topic_errors.get(topic, (3, None))
+                    parked.error = error_class(code)(
+                        f"topic '{topic}' not in the cluster metadata after {self.max_block_ms} ms"
+                        + (f" ({message})" if message else "")
+                    )
+                    parked.placed.set()
+                else:
+                    self._metadata_needed = True
+                continue
+            del self.parked[topic]
+            for place, partition, record, nbytes, handle in parked.records:
+                place(topic, partition, count, record, nbytes, handle)
+            parked.placed.set()
+
+    def fail_invalid_partition(self, topic: str, partition: int, count: int) -> ProducerBatch:
+        """A finished, failed batch for a record aimed at a partition that does not exist."""
+        batch = ProducerBatch(topic, partition, now_ms(), now_ms())
+        batch.fail(UnknownTopicOrPartition(f"topic '{topic}' has {count} partitions, no partition {partition}"))
+        return batch

@@ -1,0 +1,120 @@
+"""Driver-side questions to the cluster: which partitions a subscription covers, and their offsets.
+
+Each call is one private ``trio.run`` with its own short-lived connections, closed on
+return. Spark's planner processes and the streaming source's driver-side runner call
+these a few times per query or micro-batch, and nothing of ours survives in them that
+would need closing (Spark never calls the stream reader's ``stop()``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from protocol.errors import ErrorCode, UnknownTopicOrPartition
+
+from ..cluster import Cluster
+from ..offsets import list_offsets
+from ..records import TopicPartition
+from .options import Subscription
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every partition the subscription covers now, with its log start offset and its HW."""
+
+    earliest: dict[TopicPartition, int]
+    latest: dict[TopicPartition, int]
+
+    @property
+    def partitions(self) -> list[TopicPartition]:
+        return sorted(self.latest)
+
+
+def snapshot(config: dict[str, Any], subscription: Subscription, *, strict: bool) -> Snapshot:
+    """Look the partitions and their earliest/latest (HW) offsets up.
+
+    ``strict`` (batch reads) makes a missing topic or assigned partition an error; a
+    streaming query instead waits for it to appear, as Kafka's source does.
+    """
+    return trio.run(_snapshot, config, subscription, strict)
+
+
+def earliest_offsets(
+    config: dict[str, Any], tps: list[TopicPartition]
+) -> dict[TopicPartition, int]:
+    return trio.run(_offsets, config, tps, EARLIEST_TIMESTAMP)
+
+
+async def _with_cluster(config: dict[str, Any], fn: Any, *args: Any) -> Any:
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(config, nursery)
+        try:
+            return await fn(cluster, *args)
+        finally:
+            await cluster.aclose()
+
+
+async def _offsets(config: dict[str, Any], tps: list[TopicPartition], which: int) -> dict:
+    async def ask(cluster: Cluster) -> dict:
+        if not tps:
+            return {}
+        found = await list_offsets(cluster, dict.fromkeys(tps, which), backoff=_backoff(config))
+        return {tp: r.offset for tp, r in found.items()}
+
+    return await _with_cluster(config, ask)
+
+
+async def _snapshot(config: dict[str, Any], subscription: Subscription, strict: bool) -> Snapshot:
+    async def ask(cluster: Cluster) -> Snapshot:
+        tps = await _partitions(cluster, subscription, strict)
+        if not tps:
+            return Snapshot({}, {})
+        backoff = _backoff(config)
+        early = await list_offsets(cluster, dict.fromkeys(tps, EARLIEST_TIMESTAMP), backoff=backoff)
+        late = await list_offsets(cluster, dict.fromkeys(tps, LATEST_TIMESTAMP), backoff=backoff)
+        return Snapshot(
+            {tp: r.offset for tp, r in early.items()}, {tp: r.offset for tp, r in late.items()}
+        )
+
+    return await _with_cluster(config, ask)
+
+
+async def _partitions(cluster: Cluster, sub: Subscription, strict: bool) -> list[TopicPartition]:
+    if sub.kind == "subscribePattern":
+        await cluster.refresh(None)
+        topics = [t for t in cluster.topics if sub.matches(t)]
+    else:
+        topics = (
+            list(sub.topics)
+            if sub.kind == "subscribe"
+            else sorted({tp.topic for tp in sub.assigned})
+        )
+        await cluster.refresh(topics)
+    counts = {}
+    for topic in topics:
+        count = cluster.partition_count(topic)
+        if count is None:
+            code = cluster.topic_errors.get(topic, (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, None))[0]
+            if strict and code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                raise UnknownTopicOrPartition(f"topic '{topic}' does not exist")
+            continue
+        counts[topic] = count
+    if sub.kind != "assign":
+        return [TopicPartition(t, p) for t in sorted(counts) for p in range(counts[t])]
+    out = []
+    for tp in sub.assigned:
+        if tp.partition < counts.get(tp.topic, 0):
+            out.append(tp)
+        elif strict:
+            raise UnknownTopicOrPartition(
+                f"option 'assign': partition {tp.topic}-{tp.partition} does not exist"
+            )
+    return out
+
+
+def _backoff(config: dict[str, Any]) -> float:
+    return config["retry.backoff.ms"] / 1000

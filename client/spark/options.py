@@ -1,0 +1,290 @@
+"""The data source's options, spelled as spark-sql-kafka spells them, checked at planning time.
+
+Spark hands a data source its options as a case-insensitive str -> str mapping and
+calls our planning hooks (``reader()``, ``streamReader()``, ``writer()``) before any
+task runs. Everything is parsed and validated here, so a typo or a bad value fails
+the query before it starts, with a message naming the option; the executors only
+ever see the parsed, picklable result. This module imports neither pyspark nor
+pyarrow: it is plain Python and unit-testable without a JVM.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import load_config
+from ..records import TopicPartition
+
+EARLIEST = -2  # Kafka's JSON spelling of "earliest" in startingOffsets
+LATEST = -1  # ... and of "latest" in startingOffsets / endingOffsets
+
+# Options a Kafka user may bring along that this source does not implement (yet).
+UNSUPPORTED = {
+    "startingtimestamp": "startingTimestamp",
+    "startingoffsetsbytimestamp": "startingOffsetsByTimestamp",
+    "startingoffsetsbytimestampstrategy": "startingOffsetsByTimestampStrategy",
+    "endingtimestamp": "endingTimestamp",
+    "endingoffsetsbytimestamp": "endingOffsetsByTimestamp",
+    "minoffsetspertrigger": "minOffsetsPerTrigger",
+    "maxtriggerdelay": "maxTriggerDelay",
+    "groupidprefix": "groupIdPrefix",
+    "kafka.group.id": "kafka.group.id",
+    "fetchoffset.numretries": "fetchOffset.numRetries",
+    "fetchoffset.retryintervalms": "fetchOffset.retryIntervalMs",
+    "kafkaconsumer.polltimeoutms": "kafkaConsumer.pollTimeoutMs",
+}
+_READ_KEYS = {
+    "bootstrap.servers": "bootstrap.servers",
+    "subscribe": "subscribe",
+    "subscribepattern": "subscribePattern",
+    "assign": "assign",
+    "startingoffsets": "startingOffsets",
+    "endingoffsets": "endingOffsets",
+    "maxoffsetspertrigger": "maxOffsetsPerTrigger",
+    "failondataloss": "failOnDataLoss",
+    "minpartitions": "minPartitions",
+    "includeheaders": "includeHeaders",
+}
+_WRITE_KEYS = {"bootstrap.servers": "bootstrap.servers", "topic": "topic"}
+# Set by Spark itself on some paths; not ours to judge.
+_SPARK_KEYS = {"path", "checkpointlocation", "queryname"}
+# Sink defaults that differ from the plain client's: Spark tasks push many records at once.
+SINK_PRODUCER_DEFAULTS = {"batch.size": 262144, "linger.ms": 5}
+
+
+class OptionError(ValueError):
+    """A missing, unknown or malformed option; the message names the option."""
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """Which partitions to read: exactly one of subscribe, subscribePattern or assign."""
+
+    kind: str  # "subscribe" | "subscribePattern" | "assign"
+    topics: tuple[str, ...] = ()
+    pattern: str = ""
+    assigned: tuple[TopicPartition, ...] = ()
+
+    def matches(self, topic: str) -> bool:
+        if self.kind == "subscribePattern":
+            return re.fullmatch(self.pattern, topic) is not None
+        if self.kind == "assign":
+            return any(tp.topic == topic for tp in self.assigned)
+        return topic in self.topics
+
+
+# "earliest" / "latest", or {TopicPartition: offset} with EARLIEST/LATEST allowed as values.
+OffsetSpec = str | dict[TopicPartition, int]
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    client_config: dict[str, Any]
+    subscription: Subscription
+    starting: OffsetSpec
+    ending: OffsetSpec
+    max_offsets_per_trigger: int | None
+    fail_on_data_loss: bool
+    min_partitions: int | None
+    include_headers: bool
+    streaming: bool
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    client_config: dict[str, Any]
+    topic: str | None
+
+
+def _suggest(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.7)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _split(options: Mapping[str, str], known: dict[str, str], role: str) -> tuple[dict, dict]:
+    """Sort options into ours and ``kafka.*`` client settings; refuse anything else."""
+    ours: dict[str, str] = {}
+    client: dict[str, str] = {}
+    for raw_key, value in options.items():
+        key = raw_key.lower()
+        if key in _SPARK_KEYS:
+            continue
+        if key == "kafka.bootstrap.servers":
+            key = "bootstrap.servers"
+        if key in UNSUPPORTED:
+            raise OptionError(
+                f"option '{UNSUPPORTED[key]}' is not supported by the minibroker source"
+            )
+        if key in known:
+            if key in ours:
+                raise OptionError(
+                    "give only one of 'bootstrap.servers' and 'kafka.bootstrap.servers'"
+                )
+            ours[key] = value
+        elif key.startswith("kafka."):
+            client[raw_key[len("kafka.") :]] = value
+        else:
+            where = "reading" if role == "consumer" else "writing"
+            raise OptionError(
+                f"unknown option '{raw_key}' for {where}{_suggest(key, list(known.values()))}"
+            )
+    if "bootstrap.servers" not in ours:
+        raise OptionError("option 'kafka.bootstrap.servers' (or 'bootstrap.servers') is required")
+    return ours, client
+
+
+def _client_config(
+    role: str, bootstrap: str, client: dict[str, str], defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    settings = {**(defaults or {}), **client}
+    try:
+        return load_config(role, settings, {"bootstrap.servers": bootstrap})
+    except ValueError as exc:
+        raise OptionError(f"kafka.* client setting: {exc}") from None
+
+
+def parse_bool(name: str, value: str) -> bool:
+    text = str(value).strip().lower()
+    if text not in ("true", "false"):
+        raise OptionError(f"option '{name}' must be true or false, got {value!r}")
+    return text == "true"
+
+
+def parse_positive_int(name: str, value: str) -> int:
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < 1:
+        raise OptionError(f"option '{name}' must be a positive integer, got {value!r}")
+    return int(text)
+
+
+def _json(name: str, value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise OptionError(f"option '{name}' is not valid JSON ({exc}): {value!r}") from None
+
+
+def parse_subscription(ours: Mapping[str, str]) -> Subscription:
+    given = [k for k in ("subscribe", "subscribepattern", "assign") if k in ours]
+    if len(given) != 1:
+        names = ", ".join(_READ_KEYS[k] for k in given) if given else "none"
+        raise OptionError(
+            f"give exactly one of the options 'subscribe', 'subscribePattern', 'assign' (got {names})"
+        )
+    kind = given[0]
+    value = ours[kind]
+    if kind == "subscribe":
+        topics = tuple(t.strip() for t in value.split(",") if t.strip())
+        if not topics:
+            raise OptionError(
+                f"option 'subscribe' needs a comma-separated topic list, got {value!r}"
+            )
+        return Subscription("subscribe", topics=topics)
+    if kind == "subscribepattern":
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise OptionError(
+                f"option 'subscribePattern' is not a valid regex ({exc}): {value!r}"
+            ) from None
+        return Subscription("subscribePattern", pattern=value)
+    spec = _json("assign", value)
+    if not isinstance(spec, dict) or not spec:
+        raise OptionError(f"option 'assign' must be JSON like {{\"topic\": [0, 1]}}, got {value!r}")
+    assigned = []
+    for topic, parts in spec.items():
+        if not isinstance(parts, list) or not all(type(p) is int and p >= 0 for p in parts):
+            raise OptionError(
+                f"option 'assign': partitions of '{topic}' must be a list of ints >= 0"
+            )
+        assigned += [TopicPartition(topic, p) for p in parts]
+    return Subscription("assign", assigned=tuple(dict.fromkeys(assigned)))
+
+
+def parse_offsets(name: str, value: str, *, allowed: tuple[str, ...], json_min: int) -> OffsetSpec:
+    """``earliest`` / ``latest`` or ``{"t": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest)."""
+    text = value.strip()
+    if text.lower() in ("earliest", "latest"):
+        if text.lower() not in allowed:
+            raise OptionError(
+                f"option '{name}' cannot be '{text.lower()}' here (use {' or '.join(allowed)} or JSON)"
+            )
+        return text.lower()
+    spec = _json(name, text)
+    if not isinstance(spec, dict) or not all(isinstance(v, dict) for v in spec.values()):
+        raise OptionError(
+            f'option \'{name}\' must be {" / ".join(allowed)} or JSON like {{"t": {{"0": 5}}}}'
+        )
+    out: dict[TopicPartition, int] = {}
+    for topic, parts in spec.items():
+        for part, offset in parts.items():
+            if not str(part).isdigit() or type(offset) is not int or offset < json_min:
+                raise OptionError(
+                    f"option '{name}': '{topic}' partition {part!r} -> {offset!r} must map a "
+                    f"partition number to an offset >= {json_min}"
+                )
+            out[TopicPartition(topic, int(part))] = offset
+    return out
+
+
+def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
+    """Validate everything a read needs; raise OptionError naming the first bad option."""
+    ours, client = _split(options, _READ_KEYS, "consumer")
+    if "endingoffsets" in ours and streaming:
+        raise OptionError("option 'endingOffsets' applies to batch reads only")
+    if "maxoffsetspertrigger" in ours and not streaming:
+        raise OptionError("option 'maxOffsetsPerTrigger' applies to streaming reads only")
+    starting: OffsetSpec = "latest" if streaming else "earliest"
+    if "startingoffsets" in ours:
+        allowed = ("earliest", "latest") if streaming else ("earliest",)
+        json_min = LATEST if streaming else EARLIEST
+        starting = parse_offsets(
+            "startingOffsets", ours["startingoffsets"], allowed=allowed, json_min=json_min
+        )
+        if not streaming and isinstance(starting, dict) and LATEST in starting.values():
+            raise OptionError(
+                "option 'startingOffsets': -1 (latest) is not allowed in a batch read"
+            )
+    ending: OffsetSpec = "latest"
+    if "endingoffsets" in ours:
+        ending = parse_offsets(
+            "endingOffsets", ours["endingoffsets"], allowed=("latest",), json_min=LATEST
+        )
+    limit = ours.get("maxoffsetspertrigger")
+    min_parts = ours.get("minpartitions")
+    return ReadOptions(
+        client_config=_client_config("consumer", ours["bootstrap.servers"], client),
+        subscription=parse_subscription(ours),
+        starting=starting,
+        ending=ending,
+        max_offsets_per_trigger=None
+        if limit is None
+        else parse_positive_int("maxOffsetsPerTrigger", limit),
+        fail_on_data_loss=parse_bool("failOnDataLoss", ours.get("failondataloss", "true")),
+        min_partitions=None
+        if min_parts is None
+        else parse_positive_int("minPartitions", min_parts),
+        include_headers=parse_bool("includeHeaders", ours.get("includeheaders", "false")),
+        streaming=streaming,
+    )
+
+
+def include_headers(options: Mapping[str, str]) -> bool:
+    """Just the option that shapes the schema (``schema()`` runs before ``reader()``)."""
+    value = next((v for k, v in options.items() if k.lower() == "includeheaders"), "false")
+    return parse_bool("includeHeaders", value)
+
+
+def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
+    """Sink options: brokers, an optional ``topic`` that overrides the topic column, kafka.*."""
+    ours, client = _split(options, _WRITE_KEYS, "producer")
+    topic = ours.get("topic")
+    if topic is not None and not topic.strip():
+        raise OptionError("option 'topic' must not be empty")
+    config = _client_config("producer", ours["bootstrap.servers"], client, SINK_PRODUCER_DEFAULTS)
+    return WriteOptions(client_config=config, topic=topic)

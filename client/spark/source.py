@@ -1,0 +1,278 @@
+"""The PySpark classes: the ``minibroker`` data source, its batch and streaming readers and writers.
+
+These are thin: planning asks the cluster (``lookup``) and does offset arithmetic
+(``ranges``); ``read()`` runs a ``RangeFetcher`` and yields Arrow batches; ``write()``
+produces Arrow batches (``sink``). Spark pickles readers and writers to other
+processes, so they hold only parsed options and never a connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from . import lookup
+from .arrow import source_ddl, to_record_batch
+from .fetch import RangeFetcher, data_loss
+from .options import (
+    EARLIEST,
+    LATEST,
+    OffsetSpec,
+    OptionError,
+    ReadOptions,
+    WriteOptions,
+    include_headers,
+    parse_read_options,
+    parse_write_options,
+)
+from .ranges import OffsetRange, Offsets, cap_offsets, from_json, split_ranges, to_json
+from .sink import check_sink_schema, produce_batches
+
+NAME = "minibroker"
+
+
+class RangePartition(InputPartition):
+    """One Spark partition: an offset range of one topic partition."""
+
+    def __init__(self, rng: OffsetRange) -> None:
+        super().__init__(rng)
+        self.range = rng
+
+
+class MinibrokerDataSource(DataSource):
+    """``spark.read.format("minibroker")`` / ``df.write.format("minibroker")``; see client.spark."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return source_ddl(include_headers(self.options))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BatchReader(parse_read_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return StreamReader(parse_read_options(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        if overwrite:
+            raise OptionError(
+                "mode 'overwrite' is not supported: a topic is only appended to; use mode('append')"
+            )
+        return BatchWriter(_sink_options(self.options, schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
+        return StreamWriter(_sink_options(self.options, schema))
+
+
+def _sink_options(options: dict, schema: StructType) -> WriteOptions:
+    parsed = parse_write_options(options)
+    check_sink_schema({f.name: f.dataType.simpleString() for f in schema.fields}, parsed)
+    return parsed
+
+
+def read_range(options: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """What every ``read()`` does: fetch the range, yield Arrow batches."""
+    rng = getattr(partition, "range", None)
+    if rng is None:  # Spark's stand-in partition when we planned none
+        return
+    fetcher = RangeFetcher(options.client_config, rng, fail_on_data_loss=options.fail_on_data_loss)
+    for chunk in fetcher:
+        batch = to_record_batch(rng.topic, rng.partition, chunk, options.include_headers)
+        if batch is not None:
+            yield batch
+
+
+def _resolve(spec: OffsetSpec, default_each: int, snap: lookup.Snapshot) -> Offsets:
+    """Offsets per partition from earliest/latest/JSON (-2/-1), for the snapshot's partitions."""
+    out = {}
+    for tp in snap.partitions:
+        wanted = default_each if isinstance(spec, str) else spec.get(tp, default_each)
+        if spec == "earliest":
+            wanted = EARLIEST
+        elif spec == "latest":
+            wanted = LATEST
+        out[tp] = (
+            snap.earliest[tp]
+            if wanted == EARLIEST
+            else snap.latest[tp]
+            if wanted == LATEST
+            else wanted
+        )
+    return out
+
+
+def _check_json_partitions(spec: OffsetSpec, snap: lookup.Snapshot, name: str) -> None:
+    if isinstance(spec, dict):
+        unknown = sorted(set(spec) - set(snap.partitions))
+        if unknown:
+            names = ", ".join(f"{tp.topic}-{tp.partition}" for tp in unknown)
+            raise OptionError(f"option '{name}' names partitions the query does not read: {names}")
+
+
+class BatchReader(DataSourceReader):
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[InputPartition]:
+        """One range per partition from startingOffsets to endingOffsets, never past the HW."""
+        opts = self.options
+        snap = lookup.snapshot(opts.client_config, opts.subscription, strict=True)
+        _check_json_partitions(opts.starting, snap, "startingOffsets")
+        _check_json_partitions(opts.ending, snap, "endingOffsets")
+        start = _resolve(opts.starting, EARLIEST, snap)
+        end = _resolve(opts.ending, LATEST, snap)
+        ranges = []
+        for tp in snap.partitions:
+            lo, hi = start[tp], end[tp]
+            if hi > snap.latest[tp]:
+                if opts.fail_on_data_loss:
+                    raise OptionError(
+                        f"option 'endingOffsets': {tp.topic}-{tp.partition} ends at {hi}, past its "
+                        f"high watermark {snap.latest[tp]}"
+                    )
+                hi = snap.latest[tp]
+            if lo < snap.earliest[tp] and opts.fail_on_data_loss:
+                raise data_loss(tp, lo, snap.earliest[tp] - 1, "were deleted (retention)")
+            if lo > hi:
+                raise OptionError(
+                    f"{tp.topic}-{tp.partition}: startingOffsets {lo} is after endingOffsets {hi}"
+                )
+            ranges.append(OffsetRange(tp.topic, tp.partition, max(lo, snap.earliest[tp]), hi))
+        return [RangePartition(r) for r in split_ranges(ranges, opts.min_partitions)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from read_range(self.options, partition)
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are ``{"topic": {"partition": next offset}}``; new partitions start at earliest."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self._target: Offsets | None = None  # set by availableNow: never read past these
+
+    def _snapshot(self) -> lookup.Snapshot:
+        return lookup.snapshot(self.options.client_config, self.options.subscription, strict=False)
+
+    def initialOffset(self) -> dict:
+        snap = self._snapshot()
+        _check_json_partitions(self.options.starting, snap, "startingOffsets")
+        return to_json(_resolve(self.options.starting, LATEST, snap))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.options.max_offsets_per_trigger
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = dict(self._snapshot().latest)
+
+    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
+        snap = self._snapshot()
+        latest = dict(snap.latest)
+        if start is None:  # Spark < 4.2 asks without a start: only the true latest is safe
+            return to_json(latest)
+        begin = from_json(start)
+        self._check_loss(begin, snap)
+        if self._target is not None:
+            latest = {
+                tp: min(n, self._target[tp]) for tp, n in latest.items() if tp in self._target
+            }
+        # Where each partition's next batch begins: new partitions at their log start, and
+        # (failOnDataLoss=false) a partition whose log went backwards starts over there too.
+        base = {}
+        for tp in latest:
+            at = begin.get(tp, snap.earliest[tp])
+            base[tp] = snap.earliest[tp] if at > snap.latest[tp] or at < snap.earliest[tp] else at
+        latest = {tp: max(n, base[tp]) for tp, n in latest.items()}
+        if isinstance(limit, ReadMaxRows):
+            latest = cap_offsets(base, latest, limit.max_rows)
+        end = {**begin, **latest}
+        return to_json(end)
+
+    def _check_loss(self, begin: Offsets, snap: lookup.Snapshot) -> None:
+        """Partitions gone or offsets gone backwards fail the query (unless failOnDataLoss=false)."""
+        if not self.options.fail_on_data_loss:
+            return
+        for tp, offset in begin.items():
+            if tp not in snap.latest:
+                raise data_loss(tp, offset, offset, "belong to a partition that no longer exists")
+            if offset > snap.latest[tp]:
+                raise data_loss(tp, snap.latest[tp], offset - 1, "are past the partition's end now")
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        begin, until = from_json(start), from_json(end)
+        # New partitions start at their log start; so does one whose offsets went backwards
+        # (a recreated topic) when data loss is tolerated.
+        backwards = [tp for tp, hi in until.items() if tp in begin and hi < begin[tp]]
+        if backwards and self.options.fail_on_data_loss:
+            tp = backwards[0]
+            raise data_loss(tp, until[tp], begin[tp] - 1, "went backwards")
+        restart = [tp for tp in until if tp not in begin] + backwards
+        if restart:
+            begin.update(lookup.earliest_offsets(self.options.client_config, restart))
+        ranges = []
+        for tp, hi in sorted(until.items()):
+            if hi > begin[tp]:
+                ranges.append(OffsetRange(tp.topic, tp.partition, begin[tp], hi))
+        return [RangePartition(r) for r in split_ranges(ranges, self.options.min_partitions)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from read_range(self.options, partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: progress lives in Spark's checkpoint, as with Kafka's source."""
+
+
+class ProduceCommit(WriterCommitMessage):
+    def __init__(self, records: int) -> None:
+        self.records = records
+
+
+class BatchWriter(DataSourceArrowWriter):
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return ProduceCommit(produce_batches(self.options, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Every record was acknowledged when its task ended: nothing left to do."""
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """At-least-once: what the brokers acknowledged stays; a retry may duplicate it."""
+
+
+class StreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return ProduceCommit(produce_batches(self.options, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Records are acknowledged by the end of each task; a replayed batch sends them again."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """At-least-once: acknowledged records stay."""
+
+
+__all__ = ["NAME", "MinibrokerDataSource", "RangePartition"]

@@ -1,0 +1,122 @@
+"""`minibroker bench produce`: producer throughput and per-record ack latency.
+
+Like Kafka's producer-perf-test: N records of a fixed size as fast as possible (or
+at ``--throughput`` records/s); latency is send-to-ack per record. Ends with one
+JSON line of figures and the parameters that produced them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from array import array
+from collections import deque
+from typing import Any
+
+import trio
+
+from client import Admin, NewTopic, Producer
+from client.config import parse_properties
+from protocol.errors import KafkaError
+
+# Large batches make a Python producer fast; a small buffer keeps the backlog (and so the
+# latency at full speed) short and the memory flat. --property overrides these.
+BENCH_DEFAULTS = {"batch.size": 262144, "linger.ms": 5, "buffer.memory": 2097152}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--records", type=int, default=1_000_000, help="records to send (default 1000000)")
+    p.add_argument("--record-size", type=int, default=100, help="value bytes per record (default 100)")
+    p.add_argument("--acks", default="1", choices=["all", "-1", "0", "1"], help="acks (default 1)")
+    p.add_argument("--throughput", type=float, default=-1,
+                   help="target records/s; -1 for as fast as possible (default)")
+    p.add_argument("--topic", default="bench", help="topic; created with --partitions if missing")
+    p.add_argument("--partitions", type=int, default=1, help="partitions when creating the topic (default 1)")
+    p.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
+                   help="a broker (default: $MINIBROKER_BOOTSTRAP or 127.0.0.1:9092)")
+    p.add_argument("--property", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"producer setting by Kafka name (bench defaults: {BENCH_DEFAULTS})")
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def bootstrap_of(args: argparse.Namespace) -> str:
+    return args.bootstrap or os.environ.get("MINIBROKER_BOOTSTRAP") or "127.0.0.1:9092"
+
+
+async def ensure_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    async with Admin(bootstrap) as admin:
+        if topic not in await admin.list_topics():
+            await admin.create_topics([NewTopic(topic, partitions)])
+
+
+async def produce(args: argparse.Namespace) -> dict[str, Any]:
+    settings = {**BENCH_DEFAULTS, "acks": args.acks, **parse_properties(args.property)}
+    bootstrap = bootstrap_of(args)
+    await ensure_topic(bootstrap, args.topic, args.partitions)
+    value = os.urandom(args.record_size)
+    latencies = array("d")
+    failures = 0
+    pending: deque = deque()
+
+    def collect(all_done: bool) -> None:
+        nonlocal failures
+        while pending and (all_done or pending[0][1].done()):
+            sent_at, handle = pending.popleft()
+            if handle.exception() is not None:
+                failures += 1
+            else:
+                latencies.append(handle.acked_at - sent_at)
+
+    async with Producer(bootstrap, settings) as producer:
+        interval = 1.0 / args.throughput if args.throughput > 0 else 0.0
+        monotonic = time.monotonic
+        enqueue = producer.enqueue
+        topic = args.topic
+        start = monotonic()
+        for i in range(args.records):
+            if interval and i and start + i * interval > monotonic():
+                await trio.sleep_until(trio.current_time() + (start + i * interval - monotonic()))
+            pending.append((monotonic(), await enqueue(topic, value)))
+            if not i & 0x3FF:
+                collect(False)
+        await producer.flush()
+        elapsed = monotonic() - start
+        collect(True)
+    ordered = sorted(latencies)
+    return {
+        "benchmark": "produce",
+        "records": args.records,
+        "failed": failures,
+        "elapsed_s": round(elapsed, 3),
+        "records_per_sec": round(args.records / elapsed, 1),
+        "mb_per_sec": round(args.records * args.record_size / elapsed / 1e6, 2),
+        "latency_ms_p50": round(percentile(ordered, 0.50) * 1000, 2),
+        "latency_ms_p99": round(percentile(ordered, 0.99) * 1000, 2),
+        "latency_ms_max": round((ordered[-1] if ordered else 0.0) * 1000, 2),
+        "params": {"record_size": args.record_size, "acks": args.acks, "throughput": args.throughput,
+                   "topic": args.topic, "bootstrap": bootstrap, "settings": settings},
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        figures = trio.run(produce, args)
+    except (KafkaError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(figures))
+    return 0 if figures["failed"] == 0 else 3
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="minibroker bench produce")
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))

@@ -1,0 +1,143 @@
+"""`minibroker bench spark-read`: records/s read into a DataFrame, and written back, on Spark.
+
+Fills ``--topic`` with ``--records`` records of ``--record-size`` bytes if it holds
+fewer (the fill is not timed), then, in one SparkSession (``--master``, default
+local[2]), times ``count()`` over a batch read of the whole topic and a write of
+its key and value to ``TOPIC-copy`` (acks=all). A small read first spawns Spark's
+Python workers, so neither figure includes that one-off cost (about 5 s). Ends
+with one JSON line. Needs the ``spark`` extra and Java 17.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import trio
+
+from client import Consumer, Producer
+from protocol.errors import KafkaError
+
+from .produce import bootstrap_of, ensure_topic
+
+FILL_SETTINGS = {"batch.size": 262144, "linger.ms": 5, "acks": 1}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--records", type=int, default=1_000_000, help="records to read (default 1000000)"
+    )
+    p.add_argument(
+        "--record-size", type=int, default=100, help="value bytes when filling (default 100)"
+    )
+    p.add_argument("--topic", default="spark-bench", help="topic (default spark-bench)")
+    p.add_argument(
+        "--partitions", type=int, default=2, help="partitions when creating the topic (default 2)"
+    )
+    p.add_argument(
+        "--bootstrap",
+        default=None,
+        metavar="HOST:PORT",
+        help="a broker (default: $MINIBROKER_BOOTSTRAP or 127.0.0.1:9092)",
+    )
+    p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    p.add_argument("--no-write", action="store_true", help="time the read only")
+
+
+async def _fill(bootstrap: str, args: argparse.Namespace) -> int:
+    """Top the topic up to --records records; returns how many it holds."""
+    await ensure_topic(bootstrap, args.topic, args.partitions)
+    async with Consumer(bootstrap) as consumer:
+        count = await consumer.partitions_for(args.topic)
+        parts = [(args.topic, p) for p in range(count)]
+        ends, starts = await consumer.end_offsets(parts), await consumer.beginning_offsets(parts)
+        have = sum(ends[tp] - starts[tp] for tp in ends)
+    missing = args.records - have
+    if missing > 0:
+        value = os.urandom(args.record_size)
+        async with Producer(bootstrap, FILL_SETTINGS) as producer:
+            for i in range(missing):
+                await producer.enqueue(args.topic, value, str(i).encode())
+    return max(have, args.records)
+
+
+def _session(master: str) -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from client.spark import register
+
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("minibroker-bench-spark-read")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    bootstrap = bootstrap_of(args)
+    available = trio.run(_fill, bootstrap, args)
+    spark = _session(args.master)
+    try:
+
+        def source(**options: str) -> Any:
+            # A DataFrameReader is mutable: each load gets its own.
+            reader = spark.read.format("minibroker").option("kafka.bootstrap.servers", bootstrap)
+            return reader.option("subscribe", args.topic).options(**options).load()
+
+        source(endingOffsets=json.dumps({args.topic: {"0": 1}})).count()  # spawn the workers
+        start = time.monotonic()
+        rows = source().count()
+        read_s = time.monotonic() - start
+        figures: dict[str, Any] = {
+            "benchmark": "spark-read",
+            "records": rows,
+            "read_s": round(read_s, 3),
+            "read_records_per_sec": round(rows / read_s, 1),
+        }
+        if not args.no_write:
+            copy = f"{args.topic}-copy"
+            trio.run(ensure_topic, bootstrap, copy, args.partitions)
+            start = time.monotonic()
+            source().select("key", "value").write.format("minibroker").mode("append").option(
+                "kafka.bootstrap.servers", bootstrap
+            ).option("topic", copy).save()
+            write_s = time.monotonic() - start
+            figures.update(
+                write_s=round(write_s, 3), write_records_per_sec=round(rows / write_s, 1)
+            )
+            figures["write_includes"] = "reading the source again; acks=all"
+        figures["params"] = {
+            "topic": args.topic,
+            "available": available,
+            "master": args.master,
+            "bootstrap": bootstrap,
+        }
+        return figures
+    finally:
+        spark.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        figures = measure(args)
+    except (KafkaError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="minibroker bench spark-read")
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))

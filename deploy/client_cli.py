@@ -1,0 +1,318 @@
+"""`minibroker topics|produce|consume`: the client library on the command line.
+
+Every failure ends as one line on stderr that names the problem (by its Kafka error
+code where there is one) and what to do, and a non-zero exit; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import trio
+
+from client import Admin, Consumer, NewTopic, Producer
+from client.config import DEFAULT_BOOTSTRAP, parse_properties
+from protocol.errors import (
+    BrokerNotAvailable,
+    KafkaError,
+    TopicAlreadyExists,
+    UnknownTopicOrPartition,
+)
+
+EXIT_ERROR = 1
+EXIT_NOT_DELIVERED = 3
+
+
+class CliError(Exception):
+    """A failure already phrased for the user."""
+
+
+def default_bootstrap() -> str:
+    return os.environ.get("MINIBROKER_BOOTSTRAP") or DEFAULT_BOOTSTRAP
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
+                   help=f"a broker to start from (default: $MINIBROKER_BOOTSTRAP or {DEFAULT_BOOTSTRAP})")
+    p.add_argument("--property", action="append", default=[], metavar="KEY=VALUE",
+                   help="any client setting by its Kafka name, e.g. linger.ms=5 (repeatable)")
+
+
+def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
+    """Add `topics`, `produce` and `consume` to the `minibroker` command."""
+    topics = subparsers.add_parser("topics", help="create, list and describe topics")
+    tsub = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
+    create = tsub.add_parser("create", help="create a topic")
+    create.add_argument("topic")
+    create.add_argument("--partitions", type=int, default=-1, help="partition count (default: broker's num.partitions)")
+    create.add_argument("--replication-factor", type=int, default=-1,
+                        help="copies of each partition (default: broker's default.replication.factor)")
+    create.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="topic setting, e.g. min.insync.replicas=2 (repeatable)")
+    create.set_defaults(func=_cmd(_topics_create))
+    lst = tsub.add_parser("list", help="list topic names")
+    lst.set_defaults(func=_cmd(_topics_list))
+    describe = tsub.add_parser("describe", help="partitions, leaders, replicas and ISR")
+    describe.add_argument("topic", nargs="*", help="topics to describe (default: all)")
+    describe.set_defaults(func=_cmd(_topics_describe))
+    for p in (create, lst, describe):
+        _common(p)
+
+    produce = subparsers.add_parser("produce", help="send stdin lines as records, one per line")
+    produce.add_argument("topic")
+    produce.add_argument("--key-separator", metavar="SEP",
+                         help="split each line at the first SEP into key and value")
+    produce.add_argument("--acks", choices=["all", "-1", "0", "1"], help="acks (default all)")
+    produce.add_argument("--partition", type=int, help="send every record to this partition")
+    _common(produce)
+    produce.set_defaults(func=_cmd(_produce))
+
+    consume = subparsers.add_parser("consume", help="print records, one value per line")
+    consume.add_argument("topic")
+    start = consume.add_mutually_exclusive_group()
+    start.add_argument("--from-beginning", action="store_true", help="start at the earliest record")
+    start.add_argument("--offset", type=int, help="start at this offset")
+    consume.add_argument("--partition", type=int, help="read only this partition (default: all)")
+    consume.add_argument("--max-messages", type=int, help="exit after this many records")
+    consume.add_argument("--timeout-ms", type=int, help="exit when no record arrives for this long")
+    consume.add_argument("--print-key", action="store_true", help="print KEY<separator>VALUE")
+    consume.add_argument("--key-separator", default="\t", metavar="SEP", help="separator for --print-key (tab)")
+    _common(consume)
+    consume.set_defaults(func=_cmd(_consume))
+
+
+# --- error handling ---------------------------------------------------------------------------
+
+
+def describe_error(exc: BaseException, args: argparse.Namespace) -> str:
+    """One line saying what went wrong and what to do."""
+    if isinstance(exc, BrokerNotAvailable) and exc.message.startswith("cannot connect to "):
+        where, _, reason = exc.message.removeprefix("cannot connect to ").partition(": ")
+        return (f"cannot connect to {where} ({reason}): is a broker running? "
+                "start one with 'minibroker cluster up'")
+    if isinstance(exc, UnknownTopicOrPartition):
+        topic = getattr(args, "topic", None)
+        hint = f": create it with 'minibroker topics create {topic}'" if isinstance(topic, str) else ""
+        return f"{exc}{hint}"
+    if isinstance(exc, TopicAlreadyExists):
+        return f"{exc}: choose another name, or 'minibroker topics describe' it"
+    if isinstance(exc, KafkaError):
+        return str(exc)
+    if isinstance(exc, ValueError):
+        return f"{exc} (see 'minibroker {args.command} --help')"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _cmd(main: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return trio.run(main, args)
+        except CliError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+        except (KafkaError, ValueError, OSError) as exc:
+            print(f"error: {describe_error(exc, args)}", file=sys.stderr)
+        except KeyboardInterrupt:
+            return 130
+        return EXIT_ERROR
+
+    return run
+
+
+def _settings(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
+    settings = {"bootstrap.servers": args.bootstrap or default_bootstrap(), **extra}
+    settings.update(parse_properties(args.property))
+    return settings
+
+
+# --- topics -----------------------------------------------------------------------------------
+
+
+async def _topics_create(args: argparse.Namespace) -> int:
+    configs = parse_properties(args.config)
+    async with Admin(config=_settings(args)) as admin:
+        await admin.create_topics([NewTopic(args.topic, args.partitions, args.replication_factor, configs)])
+        desc = (await admin.describe_topics([args.topic]))[args.topic]
+    print(f"Created topic {args.topic} with {len(desc.partitions)} partition(s).")
+    return 0
+
+
+async def _topics_list(args: argparse.Namespace) -> int:
+    async with Admin(config=_settings(args)) as admin:
+        names = await admin.list_topics()
+    for name in names:
+        print(name)
+    return 0
+
+
+async def _topics_describe(args: argparse.Namespace) -> int:
+    async with Admin(config=_settings(args)) as admin:
+        topics = await admin.describe_topics(args.topic or None)
+    for name, desc in topics.items():
+        rf = len(desc.partitions[0].replicas) if desc.partitions else 0
+        print(f"Topic: {name}\tPartitionCount: {len(desc.partitions)}\tReplicationFactor: {rf}")
+        for p in desc.partitions:
+            print(f"\tTopic: {name}\tPartition: {p.partition}\tLeader: {p.leader}\tEpoch: {p.leader_epoch}"
+                  f"\tReplicas: {','.join(map(str, p.replicas))}\tIsr: {','.join(map(str, p.isr))}")
+    return 0
+
+
+# --- produce ----------------------------------------------------------------------------------
+
+
+async def _stdin_lines() -> Any:
+    """Lines of stdin as bytes, read in chunks off the trio thread (interactive use works too)."""
+    stdin = sys.stdin.buffer
+    rest = b""
+    while True:
+        chunk = await trio.to_thread.run_sync(stdin.read1, 1 << 16)
+        if not chunk:
+            break
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            yield line.removesuffix(b"\r")
+    if rest:
+        yield rest
+
+
+class DeliveryTally:
+    """Counts outcomes as handles finish, so memory stays flat on endless input."""
+
+    def __init__(self) -> None:
+        self.pending: list[Any] = []
+        self.sent = 0
+        self.failed: Counter[str] = Counter()
+        self.first_error: BaseException | None = None
+
+    def add(self, handle: Any) -> None:
+        self.sent += 1
+        self.pending.append(handle)
+        if len(self.pending) >= 10000:
+            self.collect()
+
+    def collect(self) -> None:
+        still = []
+        for handle in self.pending:
+            if not handle.done():
+                still.append(handle)
+                continue
+            error = handle.exception()
+            if error is not None:
+                self.failed[getattr(getattr(error, "code", None), "name", type(error).__name__)] += 1
+                self.first_error = self.first_error or error
+        self.pending = still
+
+
+async def _produce(args: argparse.Namespace) -> int:
+    extra: dict[str, Any] = {"max.block.ms": 10000}
+    if args.acks is not None:
+        extra["acks"] = args.acks
+    sep = args.key_separator.encode() if args.key_separator else None
+    tally = DeliveryTally()
+    async with Producer(config=_settings(args, **extra)) as producer:
+        async for line in _stdin_lines():
+            key = None
+            if sep is not None:
+                key, found, value = line.partition(sep)
+                if not found:
+                    key, value = None, line
+            else:
+                value = line
+            try:
+                tally.add(await producer.enqueue(args.topic, value, key=key, partition=args.partition))
+            except KafkaError as exc:
+                if tally.sent == 0:
+                    raise  # nothing sent yet (unknown topic, ...): report it as it is
+                tally.failed[exc.code.name] += 1
+                tally.first_error = tally.first_error or exc
+                break
+        await producer.flush()
+    tally.collect()
+    if tally.failed:
+        total = sum(tally.failed.values())
+        codes = ", ".join(f"{code} x{n}" for code, n in tally.failed.most_common())
+        print(f"error: {total} of {tally.sent} record(s) were not delivered: {codes}"
+              f"{delivery_hint(tally.first_error, producer.config)}", file=sys.stderr)
+        return EXIT_NOT_DELIVERED
+    return 0
+
+
+def delivery_hint(error: BaseException | None, config: dict[str, Any]) -> str:
+    """What the failure means and where to look, in a parenthesis."""
+    message = getattr(error, "message", "") or ""
+    detail = f"{message}; " if message else ""
+    if isinstance(error, KafkaError) and error.retriable:
+        return (f" ({detail}still failing after delivery.timeout.ms={config['delivery.timeout.ms']}:"
+                " check the brokers with 'minibroker cluster status')")
+    return f" ({message})" if message else ""
+
+
+# --- consume ----------------------------------------------------------------------------------
+
+
+async def _consume(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    async with Consumer(config=settings) as consumer:
+        count = await consumer.partitions_for(args.topic)
+        if count is None:
+            raise UnknownTopicOrPartition(f"topic '{args.topic}' does not exist")
+        if args.partition is not None and not 0 <= args.partition < count:
+            raise CliError(f"topic '{args.topic}' has {count} partition(s); there is no partition {args.partition}")
+        parts = [(args.topic, p) for p in ([args.partition] if args.partition is not None else range(count))]
+        consumer.assign(parts)
+        if args.offset is not None:
+            for tp in parts:
+                consumer.seek(tp, args.offset)
+        elif args.from_beginning:
+            consumer.seek_to_beginning()
+        elif "auto.offset.reset" not in settings:
+            consumer.seek_to_end()
+        seen = await _print_records(consumer, args)
+    print(f"Processed a total of {seen} messages", file=sys.stderr)
+    return 0
+
+
+async def _print_records(consumer: Consumer, args: argparse.Namespace) -> int:
+    out = sys.stdout.buffer
+    sep = args.key_separator.encode()
+    seen = 0
+    idle_ms = args.timeout_ms if args.timeout_ms is not None else None
+    while args.max_messages is None or seen < args.max_messages:
+        want = None if args.max_messages is None else args.max_messages - seen
+        records = await consumer.poll(timeout_ms=idle_ms if idle_ms is not None else 60_000, max_records=want)
+        if not records:
+            if idle_ms is not None:
+                break
+            continue
+        lines = []
+        for r in records:
+            value = b"null" if r.value is None else r.value
+            if args.print_key:
+                lines.append((b"null" if r.key is None else r.key) + sep + value)
+            else:
+                lines.append(value)
+        seen += len(records)
+        try:
+            out.write(b"\n".join(lines) + b"\n")
+            out.flush()
+        except BrokenPipeError:  # `| head`: the reader has had enough
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())  # no error at exit flush
+            break
+    return seen
+
+
+def main(argv: list[str] | None = None) -> int:
+    """For trying the commands without `minibroker`: python -m deploy.client_cli ..."""
+    parser = argparse.ArgumentParser(prog="minibroker")
+    add_subcommands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

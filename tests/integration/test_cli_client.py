@@ -1,0 +1,110 @@
+"""`minibroker topics|produce|consume` as a user runs them: real processes, real broker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from deploy.launcher import free_port
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, stdin: str = "", timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("MINIBROKER_BOOTSTRAP", None)
+    return subprocess.run(
+        [sys.executable, "-m", "deploy.client_cli", *args], input=stdin, capture_output=True,
+        text=True, timeout=timeout, env=env, cwd=ROOT,
+    )
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_topics_create_list_describe(broker):
+    created = cli("topics", "create", "clitopic", "--partitions", "3", "--replication-factor", "1",
+                  "--bootstrap", broker)
+    assert created.returncode == 0, created.stderr
+    assert "clitopic" in cli("topics", "list", "--bootstrap", broker).stdout.split()
+    described = cli("topics", "describe", "clitopic", "--bootstrap", broker)
+    assert "PartitionCount: 3" in described.stdout
+    assert described.stdout.count("Leader: 0") == 3
+    again = cli("topics", "create", "clitopic", "--bootstrap", broker)
+    assert again.returncode != 0
+    assert "TOPIC_ALREADY_EXISTS" in one_error_line(again)
+
+
+def test_produce_then_consume_with_keys_and_options(broker):
+    assert cli("topics", "create", "lines", "--partitions", "1", "--bootstrap", broker).returncode == 0
+    produced = cli("produce", "lines", "--key-separator", ":", "--acks", "all", "--bootstrap", broker,
+                   stdin="k1:one\nk2:two\nthree\nk4:four\n")
+    assert produced.returncode == 0, produced.stderr
+
+    everything = cli("consume", "lines", "--from-beginning", "--timeout-ms", "1500", "--bootstrap", broker)
+    assert everything.stdout.splitlines() == ["one", "two", "three", "four"]
+    assert "Processed a total of 4 messages" in everything.stderr
+
+    keyed = cli("consume", "lines", "--from-beginning", "--print-key", "--max-messages", "2",
+                "--bootstrap", broker)
+    assert keyed.stdout.splitlines() == ["k1\tone", "k2\ttwo"]
+
+    offset = cli("consume", "lines", "--partition", "0", "--offset", "2", "--timeout-ms", "1500",
+                 "--print-key", "--key-separator", "=", "--bootstrap", broker)
+    assert offset.stdout.splitlines() == ["null=three", "k4=four"]
+
+    latest = cli("consume", "lines", "--timeout-ms", "500", "--bootstrap", broker)
+    assert latest.returncode == 0 and latest.stdout == ""
+
+
+def test_bootstrap_from_environment(broker):
+    env_result = subprocess.run(
+        [sys.executable, "-m", "deploy.client_cli", "topics", "list"], capture_output=True, text=True,
+        timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "MINIBROKER_BOOTSTRAP": broker},
+    )
+    assert env_result.returncode == 0, env_result.stderr
+
+
+def test_unreachable_broker_is_one_line_with_a_hint():
+    port = free_port()
+    result = cli("topics", "list", "--bootstrap", f"127.0.0.1:{port}")
+    assert result.returncode != 0
+    line = one_error_line(result)
+    assert f"cannot connect to 127.0.0.1:{port} (connection refused)" in line
+    assert "minibroker cluster up" in line
+
+
+async def test_failed_produce_names_the_error_and_the_undelivered_count(cluster_factory):
+    from .test_client import paused_follower_topic
+
+    _, leader = await paused_follower_topic(cluster_factory, "stallcli")
+    result = await trio.to_thread.run_sync(lambda: cli(
+        "produce", "stallcli", "--acks", "all", "--bootstrap", leader,
+        "--property", "request.timeout.ms=500", "--property", "delivery.timeout.ms=1500",
+        stdin="a\nb\nc\n",
+    ))
+    assert result.returncode != 0
+    line = one_error_line(result)
+    assert "3 of 3 record(s) were not delivered" in line
+    assert "REQUEST_TIMED_OUT" in line
+
+
+def test_unknown_topic_and_bad_property_are_one_line(broker):
+    missing = cli("consume", "ghost", "--timeout-ms", "200", "--bootstrap", broker)
+    assert missing.returncode != 0
+    assert "minibroker topics create ghost" in one_error_line(missing)
+    typo = cli("produce", "ghost", "--property", "linger.m=5", "--bootstrap", broker)
+    assert typo.returncode != 0
+    assert "did you mean 'linger.ms'" in one_error_line(typo)

@@ -1,0 +1,114 @@
+"""Batch reads: exactly what was produced, offset ranges, JSON offsets, partition planning."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import rows_by_offset
+
+pytestmark = pytest.mark.spark
+
+T0 = 1_700_000_000_000
+
+
+def test_batch_read_equals_what_was_produced(source, new_topic, produce):
+    topic = new_topic(3)
+    records = [
+        (
+            i % 3,
+            None if i % 5 == 0 else f"k{i}".encode(),
+            b"" if i == 7 else f"value-{i}".encode() * (i % 4 + 1),
+            T0 + i * 1000,
+            {"n": str(i).encode(), "empty": None} if i % 2 else None,
+        )
+        for i in range(60)
+    ]
+    metas = produce(topic, records)
+    expected = {
+        (topic, m.partition, m.offset): (r[1], r[2], r[3])
+        for m, r in zip(metas, records, strict=True)
+    }
+    expected_headers = {
+        (m.partition, m.offset): sorted((r[4] or {}).items())
+        for m, r in zip(metas, records, strict=True)
+    }
+
+    df = source(subscribe=topic, includeHeaders="true")
+    assert [f.name for f in df.schema.fields] == [
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+        "headers",
+    ]
+    assert rows_by_offset(df) == expected
+    rows = df.orderBy("partition", "offset").collect()  # orderBy reads each partition twice
+    assert [(r.partition, r.offset) for r in rows] == sorted((p, o) for _, p, o in expected)
+    assert {r.timestampType for r in rows} == {0}
+    assert {
+        (r.partition, r.offset): sorted((h.key, h.value) for h in r.headers) for r in rows
+    } == expected_headers
+    assert "headers" not in source(subscribe=topic).columns
+
+
+def test_offset_ranges_json_offsets_and_subscriptions(source, new_topic, produce):
+    topic = new_topic(2)
+    produce(topic, [(i % 2, None, f"v{i}".encode(), T0 + i) for i in range(20)])  # 10 per partition
+    everything = rows_by_offset(source(subscribe=topic))
+    assert len(everything) == 20
+
+    def offsets(df) -> list[tuple[int, int]]:
+        return sorted((p, o) for _, p, o in rows_by_offset(df))
+
+    ranged = source(
+        subscribe=topic,
+        startingOffsets=json.dumps({topic: {"0": 3, "1": -2}}),
+        endingOffsets=json.dumps({topic: {"0": 6, "1": -1}}),
+    )
+    assert offsets(ranged) == [(0, 3), (0, 4), (0, 5)] + [(1, o) for o in range(10)]
+    assigned = source(assign=json.dumps({topic: [1]}), endingOffsets=json.dumps({topic: {"1": 4}}))
+    assert offsets(assigned) == [(1, o) for o in range(4)]
+    by_pattern = source(subscribePattern=f"{topic}|no-such-topic-[0-9]+")
+    assert rows_by_offset(by_pattern) == everything
+    empty = source(subscribe=topic, startingOffsets=json.dumps({topic: {"0": 10, "1": 10}}))
+    assert empty.count() == 0
+
+    split = source(subscribe=topic, minPartitions="6")
+    assert split.rdd.getNumPartitions() >= 6
+    assert rows_by_offset(split) == everything
+
+
+def test_empty_topic_reads_as_empty(source, new_topic):
+    assert source(subscribe=new_topic(2)).count() == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"subscribe": "t", "kafka.bootstrap.servers": None}, "kafka.bootstrap.servers"),
+        ({}, "subscribe"),
+        ({"subscribe": "t", "assign": '{"t": [0]}'}, "exactly one of"),
+        ({"subscribe": "t", "startingOffset": "earliest"}, "did you mean 'startingOffsets'"),
+        ({"subscribe": "t", "startingOffsets": "latest"}, "startingOffsets"),
+        ({"subscribe": "t", "endingOffsets": "{not json"}, "endingOffsets"),
+        ({"subscribe": "t", "maxOffsetsPerTrigger": "10"}, "maxOffsetsPerTrigger"),
+        ({"subscribe": "t", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
+        ({"subscribe": "t", "minPartitions": "0"}, "minPartitions"),
+        ({"subscribe": "t", "kafka.fetch.max.wait.ms": "soon"}, "fetch.max.wait.ms"),
+        ({"subscribe": "t", "startingTimestamp": "0"}, "startingTimestamp"),
+        ({"subscribe": "no-such-topic"}, "no-such-topic"),
+    ],
+)
+def test_a_wrong_or_missing_option_fails_planning_naming_it(spark, broker, options, message):
+    reader = spark.read.format("minibroker")
+    if options.pop("kafka.bootstrap.servers", "given") is not None:
+        reader = reader.option("kafka.bootstrap.servers", broker)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    with pytest.raises(Exception, match=message):
+        reader.load().collect()

@@ -1,0 +1,102 @@
+"""The pure parts of the source (options, offset arithmetic): no SparkSession, no broker."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from client import TopicPartition
+from client.spark.options import OptionError, parse_read_options, parse_write_options
+from client.spark.ranges import OffsetRange, cap_offsets, from_json, split_ranges, to_json
+
+TP = TopicPartition
+
+
+def test_importing_client_does_not_import_pyspark():
+    import subprocess
+
+    code = (
+        "import client, sys; assert 'pyspark' not in sys.modules and 'pyarrow' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_read_options_defaults_and_aliases():
+    batch = parse_read_options({"bootstrap.servers": "h:1", "subscribe": "a, b"}, streaming=False)
+    assert batch.subscription.topics == ("a", "b")
+    assert (batch.starting, batch.ending, batch.fail_on_data_loss) == ("earliest", "latest", True)
+    stream = parse_read_options(
+        {
+            "kafka.bootstrap.servers": "h:1",
+            "assign": '{"t": [1, 0]}',
+            "maxoffsetspertrigger": "7",
+            "startingOffsets": '{"t": {"0": -1, "1": 5}}',
+        },
+        streaming=True,
+    )
+    assert stream.subscription.assigned == (TP("t", 1), TP("t", 0))
+    assert stream.starting == {TP("t", 0): -1, TP("t", 1): 5}
+    assert stream.max_offsets_per_trigger == 7
+    assert stream.client_config["bootstrap.servers"] == [("h", 1)]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"subscribe": "t", "endingOffsets": "latest"}, "endingOffsets"),
+        ({"subscribe": "t", "startingOffsets": '{"t": {"0": -3}}'}, "startingOffsets"),
+        ({"subscribePattern": "(", "kafka.bootstrap.servers": "h:1"}, "subscribePattern"),
+        ({"subscribe": "t", "kafka.bootstrap.servers": "nope"}, "bootstrap.servers"),
+    ],
+)
+def test_streaming_read_option_errors(options, message):
+    options = {"kafka.bootstrap.servers": "h:1", **options}
+    with pytest.raises(OptionError, match=message):
+        parse_read_options(options, streaming=True)
+
+
+def test_write_options_default_to_acks_all_and_big_batches():
+    opts = parse_write_options({"kafka.bootstrap.servers": "h:1", "topic": "t"})
+    assert opts.client_config["acks"] == -1 and opts.client_config["batch.size"] == 262144
+    assert (
+        parse_write_options({"kafka.bootstrap.servers": "h:1", "kafka.acks": "1"}).client_config[
+            "acks"
+        ]
+        == 1
+    )
+
+
+def test_split_ranges_honours_min_partitions_and_covers_everything():
+    ranges = [OffsetRange("t", 0, 0, 90), OffsetRange("t", 1, 5, 15), OffsetRange("t", 2, 3, 3)]
+    assert split_ranges(ranges, None) == ranges[:2]
+    split = split_ranges(ranges, 10)
+    assert len(split) >= 10
+    for p in (0, 1):
+        parts = [r for r in split if r.partition == p]
+        assert parts[0].start == ranges[p].start and parts[-1].end == ranges[p].end
+        assert all(a.end == b.start for a, b in itertools.pairwise(parts))
+
+
+@given(
+    st.dictionaries(
+        st.integers(0, 5), st.tuples(st.integers(0, 100), st.integers(0, 100)), min_size=1
+    ),
+    st.integers(1, 150),
+)
+def test_cap_offsets_admits_exactly_the_limit(spans, limit):
+    start = {TP("t", p): a for p, (a, _) in spans.items()}
+    latest = {TP("t", p): a + n for p, (a, n) in spans.items()}
+    capped = cap_offsets(start, latest, limit)
+    backlog = sum(n for _, n in spans.values())
+    assert sum(capped[tp] - start[tp] for tp in start) == min(limit, backlog)
+    assert all(start[tp] <= capped[tp] <= latest[tp] for tp in start)
+
+
+def test_offsets_json_round_trip():
+    offsets = {TP("a", 0): 3, TP("a", 10): 4, TP("b", 1): 0}
+    assert to_json(offsets) == {"a": {"0": 3, "10": 4}, "b": {"1": 0}}
+    assert from_json(to_json(offsets)) == offsets

@@ -1,0 +1,128 @@
+"""The producer's batching rules, with the time passed in: no broker, no sleeping."""
+
+import pytest
+
+from client.accumulator import DeliveryHandle, RecordAccumulator, record_size
+from protocol import read_records
+from protocol.errors import NotEnoughReplicas
+
+
+def rec(value: bytes, ts: int = 1000, key: bytes | None = None, headers=()):
+    return (ts, key, value, list(headers))
+
+
+def fill(acc, n, *, topic="t", partition=0, value=b"x" * 90, now=0.0):
+    out = []
+    for _ in range(n):
+        out.append(acc.append(topic, partition, rec(value), record_size(None, value, []), now))
+    return out
+
+
+def test_records_share_a_batch_until_batch_size():
+    acc = RecordAccumulator(batch_size=1000, linger_ms=5, delivery_timeout_ms=120000)
+    results = fill(acc, 25)  # 100 bytes each: 10 per batch
+    batches = {id(b) for b, _, _ in results}
+    assert len(batches) == 3
+    assert [i for _, i, _ in results[:12]] == [*range(10), 0, 1]
+    assert sum(created for _, _, created in results) == 3
+    assert acc.buffered_bytes == 2500
+
+
+def test_a_record_bigger_than_batch_size_gets_its_own_batch():
+    acc = RecordAccumulator(batch_size=100, linger_ms=5, delivery_timeout_ms=120000)
+    _, index, created = acc.append("t", 0, rec(b"y" * 500), 510, 0.0)
+    assert (index, created) == (0, True)
+    ready, _ = acc.ready(0.0)
+    assert ready == [("t", 0)]
+
+
+def test_linger_holds_a_partial_batch_until_due():
+    acc = RecordAccumulator(batch_size=10000, linger_ms=5, delivery_timeout_ms=120000)
+    fill(acc, 3, now=100.0)
+    assert acc.ready(102.0) == ([], 105.0)
+    assert acc.ready(105.0)[0] == [("t", 0)]
+
+
+def test_full_batch_is_ready_at_once():
+    acc = RecordAccumulator(batch_size=1000, linger_ms=10_000, delivery_timeout_ms=120000)
+    fill(acc, 11, now=0.0)  # first batch full, second started
+    assert acc.ready(0.0)[0] == [("t", 0)]
+
+
+def test_flush_makes_everything_ready():
+    acc = RecordAccumulator(batch_size=10000, linger_ms=10_000, delivery_timeout_ms=120000)
+    fill(acc, 1, partition=0)
+    fill(acc, 1, partition=1)
+    acc.flushing += 1
+    assert sorted(acc.ready(0.0)[0]) == [("t", 0), ("t", 1)]
+
+
+def test_pop_encodes_one_batch_readable_by_the_consumer_side():
+    acc = RecordAccumulator(batch_size=10000, linger_ms=0, delivery_timeout_ms=120000)
+    acc.append("t", 0, (1000, b"k", b"v1", [("h", b"1")]), 20, 0.0)
+    acc.append("t", 0, (1005, None, b"v2", []), 20, 0.0)
+    batch = acc.pop(("t", 0))
+    assert batch.count == 2 and batch.sealed
+    records = read_records(batch.payload)
+    assert [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in records] == [
+        (0, 1000, b"k", b"v1", [("h", b"1")]),
+        (1, 1005, None, b"v2", []),
+    ]
+
+
+def test_new_records_never_join_a_sealed_batch():
+    acc = RecordAccumulator(batch_size=10000, linger_ms=0, delivery_timeout_ms=120000)
+    fill(acc, 2)
+    sealed = acc.pop(("t", 0))
+    acc.reenqueue(sealed, retry_at_ms=50.0)
+    batch, index, created = fill(acc, 1)[0]
+    assert batch is not sealed and created and index == 0
+
+
+def test_retry_waits_for_its_backoff_and_keeps_its_place():
+    acc = RecordAccumulator(batch_size=10000, linger_ms=0, delivery_timeout_ms=120000)
+    fill(acc, 2)
+    first = acc.pop(("t", 0))
+    fill(acc, 1, now=1.0)
+    acc.reenqueue(first, retry_at_ms=100.0)
+    ready, next_ms = acc.ready(50.0)
+    assert ready == [] and next_ms == 100.0
+    assert acc.ready(100.0)[0] == [("t", 0)]
+    assert acc.pop(("t", 0)) is first
+
+
+def test_expired_batches_are_removed():
+    acc = RecordAccumulator(batch_size=1000, linger_ms=0, delivery_timeout_ms=1000)
+    fill(acc, 15, now=0.0)
+    fill(acc, 1, partition=1, now=500.0)
+    expired = acc.expired(1000.0)
+    assert len(expired) == 2
+    assert acc.pending_batches == 1
+
+
+async def test_handles_resolve_to_offsets_or_errors():
+    acc = RecordAccumulator(batch_size=10000, linger_ms=0, delivery_timeout_ms=120000)
+    handles = [DeliveryHandle(b, i) for b, i, _ in fill(acc, 3)]
+    batch = acc.pop(("t", 0))
+    assert not handles[0].done()
+    batch.complete(41)
+    assert [(await h).offset for h in handles] == [41, 42, 43]
+    assert handles[2].result().partition == 0
+
+    other = [DeliveryHandle(b, i) for b, i, _ in fill(acc, 2, partition=1)]
+    acc.pop(("t", 1)).fail(NotEnoughReplicas("isr too small"))
+    assert isinstance(other[0].exception(), NotEnoughReplicas)
+    with pytest.raises(NotEnoughReplicas):
+        await other[1]
+
+
+def test_acks_zero_gives_offset_minus_one():
+    acc = RecordAccumulator(batch_size=10000, linger_ms=0, delivery_timeout_ms=120000)
+    handle = DeliveryHandle(*fill(acc, 1)[0][:2])
+    acc.pop(("t", 0)).complete(-1)
+    assert handle.result().offset == -1
+
+
+def test_record_size_counts_key_value_and_headers():
+    assert record_size(None, None, []) < record_size(b"k", b"v" * 10, [("h", b"x")])
+    assert record_size(b"kk", b"vvv", []) == record_size(None, None, []) + 5

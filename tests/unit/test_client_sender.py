@@ -1,0 +1,109 @@
+"""The sender's retry rules: retriable errors retry after a metadata refresh, others fail at once.
+
+The cluster here is a scripted stand-in for the metadata/connection layer (answers
+per request), so retry and expiry decisions are checked without a broker.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from client.accumulator import DeliveryHandle, RecordAccumulator
+from client.config import load_config
+from client.sender import Sender
+from protocol.errors import InvalidRecord, NetworkException, NotLeaderOrFollower, RequestTimedOut
+
+
+class ScriptedCluster:
+    def __init__(self, answers):
+        self.answers = list(answers)
+        self.requests = []
+        self.refreshes = 0
+        self.wanted = set()
+        self.topic_errors = {}
+        self.stale = False
+        self.expires_at = float("inf")
+
+    def leader(self, topic, partition):
+        return 0
+
+    def partition_count(self, topic):
+        return 1
+
+    async def refresh(self, topics=()):
+        self.refreshes += 1
+
+    async def request(self, node, api_key, body, *, timeout=None, expect_response=True):
+        self.requests.append(body)
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return {"topics": [{"name": "t", "partitions": [answer]}]}
+
+
+def ok(base):
+    return {"partition": 0, "error_code": 0, "base_offset": base}
+
+
+def err(code):
+    return {"partition": 0, "error_code": code, "base_offset": -1, "error_message": "scripted"}
+
+
+async def run_sender(answers, **settings):
+    config = load_config("producer", {"linger.ms": 0, "retry.backoff.ms": 1, **settings})
+    cluster = ScriptedCluster(answers)
+    acc = RecordAccumulator(config["batch.size"], 0, config["delivery.timeout.ms"])
+    sender = Sender(config, cluster, acc)
+    batch, index, _ = acc.append("t", 0, (1, None, b"v", []), 11)
+    handle = DeliveryHandle(batch, index)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        with trio.fail_after(10):
+            try:
+                result = await handle
+            except Exception as exc:
+                result = exc
+        nursery.cancel_scope.cancel()
+    return result, cluster
+
+
+async def test_retriable_partition_error_is_retried_after_a_metadata_refresh():
+    result, cluster = await run_sender([err(6), ok(7)])
+    assert result.offset == 7
+    assert len(cluster.requests) == 2 and cluster.refreshes >= 1
+    # The retry resends the same encoded batch.
+    first = cluster.requests[0]["topics"][0]["partitions"][0]["records"]
+    assert cluster.requests[1]["topics"][0]["partitions"][0]["records"] is first
+
+
+async def test_connection_failures_are_retried():
+    result, cluster = await run_sender([NetworkException("gone"), RequestTimedOut("slow"), ok(0)])
+    assert result.offset == 0 and len(cluster.requests) == 3
+
+
+async def test_non_retriable_error_fails_without_retry():
+    result, cluster = await run_sender([err(87)])
+    assert isinstance(result, InvalidRecord) and len(cluster.requests) == 1
+
+
+async def test_retries_setting_bounds_the_attempts():
+    result, cluster = await run_sender([err(6), err(6), ok(1)], retries=1)
+    assert isinstance(result, NotLeaderOrFollower)
+    assert len(cluster.requests) == 2
+
+
+@pytest.mark.parametrize("acks", ["0"])
+async def test_acks_zero_completes_without_an_answer(acks):
+    result, cluster = await run_sender([{}], acks=acks)
+    assert result.offset == -1
+    assert cluster.requests[0]["acks"] == 0
+
+
+async def test_delivery_timeout_ends_the_retries_with_the_last_error():
+    settings = {"request.timeout.ms": 10, "delivery.timeout.ms": 60, "retry.backoff.ms": 5}
+    config = load_config("producer", {"linger.ms": 0, **settings})
+    result, cluster = await run_sender([err(19)] * 1000, **settings)
+    assert result.code.name == "NOT_ENOUGH_REPLICAS"
+    assert 2 <= len(cluster.requests) < 1000
+    assert config["retries"] > len(cluster.requests)
