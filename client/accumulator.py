@@ -118,7 +118,9 @@ class DeliveryHandle:
 
     __slots__ = ("_batch", "_index", "_parked")
 
-    def __init__(self, batch: ProducerBatch | None, index: int, parked: Parked | None = None) -> None:
+    def __init__(
+        self, batch: ProducerBatch | None, index: int, parked: Parked | None = None
+    ) -> None:
         self._batch = batch
         self._index = index
         self._parked = parked
@@ -172,7 +174,12 @@ class RecordAccumulator:
         self.flushing = 0
 
     def append(
-        self, topic: str, partition: int, record: RecordTuple, nbytes: int, now_ms: float | None = None
+        self,
+        topic: str,
+        partition: int,
+        record: RecordTuple,
+        nbytes: int,
+        now_ms: float | None = None,
     ) -> tuple[ProducerBatch, int, bool]:
         """Add a record; returns (batch, index in batch, whether a new batch was started).
 
@@ -183,8 +190,10 @@ class RecordAccumulator:
             dq = self.batches[(topic, partition)] = deque()
         batch = dq[-1] if dq else None
         created = False
-        if batch is None or batch.payload is not None or (
-            batch.size + nbytes > self.batch_size and batch.records
+        if (
+            batch is None
+            or batch.payload is not None
+            or (batch.size + nbytes > self.batch_size and batch.records)
         ):
             if now_ms is None:
                 now_ms = time.monotonic() * 1000

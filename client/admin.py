@@ -86,9 +86,12 @@ class Admin:
         topics = list(topics)
         body = {
             "topics": [
-                {"name": t.name, "num_partitions": t.num_partitions,
-                 "replication_factor": t.replication_factor,
-                 "configs": {k: str(v) for k, v in t.configs.items()}}
+                {
+                    "name": t.name,
+                    "num_partitions": t.num_partitions,
+                    "replication_factor": t.replication_factor,
+                    "configs": {k: str(v) for k, v in t.configs.items()},
+                }
                 for t in topics
             ],
             "timeout_ms": timeout_ms,
@@ -98,7 +101,9 @@ class Admin:
         outcome: dict[str, KafkaError | None] = {}
         for t in response["topics"]:
             code = t["error_code"]
-            outcome[t["name"]] = error_class(code)(t.get("error_message") or t["name"]) if code else None
+            outcome[t["name"]] = (
+                error_class(code)(t.get("error_message") or t["name"]) if code else None
+            )
         if raise_errors:
             for error in outcome.values():
                 if error is not None:
@@ -139,7 +144,9 @@ class Admin:
         body = await self._open().refresh(None)
         return sorted(t["name"] for t in body["topics"] if not t["error_code"])
 
-    async def describe_topics(self, names: Iterable[str] | None = None) -> dict[str, TopicDescription]:
+    async def describe_topics(
+        self, names: Iterable[str] | None = None
+    ) -> dict[str, TopicDescription]:
         """Partitions (leader, epoch, replicas, ISR) per topic; a missing topic raises."""
         cluster = self._open()
         names = None if names is None else list(names)

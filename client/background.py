@@ -29,4 +29,6 @@ class Background:
         if cm is None:
             return
         nursery.cancel_scope.cancel()
-        await cm.__aexit__(type(error) if error else None, error, error.__traceback__ if error else None)
+        await cm.__aexit__(
+            type(error) if error else None, error, error.__traceback__ if error else None
+        )

@@ -119,7 +119,9 @@ class Cluster:
             event.set()
 
     def _apply(self, body: dict) -> None:
-        self.brokers = {b["node_id"]: BrokerInfo(b["node_id"], b["host"], b["port"]) for b in body["brokers"]}
+        self.brokers = {
+            b["node_id"]: BrokerInfo(b["node_id"], b["host"], b["port"]) for b in body["brokers"]
+        }
         self.controller_id = body["controller_id"]
         for t in body["topics"]:
             name = t["name"]
@@ -131,8 +133,14 @@ class Cluster:
             parts = sorted(t["partitions"], key=lambda p: p["partition"])
             self.topics[name] = [
                 PartitionInfo(
-                    name, p["partition"], p["leader"], p["leader_epoch"], p["replicas"], p["isr"],
-                    p.get("offline_replicas", []), p["error_code"],
+                    name,
+                    p["partition"],
+                    p["leader"],
+                    p["leader_epoch"],
+                    p["replicas"],
+                    p["isr"],
+                    p.get("offline_replicas", []),
+                    p["error_code"],
                 )
                 for p in parts
             ]
@@ -159,7 +167,10 @@ class Cluster:
             conn = self._conns.get(addr)
             if conn is None or conn.closed:
                 conn = await BrokerConnection.open(
-                    self.nursery, host, port, client_id=self.client_id,
+                    self.nursery,
+                    host,
+                    port,
+                    client_id=self.client_id,
                     connect_timeout=self.connect_timeout,
                 )
                 self._conns[addr] = conn
@@ -172,12 +183,19 @@ class Cluster:
         return await self.connect(broker.host, broker.port)
 
     async def request(
-        self, node_id: int, api_key: int, body: dict, *, timeout: float | None = None,
+        self,
+        node_id: int,
+        api_key: int,
+        body: dict,
+        *,
+        timeout: float | None = None,
         expect_response: bool = True,
     ) -> dict:
         conn = await self.connection(node_id)
         return await conn.request(
-            api_key, body, timeout=self.request_timeout if timeout is None else timeout,
+            api_key,
+            body,
+            timeout=self.request_timeout if timeout is None else timeout,
             expect_response=expect_response,
         )
 

@@ -88,29 +88,70 @@ _P = ("producer",)
 _C = ("consumer",)
 
 SETTINGS: dict[str, Setting] = {
-    "bootstrap.servers": Setting(parse_bootstrap, DEFAULT_BOOTSTRAP, _ALL, "Brokers to ask for metadata first."),
-    "client.id": Setting(_string, "minibroker-client", _ALL, "Sent with every request; shows in broker logs."),
-    "request.timeout.ms": Setting(_int(1, _INT32_MAX), 30000, _ALL, "How long to wait for one response."),
+    "bootstrap.servers": Setting(
+        parse_bootstrap, DEFAULT_BOOTSTRAP, _ALL, "Brokers to ask for metadata first."
+    ),
+    "client.id": Setting(
+        _string, "minibroker-client", _ALL, "Sent with every request; shows in broker logs."
+    ),
+    "request.timeout.ms": Setting(
+        _int(1, _INT32_MAX), 30000, _ALL, "How long to wait for one response."
+    ),
     "retry.backoff.ms": Setting(_int(0), 100, _ALL, "Pause before retrying a failed request."),
     "metadata.max.age.ms": Setting(_int(0), 300000, _ALL, "Refresh metadata at least this often."),
-    "socket.connection.setup.timeout.ms": Setting(_int(1), 10000, _ALL, "How long a TCP connect may take."),
+    "socket.connection.setup.timeout.ms": Setting(
+        _int(1), 10000, _ALL, "How long a TCP connect may take."
+    ),
     # producer
-    "acks": Setting(parse_acks, -1, _P, "Replicas that must have a record before it is acknowledged."),
-    "delivery.timeout.ms": Setting(_int(1, _INT32_MAX), 120000, _P, "Upper bound on send to ack, retries included."),
-    "retries": Setting(_int(0, _INT32_MAX), _INT32_MAX, _P, "Retries of retriable errors (bounded by delivery.timeout.ms)."),
-    "linger.ms": Setting(_int(0), 5, _P, "Wait this long for more records before sending a batch that is not full."),
-    "batch.size": Setting(_int(1), 16384, _P, "Bytes of records per partition batch; large batches mean high throughput."),
-    "max.request.size": Setting(_int(1), 1048576, _P, "Largest record (and batch) the producer will send."),
-    "max.in.flight.requests.per.connection": Setting(_int(1), 5, _P, "Unanswered produce requests per broker."),
-    "buffer.memory": Setting(_int(1), 33554432, _P, "Bytes of unsent records before send_nowait refuses / enqueue waits."),
-    "max.block.ms": Setting(_int(0), 60000, _P, "How long a send may wait for metadata or buffer space."),
+    "acks": Setting(
+        parse_acks, -1, _P, "Replicas that must have a record before it is acknowledged."
+    ),
+    "delivery.timeout.ms": Setting(
+        _int(1, _INT32_MAX), 120000, _P, "Upper bound on send to ack, retries included."
+    ),
+    "retries": Setting(
+        _int(0, _INT32_MAX),
+        _INT32_MAX,
+        _P,
+        "Retries of retriable errors (bounded by delivery.timeout.ms).",
+    ),
+    "linger.ms": Setting(
+        _int(0), 5, _P, "Wait this long for more records before sending a batch that is not full."
+    ),
+    "batch.size": Setting(
+        _int(1),
+        16384,
+        _P,
+        "Bytes of records per partition batch; large batches mean high throughput.",
+    ),
+    "max.request.size": Setting(
+        _int(1), 1048576, _P, "Largest record (and batch) the producer will send."
+    ),
+    "max.in.flight.requests.per.connection": Setting(
+        _int(1), 5, _P, "Unanswered produce requests per broker."
+    ),
+    "buffer.memory": Setting(
+        _int(1), 33554432, _P, "Bytes of unsent records before send_nowait refuses / enqueue waits."
+    ),
+    "max.block.ms": Setting(
+        _int(0), 60000, _P, "How long a send may wait for metadata or buffer space."
+    ),
     # consumer
     "fetch.min.bytes": Setting(_int(0, _INT32_MAX), 1, _C, "Bytes a fetch waits for (long poll)."),
-    "fetch.max.wait.ms": Setting(_int(0, _INT32_MAX), 500, _C, "Longest a fetch waits for fetch.min.bytes."),
+    "fetch.max.wait.ms": Setting(
+        _int(0, _INT32_MAX), 500, _C, "Longest a fetch waits for fetch.min.bytes."
+    ),
     "fetch.max.bytes": Setting(_int(0, _INT32_MAX), 52428800, _C, "Bytes per fetch response."),
-    "max.partition.fetch.bytes": Setting(_int(0, _INT32_MAX), 1048576, _C, "Bytes per partition in a fetch response."),
+    "max.partition.fetch.bytes": Setting(
+        _int(0, _INT32_MAX), 1048576, _C, "Bytes per partition in a fetch response."
+    ),
     "max.poll.records": Setting(_int(1), 500, _C, "Records returned by one poll()."),
-    "auto.offset.reset": Setting(_choice("latest", "earliest", "none"), "latest", _C, "Where to start without a valid position."),
+    "auto.offset.reset": Setting(
+        _choice("latest", "earliest", "none"),
+        "latest",
+        _C,
+        "Where to start without a valid position.",
+    ),
 }
 
 

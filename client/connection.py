@@ -56,7 +56,9 @@ class _Pending:
 class BrokerConnection:
     """Use :meth:`open`; the reader runs in the nursery given there."""
 
-    def __init__(self, stream: trio.SocketStream, host: str, port: int, client_id: str | None) -> None:
+    def __init__(
+        self, stream: trio.SocketStream, host: str, port: int, client_id: str | None
+    ) -> None:
         self.host = host
         self.port = port
         self.client_id = client_id

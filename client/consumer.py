@@ -134,12 +134,16 @@ class Consumer:
 
     # --- offsets lookups -------------------------------------------------------------------
 
-    async def list_offsets(self, timestamps: Mapping[tuple[str, int], int]) -> dict[TopicPartition, OffsetAndTimestamp]:
+    async def list_offsets(
+        self, timestamps: Mapping[tuple[str, int], int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp]:
         """``{tp: timestamp}`` (-2 earliest, -1 latest) -> ``{tp: (offset, timestamp)}``."""
         wanted = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
         return await list_offsets(self._open(), wanted, backoff=self._backoff)
 
-    async def beginning_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[TopicPartition, int]:
+    async def beginning_offsets(
+        self, partitions: Iterable[tuple[str, int]]
+    ) -> dict[TopicPartition, int]:
         found = await self.list_offsets({tp: EARLIEST_TIMESTAMP for tp in partitions})
         return {tp: r.offset for tp, r in found.items()}
 
@@ -169,7 +173,9 @@ class Consumer:
 
     # --- polling -----------------------------------------------------------------------------
 
-    async def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
+    async def poll(
+        self, timeout_ms: int = 1000, max_records: int | None = None
+    ) -> list[ConsumerRecord]:
         """Records after each partition's position: at most ``max.poll.records``, possibly none.
 
         Returns as soon as any record is there, or after ``timeout_ms`` with an empty list.
@@ -223,6 +229,9 @@ class Consumer:
         data.set()
 
     def _start_fetches(self) -> None:
+        nursery = self._background.nursery
+        if nursery is None:
+            return  # closing: a fetch that finished as close() began must not start another
         by_node: dict[int, list[PartitionState]] = defaultdict(list)
         cluster = self._cluster
         missing = False
@@ -233,7 +242,6 @@ class Consumer:
                     missing = True
                 elif leader not in self._fetching_nodes:
                     by_node[leader].append(st)
-        nursery = self._background.nursery
         for node, states in by_node.items():
             self._fetching_nodes.add(node)
             for st in states:
@@ -244,7 +252,9 @@ class Consumer:
         if missing or cluster.stale:
             self._refresh_metadata_soon()
 
-    async def _fetch(self, node: int, sent: list[tuple[PartitionState, int, int]], body: dict) -> None:
+    async def _fetch(
+        self, node: int, sent: list[tuple[PartitionState, int, int]], body: dict
+    ) -> None:
         timeout = (self.config["request.timeout.ms"] + self.config["fetch.max.wait.ms"]) / 1000
         try:
             response = await self._cluster.request(node, ApiKey.FETCH, body, timeout=timeout)
@@ -263,7 +273,9 @@ class Consumer:
         self._start_fetches()
 
     def _apply(self, response: dict, sent: list[tuple[PartitionState, int, int]]) -> None:
-        results = {(t["name"], p["partition"]): p for t in response["topics"] for p in t["partitions"]}
+        results = {
+            (t["name"], p["partition"]): p for t in response["topics"] for p in t["partitions"]
+        }
         limit = self.config["fetch.max.bytes"]
         for st, epoch, offset in sent:
             result = results.get(st.tp)
@@ -276,10 +288,12 @@ class Consumer:
                     st.seek(None, strategy)
                 else:
                     st.fetch_offset = None  # stop fetching until the user seeks
-                    self._errors.append(OffsetOutOfRange(
-                        f"offset {offset} is out of range for {st.tp.topic}-{st.tp.partition}"
-                        " and auto.offset.reset is none: seek() to a valid offset"
-                    ))
+                    self._errors.append(
+                        OffsetOutOfRange(
+                            f"offset {offset} is out of range for {st.tp.topic}-{st.tp.partition}"
+                            " and auto.offset.reset is none: seek() to a valid offset"
+                        )
+                    )
             if outcome.needs_metadata:
                 self._refresh_metadata_soon()
             if outcome.error is not None:

@@ -73,7 +73,11 @@ def fetch_body(states: list[PartitionState], config: dict[str, Any]) -> dict:
     by_topic: dict[str, list[dict]] = {}
     for st in states:
         by_topic.setdefault(st.tp.topic, []).append(
-            {"partition": st.tp.partition, "fetch_offset": st.fetch_offset, "partition_max_bytes": st.max_bytes}
+            {
+                "partition": st.tp.partition,
+                "fetch_offset": st.fetch_offset,
+                "partition_max_bytes": st.max_bytes,
+            }
         )
     return {
         "max_wait_ms": config["fetch.max.wait.ms"],
@@ -83,10 +87,14 @@ def fetch_body(states: list[PartitionState], config: dict[str, Any]) -> dict:
     }
 
 
-def to_consumer_records(topic: str, partition: int, buf: bytes, min_offset: int) -> list[ConsumerRecord]:
+def to_consumer_records(
+    topic: str, partition: int, buf: bytes, min_offset: int
+) -> list[ConsumerRecord]:
     """Decode a fetched buffer into ConsumerRecords (the consumer's only per-record work)."""
     return [
-        _new_tuple(ConsumerRecord, (topic, partition, r.offset, r.timestamp, r.key, r.value, r.headers))
+        _new_tuple(
+            ConsumerRecord, (topic, partition, r.offset, r.timestamp, r.key, r.value, r.headers)
+        )
         for r in read_records(buf, min_offset=min_offset)
     ]
 

@@ -18,7 +18,13 @@ from protocol.errors import KafkaError, LeaderNotAvailable, error_class
 from .cluster import Cluster
 from .records import TopicPartition
 
-__all__ = ["EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "OffsetAndTimestamp", "list_offsets", "refine_by_time"]
+__all__ = [
+    "EARLIEST_TIMESTAMP",
+    "LATEST_TIMESTAMP",
+    "OffsetAndTimestamp",
+    "list_offsets",
+    "refine_by_time",
+]
 
 
 class OffsetAndTimestamp(NamedTuple):
@@ -88,7 +94,9 @@ async def _ask(
             if tp not in todo:
                 continue
             if p["error_code"]:
-                exc = error_class(p["error_code"])(p.get("error_message") or f"{tp.topic}-{tp.partition}")
+                exc = error_class(p["error_code"])(
+                    p.get("error_message") or f"{tp.topic}-{tp.partition}"
+                )
                 if not exc.retriable:
                     raise exc
                 error = exc
@@ -112,9 +120,18 @@ async def refine_by_time(
     body = {
         "max_wait_ms": 0,
         "min_bytes": 0,
-        "topics": [{"name": tp.topic, "partitions": [
-            {"partition": tp.partition, "fetch_offset": found.offset, "partition_max_bytes": max_bytes}
-        ]}],
+        "topics": [
+            {
+                "name": tp.topic,
+                "partitions": [
+                    {
+                        "partition": tp.partition,
+                        "fetch_offset": found.offset,
+                        "partition_max_bytes": max_bytes,
+                    }
+                ],
+            }
+        ],
     }
     try:
         response = await cluster.request(leader, ApiKey.FETCH, body)

@@ -171,7 +171,13 @@ class Producer:
         return self._append(topic, value, key, partition, headers, timestamp)[0]
 
     def _append(
-        self, topic: str, value: Any, key: Any, partition: int | None, headers: Any, timestamp: int | None
+        self,
+        topic: str,
+        value: Any,
+        key: Any,
+        partition: int | None,
+        headers: Any,
+        timestamp: int | None,
     ) -> tuple[DeliveryHandle, bool]:
         if type(value) is not bytes:
             value = to_bytes(value, "value")
@@ -198,14 +204,21 @@ class Producer:
         if partition is None:
             partition = self._partitioner.partition(topic, key, count, nbytes)
         elif not 0 <= partition < count:
-            return DeliveryHandle(self._sender.fail_invalid_partition(topic, partition, count), 0), False
+            return DeliveryHandle(
+                self._sender.fail_invalid_partition(topic, partition, count), 0
+            ), False
         batch, index, created = self._acc.append(topic, partition, record, nbytes)
         if created:
             self._sender.wake()
         return DeliveryHandle(batch, index), created
 
     def _place(
-        self, topic: str, partition: int | None, count: int, record: tuple, nbytes: int,
+        self,
+        topic: str,
+        partition: int | None,
+        count: int,
+        record: tuple,
+        nbytes: int,
         handle: DeliveryHandle,
     ) -> None:
         """Put a parked record into its batch once the topic's partition count is known."""

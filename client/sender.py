@@ -33,7 +33,9 @@ def now_ms() -> float:
 
 
 class Sender:
-    def __init__(self, config: dict[str, Any], cluster: Cluster, accumulator: RecordAccumulator) -> None:
+    def __init__(
+        self, config: dict[str, Any], cluster: Cluster, accumulator: RecordAccumulator
+    ) -> None:
         self.cluster = cluster
         self.acc = accumulator
         self.acks: int = config["acks"]
@@ -134,7 +136,10 @@ class Sender:
         try:
             # A little longer than the broker's own timeout, so its REQUEST_TIMED_OUT wins.
             response = await self.cluster.request(
-                node, ApiKey.PRODUCE, body, timeout=self.request_timeout_ms / 1000 + 1.0,
+                node,
+                ApiKey.PRODUCE,
+                body,
+                timeout=self.request_timeout_ms / 1000 + 1.0,
                 expect_response=self.acks != 0,
             )
         except Exception as exc:
@@ -152,11 +157,15 @@ class Sender:
             for batch in batches:
                 self._complete(batch, -1)
             return
-        results = {(t["name"], p["partition"]): p for t in response["topics"] for p in t["partitions"]}
+        results = {
+            (t["name"], p["partition"]): p for t in response["topics"] for p in t["partitions"]
+        }
         for batch in batches:
             result = results.get((batch.topic, batch.partition))
             if result is None:
-                self._retry_or_fail(batch, NetworkException("the produce response left out this partition"))
+                self._retry_or_fail(
+                    batch, NetworkException("the produce response left out this partition")
+                )
             elif result["error_code"]:
                 error = error_class(result["error_code"])(result.get("error_message") or "")
                 self._retry_or_fail(batch, error)
@@ -166,7 +175,11 @@ class Sender:
     def _retry_or_fail(self, batch: ProducerBatch, error: BaseException) -> None:
         now = now_ms()
         retriable = isinstance(error, KafkaError) and error.retriable
-        if retriable and batch.attempts <= self.retries and now + self.backoff_ms < batch.deadline_ms:
+        if (
+            retriable
+            and batch.attempts <= self.retries
+            and now + self.backoff_ms < batch.deadline_ms
+        ):
             self._metadata_needed = True
             self.acc.reenqueue(batch, now + self.backoff_ms)
         else:
@@ -249,5 +262,9 @@ class Sender:
     def fail_invalid_partition(self, topic: str, partition: int, count: int) -> ProducerBatch:
         """A finished, failed batch for a record aimed at a partition that does not exist."""
         batch = ProducerBatch(topic, partition, now_ms(), now_ms())
-        batch.fail(UnknownTopicOrPartition(f"topic '{topic}' has {count} partitions, no partition {partition}"))
+        batch.fail(
+            UnknownTopicOrPartition(
+                f"topic '{topic}' has {count} partitions, no partition {partition}"
+            )
+        )
         return batch

@@ -69,7 +69,9 @@ class _LoopThread:
     def call_sync(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self.client is None or not self._thread.is_alive():
             raise RuntimeError("this client is closed")
-        return trio.from_thread.run_sync(functools.partial(fn, *args, **kwargs), trio_token=self._token)
+        return trio.from_thread.run_sync(
+            functools.partial(fn, *args, **kwargs), trio_token=self._token
+        )
 
     def close(self) -> None:
         """Leave the client's ``async with`` (a producer flushes) and end the thread."""
@@ -129,15 +131,33 @@ class SyncProducer(_SyncBase):
         producer = Producer(bootstrap, config, **settings)  # validate settings in this thread
         self._loop = _LoopThread(lambda: producer, "minibroker-producer")
 
-    def send(self, topic: str, value: Any = None, key: Any = None, partition: int | None = None,
-             headers: Any = None, timestamp: int | None = None) -> RecordMetadata:
+    def send(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int | None = None,
+        headers: Any = None,
+        timestamp: int | None = None,
+    ) -> RecordMetadata:
         """Send and block until acknowledged."""
-        return self._loop.call(self._loop.client.send, topic, value, key, partition, headers, timestamp)
+        return self._loop.call(
+            self._loop.client.send, topic, value, key, partition, headers, timestamp
+        )
 
-    def send_nowait(self, topic: str, value: Any = None, key: Any = None, partition: int | None = None,
-                    headers: Any = None, timestamp: int | None = None) -> SyncDeliveryHandle:
+    def send_nowait(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int | None = None,
+        headers: Any = None,
+        timestamp: int | None = None,
+    ) -> SyncDeliveryHandle:
         """Queue a record (waits only for metadata or buffer space) and return its handle."""
-        handle = self._loop.call(self._loop.client.enqueue, topic, value, key, partition, headers, timestamp)
+        handle = self._loop.call(
+            self._loop.client.enqueue, topic, value, key, partition, headers, timestamp
+        )
         return SyncDeliveryHandle(self._loop, handle)
 
     def send_many(self, topic: str, records: Iterable[Any]) -> list[SyncDeliveryHandle]:
@@ -194,7 +214,9 @@ class SyncConsumer(_SyncBase):
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
         return self._loop.call(self._loop.client.poll, timeout_ms, max_records)
 
-    def list_offsets(self, timestamps: Mapping[tuple[str, int], int]) -> dict[TopicPartition, OffsetAndTimestamp]:
+    def list_offsets(
+        self, timestamps: Mapping[tuple[str, int], int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp]:
         return self._loop.call(self._loop.client.list_offsets, timestamps)
 
     def beginning_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[TopicPartition, int]:
@@ -226,7 +248,9 @@ class SyncAdmin(_SyncBase):
         return self._loop.call(self._loop.client.list_topics)
 
     def describe_topics(self, names: Iterable[str] | None = None) -> dict[str, TopicDescription]:
-        return self._loop.call(self._loop.client.describe_topics, None if names is None else list(names))
+        return self._loop.call(
+            self._loop.client.describe_topics, None if names is None else list(names)
+        )
 
     def describe_cluster(self) -> Any:
         return self._loop.call(self._loop.client.describe_cluster)

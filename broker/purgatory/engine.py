@@ -21,7 +21,7 @@ class TimerEngine:
         self.counter = [0]
         self.queue: list[tuple[int, Bucket]] = []
         self.wheel = TimingWheel(tick_ms, wheel_size, start_ms, self.counter, self.queue)
-        self._cache_exp = -1
+        self._cache_exp = None  # matches no deadline (they may be negative)
         self._cache_bucket: Bucket | None = None
 
     @property
@@ -67,7 +67,7 @@ class TimerEngine:
         while queue and queue[0][0] <= now_ms:
             exp, bucket = heappop(queue)
             # The wheel moves: cached bucket may start a new rotation, so forget it.
-            self._cache_exp = -1
+            self._cache_exp = None  # matches no deadline (they may be negative)
             wheel.advance_clock(exp)
             if bucket.whole:
                 # Every task in a due finest-level bucket is due: unlink and hand out the
@@ -101,7 +101,7 @@ class TimerEngine:
         due_before = wheel.current_ms + tick
         level0_before = wheel.current_ms + wheel.interval
         queue = self.queue
-        cache_exp = -1
+        cache_exp = None
         target = bucket  # never used before cache_exp is set
         node = bucket._next
         bucket._prev = bucket._next = bucket
@@ -140,6 +140,6 @@ class TimerEngine:
             target._prev = task
             task._bucket = target
         self.counter[0] += moved
-        if cache_exp != -1:
+        if cache_exp is not None:
             self._cache_exp = cache_exp
             self._cache_bucket = target

@@ -6,18 +6,17 @@ import itertools
 
 from .bucket import TimerTask
 
-# The one-shot claim: each op gets a one-byte copy, and ``pop()`` on it is a single C call,
-# hence atomic under the GIL. A bytearray is not tracked by the cyclic GC (an iterator, a
-# list or a lock would be): one tracked allocation per op instead of two halves the young
-# collections a high request rate causes.
-_CLAIM = bytearray(b"\x01")
-_new_claim = _CLAIM.copy
+# The one-shot claim: each op gets an iterator over range(1, 2); ``next(it, 0)`` is a single
+# C call, hence atomic under the GIL: it returns 1 once, then 0. A range iterator, unlike a
+# tuple iterator, a list or a lock, is not tracked by the cyclic GC: one tracked allocation
+# per op instead of two halves the young collections a high request rate causes.
+_CLAIM = range(1, 2)
 
 
 class DelayedOperation(TimerTask):
     """Subclasses supply ``try_complete``, ``on_complete`` and ``on_expiration``.
 
-    Completion is a one-shot claim (``_claim.pop()``, one C call, atomic under the GIL), so
+    Completion is a one-shot claim (``next(_claim, 0)``, one C call, atomic under the GIL), so
     whatever races (a trigger, the expiry path, a completer thread) exactly one caller
     wins, without a lock per operation. ``Purgatory.expire_batch`` makes the same claim
     inline, so ``force_complete`` is not a hook: override the three methods below.
@@ -32,7 +31,7 @@ class DelayedOperation(TimerTask):
         self.expiration_ms = -1
         self._bucket = self._timer = self._sink = self._owner = None
         self._done = self._completed = False
-        self._claim = _new_claim()
+        self._claim = iter(_CLAIM)
         # _owner: the Purgatory watching it, which counts its completion.
 
     # --- subclass hooks ---------------------------------------------------------------
@@ -52,9 +51,7 @@ class DelayedOperation(TimerTask):
 
     def force_complete(self) -> bool:
         """Complete now; True only for the one caller that did it. Safe from any thread."""
-        try:
-            self._claim.pop()
-        except IndexError:
+        if not next(self._claim, 0):
             return False  # someone else completed it (or is completing it)
         self._completed = self._done = True
         timer = self._timer

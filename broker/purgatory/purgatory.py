@@ -176,9 +176,7 @@ class Purgatory:
         expired = 0
         try:
             for op in batch:
-                try:
-                    op._claim.pop()  # the one-shot claim (DelayedOperation.force_complete)
-                except IndexError:
+                if not next(op._claim, 0):  # the claim, as in force_complete
                     continue  # a trigger got there first
                 op._completed = op._done = True
                 timer = op._timer

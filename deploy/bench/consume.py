@@ -21,17 +21,32 @@ from protocol.errors import KafkaError
 
 from .produce import bootstrap_of, percentile
 
-BENCH_DEFAULTS: dict[str, object] = {}  # Kafka's defaults (500 records per poll, 1 MiB per partition) do well
+BENCH_DEFAULTS: dict[
+    str, object
+] = {}  # Kafka's defaults (500 records per poll, 1 MiB per partition) do well
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--records", type=int, default=1_000_000, help="records to read (default 1000000)")
+    p.add_argument(
+        "--records", type=int, default=1_000_000, help="records to read (default 1000000)"
+    )
     p.add_argument("--topic", default="bench", help="topic to read (default bench)")
-    p.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
-                   help="a broker (default: $MINIBROKER_BOOTSTRAP or 127.0.0.1:9092)")
-    p.add_argument("--property", action="append", default=[], metavar="KEY=VALUE",
-                   help=f"consumer setting by Kafka name (bench defaults: {BENCH_DEFAULTS})")
-    p.add_argument("--timeout-ms", type=int, default=10000, help="give up after this long without records")
+    p.add_argument(
+        "--bootstrap",
+        default=None,
+        metavar="HOST:PORT",
+        help="a broker (default: $MINIBROKER_BOOTSTRAP or 127.0.0.1:9092)",
+    )
+    p.add_argument(
+        "--property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"consumer setting by Kafka name (bench defaults: {BENCH_DEFAULTS})",
+    )
+    p.add_argument(
+        "--timeout-ms", type=int, default=10000, help="give up after this long without records"
+    )
 
 
 async def consume(args: argparse.Namespace) -> dict[str, Any]:
@@ -40,7 +55,9 @@ async def consume(args: argparse.Namespace) -> dict[str, Any]:
     async with Consumer(bootstrap, settings) as consumer:
         count = await consumer.partitions_for(args.topic)
         if count is None:
-            raise ValueError(f"topic '{args.topic}' does not exist: fill it with 'minibroker bench produce'")
+            raise ValueError(
+                f"topic '{args.topic}' does not exist: fill it with 'minibroker bench produce'"
+            )
         parts = [(args.topic, p) for p in range(count)]
         ends = await consumer.end_offsets(parts)
         starts = await consumer.beginning_offsets(parts)
@@ -57,7 +74,9 @@ async def consume(args: argparse.Namespace) -> dict[str, Any]:
         start = time.monotonic()
         while seen < args.records:
             t = time.monotonic()
-            records = await consumer.poll(timeout_ms=args.timeout_ms, max_records=args.records - seen)
+            records = await consumer.poll(
+                timeout_ms=args.timeout_ms, max_records=args.records - seen
+            )
             polls.append(time.monotonic() - t)
             if not records:
                 raise ValueError(f"no records for {args.timeout_ms} ms after {seen} records")

@@ -28,17 +28,36 @@ BENCH_DEFAULTS = {"batch.size": 262144, "linger.ms": 5, "buffer.memory": 2097152
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--records", type=int, default=1_000_000, help="records to send (default 1000000)")
-    p.add_argument("--record-size", type=int, default=100, help="value bytes per record (default 100)")
+    p.add_argument(
+        "--records", type=int, default=1_000_000, help="records to send (default 1000000)"
+    )
+    p.add_argument(
+        "--record-size", type=int, default=100, help="value bytes per record (default 100)"
+    )
     p.add_argument("--acks", default="1", choices=["all", "-1", "0", "1"], help="acks (default 1)")
-    p.add_argument("--throughput", type=float, default=-1,
-                   help="target records/s; -1 for as fast as possible (default)")
+    p.add_argument(
+        "--throughput",
+        type=float,
+        default=-1,
+        help="target records/s; -1 for as fast as possible (default)",
+    )
     p.add_argument("--topic", default="bench", help="topic; created with --partitions if missing")
-    p.add_argument("--partitions", type=int, default=1, help="partitions when creating the topic (default 1)")
-    p.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
-                   help="a broker (default: $MINIBROKER_BOOTSTRAP or 127.0.0.1:9092)")
-    p.add_argument("--property", action="append", default=[], metavar="KEY=VALUE",
-                   help=f"producer setting by Kafka name (bench defaults: {BENCH_DEFAULTS})")
+    p.add_argument(
+        "--partitions", type=int, default=1, help="partitions when creating the topic (default 1)"
+    )
+    p.add_argument(
+        "--bootstrap",
+        default=None,
+        metavar="HOST:PORT",
+        help="a broker (default: $MINIBROKER_BOOTSTRAP or 127.0.0.1:9092)",
+    )
+    p.add_argument(
+        "--property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"producer setting by Kafka name (bench defaults: {BENCH_DEFAULTS})",
+    )
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -101,8 +120,14 @@ async def produce(args: argparse.Namespace) -> dict[str, Any]:
         "latency_ms_p50": round(percentile(ordered, 0.50) * 1000, 2),
         "latency_ms_p99": round(percentile(ordered, 0.99) * 1000, 2),
         "latency_ms_max": round((ordered[-1] if ordered else 0.0) * 1000, 2),
-        "params": {"record_size": args.record_size, "acks": args.acks, "throughput": args.throughput,
-                   "topic": args.topic, "bootstrap": bootstrap, "settings": settings},
+        "params": {
+            "record_size": args.record_size,
+            "acks": args.acks,
+            "throughput": args.throughput,
+            "topic": args.topic,
+            "bootstrap": bootstrap,
+            "settings": settings,
+        },
     }
 
 

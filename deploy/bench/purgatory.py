@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from array import array
+from bisect import bisect_right
 from collections import deque
 
 from broker.purgatory import DelayedOperation, Purgatory, SystemTimer
@@ -137,9 +138,8 @@ class BenchOp(DelayedOperation):
     __slots__ = ("calls", "due", "scope")
 
     def __init__(self, delay_ms: int) -> None:
-        super().__init__(delay_ms)
-        self.calls = 0
-        self.scope = None  # trio-tasks only
+        DelayedOperation.__init__(self, delay_ms)  # no super() object per op
+        self.calls = 0  # scope is set by the trio-tasks driver only
 
     def try_complete(self) -> bool:
         return False
@@ -344,11 +344,14 @@ def _drive_threads(impl, work: Workload, timeout: int) -> float:
     """The owner loop: submit arrivals on schedule, run handed-over expiry, then drain."""
     completer = Completer()
     completer.thread.start()
-    cinbox = completer.inbox
+    cinbox = completer.inbox.append
     submit = impl.submit
     owner_work = impl.run_owner_work
-    arrivals, latencies = work.arrivals, work.latencies
-    key_index, key_pool = work.key_index, work.key_pool
+    arrivals = work.arrivals
+    # Set-up, before the clock starts: each request's key triple, and its completion
+    # offset in whole ms (-1: it is left to time out).
+    keys = [work.key_pool[j] for j in work.key_index]
+    due_in = array("i", (int(x) if x < timeout else -1 for x in work.latencies))
     n = len(arrivals)
     perf = time.perf_counter
     sleep = time.sleep
@@ -357,15 +360,16 @@ def _drive_threads(impl, work: Workload, timeout: int) -> float:
     while i < n:
         now = perf() - t0
         now_ms = _now_ns() // 1_000_000
-        end = min(n, i + 128)  # re-read the clock and run owner work every 128 requests
-        while i < end and arrivals[i] <= now:
+        # Everything due by now, at most 128: re-read the clock and run owner work often.
+        end = bisect_right(arrivals, now, i, min(n, i + 128))
+        for k in range(i, end):
             op = BenchOp(timeout)
-            submit(op, key_pool[key_index[i]])
-            latency = latencies[i]
-            if latency < timeout and not op._completed:
-                op.due = now_ms + int(latency)
-                cinbox.append(op)
-            i += 1
+            submit(op, keys[k])
+            d = due_in[k]
+            if d >= 0 and not op._completed:
+                op.due = now_ms + d
+                cinbox(op)
+        i = end
         owner_work()
         if i < n:
             # Ahead of schedule: sleep (and let the timer and completer run) rather than
@@ -445,6 +449,7 @@ def _drive_trio(work: Workload, timeout: int, purge_interval: int) -> float:
                 end = min(n, i + 128)
                 while i < end and arrivals[i] <= now:
                     op = BenchOp(timeout)
+                    op.scope = None
                     for key in key_pool[key_index[i]]:
                         lst = watchers.get(key)
                         if lst is None:

@@ -21,8 +21,13 @@ def cli(*args: str, stdin: str = "", timeout: float = 60) -> subprocess.Complete
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MINIBROKER_BOOTSTRAP", None)
     return subprocess.run(
-        [sys.executable, "-m", "deploy.client_cli", *args], input=stdin, capture_output=True,
-        text=True, timeout=timeout, env=env, cwd=ROOT,
+        [sys.executable, "-m", "deploy.client_cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
     )
 
 
@@ -35,8 +40,17 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
 
 
 def test_topics_create_list_describe(broker):
-    created = cli("topics", "create", "clitopic", "--partitions", "3", "--replication-factor", "1",
-                  "--bootstrap", broker)
+    created = cli(
+        "topics",
+        "create",
+        "clitopic",
+        "--partitions",
+        "3",
+        "--replication-factor",
+        "1",
+        "--bootstrap",
+        broker,
+    )
     assert created.returncode == 0, created.stderr
     assert "clitopic" in cli("topics", "list", "--bootstrap", broker).stdout.split()
     described = cli("topics", "describe", "clitopic", "--bootstrap", broker)
@@ -48,21 +62,55 @@ def test_topics_create_list_describe(broker):
 
 
 def test_produce_then_consume_with_keys_and_options(broker):
-    assert cli("topics", "create", "lines", "--partitions", "1", "--bootstrap", broker).returncode == 0
-    produced = cli("produce", "lines", "--key-separator", ":", "--acks", "all", "--bootstrap", broker,
-                   stdin="k1:one\nk2:two\nthree\nk4:four\n")
+    assert (
+        cli("topics", "create", "lines", "--partitions", "1", "--bootstrap", broker).returncode == 0
+    )
+    produced = cli(
+        "produce",
+        "lines",
+        "--key-separator",
+        ":",
+        "--acks",
+        "all",
+        "--bootstrap",
+        broker,
+        stdin="k1:one\nk2:two\nthree\nk4:four\n",
+    )
     assert produced.returncode == 0, produced.stderr
 
-    everything = cli("consume", "lines", "--from-beginning", "--timeout-ms", "1500", "--bootstrap", broker)
+    everything = cli(
+        "consume", "lines", "--from-beginning", "--timeout-ms", "1500", "--bootstrap", broker
+    )
     assert everything.stdout.splitlines() == ["one", "two", "three", "four"]
     assert "Processed a total of 4 messages" in everything.stderr
 
-    keyed = cli("consume", "lines", "--from-beginning", "--print-key", "--max-messages", "2",
-                "--bootstrap", broker)
+    keyed = cli(
+        "consume",
+        "lines",
+        "--from-beginning",
+        "--print-key",
+        "--max-messages",
+        "2",
+        "--bootstrap",
+        broker,
+    )
     assert keyed.stdout.splitlines() == ["k1\tone", "k2\ttwo"]
 
-    offset = cli("consume", "lines", "--partition", "0", "--offset", "2", "--timeout-ms", "1500",
-                 "--print-key", "--key-separator", "=", "--bootstrap", broker)
+    offset = cli(
+        "consume",
+        "lines",
+        "--partition",
+        "0",
+        "--offset",
+        "2",
+        "--timeout-ms",
+        "1500",
+        "--print-key",
+        "--key-separator",
+        "=",
+        "--bootstrap",
+        broker,
+    )
     assert offset.stdout.splitlines() == ["null=three", "k4=four"]
 
     latest = cli("consume", "lines", "--timeout-ms", "500", "--bootstrap", broker)
@@ -71,8 +119,12 @@ def test_produce_then_consume_with_keys_and_options(broker):
 
 def test_bootstrap_from_environment(broker):
     env_result = subprocess.run(
-        [sys.executable, "-m", "deploy.client_cli", "topics", "list"], capture_output=True, text=True,
-        timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "MINIBROKER_BOOTSTRAP": broker},
+        [sys.executable, "-m", "deploy.client_cli", "topics", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "MINIBROKER_BOOTSTRAP": broker},
     )
     assert env_result.returncode == 0, env_result.stderr
 
@@ -90,11 +142,21 @@ async def test_failed_produce_names_the_error_and_the_undelivered_count(cluster_
     from .test_client import paused_follower_topic
 
     _, leader = await paused_follower_topic(cluster_factory, "stallcli")
-    result = await trio.to_thread.run_sync(lambda: cli(
-        "produce", "stallcli", "--acks", "all", "--bootstrap", leader,
-        "--property", "request.timeout.ms=500", "--property", "delivery.timeout.ms=1500",
-        stdin="a\nb\nc\n",
-    ))
+    result = await trio.to_thread.run_sync(
+        lambda: cli(
+            "produce",
+            "stallcli",
+            "--acks",
+            "all",
+            "--bootstrap",
+            leader,
+            "--property",
+            "request.timeout.ms=500",
+            "--property",
+            "delivery.timeout.ms=1500",
+            stdin="a\nb\nc\n",
+        )
+    )
     assert result.returncode != 0
     line = one_error_line(result)
     assert "3 of 3 record(s) were not delivered" in line

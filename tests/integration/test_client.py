@@ -32,7 +32,9 @@ pytestmark = pytest.mark.integration
 EARLIEST = {"auto.offset.reset": "earliest"}
 
 
-async def create(bootstrap: str, name: str, partitions: int = 1, configs: dict | None = None) -> None:
+async def create(
+    bootstrap: str, name: str, partitions: int = 1, configs: dict | None = None
+) -> None:
     async with Admin(bootstrap) as admin:
         await admin.create_topics([NewTopic(name, partitions, 1, configs or {})])
 
@@ -50,9 +52,18 @@ async def consume_all(bootstrap: str, parts: list[tuple[str, int]], count: int, 
 async def test_round_trip_keeps_keys_headers_and_timestamps(broker):
     await create(broker, "rt", 3)
     async with Producer(broker, acks="all") as producer:
-        meta = await producer.send("rt", b"v1", key=b"user-1", headers={"trace": b"abc", "n": None},
-                                   timestamp=1_700_000_000_123)
-        assert meta.topic == "rt" and meta.partition == key_partition(b"user-1", 3) and meta.offset == 0
+        meta = await producer.send(
+            "rt",
+            b"v1",
+            key=b"user-1",
+            headers={"trace": b"abc", "n": None},
+            timestamp=1_700_000_000_123,
+        )
+        assert (
+            meta.topic == "rt"
+            and meta.partition == key_partition(b"user-1", 3)
+            and meta.offset == 0
+        )
         meta2 = await producer.send("rt", "text value", key="user-1")
         assert (meta2.partition, meta2.offset) == (meta.partition, 1)
     (first, second) = await consume_all(broker, [("rt", meta.partition)], 2)
@@ -67,7 +78,10 @@ async def test_many_records_over_many_partitions_arrive_in_order(broker):
     await create(broker, "wide", 8)
     n = 5000
     async with Producer(broker, acks=1, **{"linger.ms": 2}) as producer:
-        handles = [producer.send_nowait("wide", str(i).encode(), key=str(i % 50).encode()) for i in range(n)]
+        handles = [
+            producer.send_nowait("wide", str(i).encode(), key=str(i % 50).encode())
+            for i in range(n)
+        ]
         await producer.flush()
         metas = [h.result() for h in handles]
     assert {m.partition for m in metas} == set(range(8))
@@ -175,7 +189,9 @@ async def test_poll_without_data_returns_empty_after_its_timeout(broker):
 
 async def test_unreachable_broker_is_a_clear_error():
     port = free_port()
-    with pytest.raises(BrokerNotAvailable, match=f"cannot connect to 127.0.0.1:{port}: connection refused"):
+    with pytest.raises(
+        BrokerNotAvailable, match=f"cannot connect to 127.0.0.1:{port}: connection refused"
+    ):
         async with Producer(f"127.0.0.1:{port}"):
             pass
 
@@ -202,7 +218,12 @@ async def paused_follower_topic(cluster_factory, name: str):
 
 async def test_acks_all_times_out_when_the_follower_stalls(cluster_factory):
     _, leader = await paused_follower_topic(cluster_factory, "stall")
-    settings = {"acks": "all", "request.timeout.ms": 500, "delivery.timeout.ms": 1500, "linger.ms": 0}
+    settings = {
+        "acks": "all",
+        "request.timeout.ms": 500,
+        "delivery.timeout.ms": 1500,
+        "linger.ms": 0,
+    }
     async with Producer(leader, settings) as producer:
         with pytest.raises(RequestTimedOut):
             await producer.send("stall", b"x")
@@ -232,8 +253,9 @@ def test_sync_facade_round_trip(broker):
         admin.create_topics([NewTopic("sync", 2, 1)])
     with SyncProducer(broker, acks=1) as producer:
         first = producer.send("sync", b"one", partition=0)
-        handles = producer.send_many("sync", [{"value": b"two", "partition": 1},
-                                              {"value": b"three", "partition": 0}])
+        handles = producer.send_many(
+            "sync", [{"value": b"two", "partition": 1}, {"value": b"three", "partition": 0}]
+        )
         producer.flush()
         assert first.offset == 0
         assert handles[1].result(timeout=10).offset == 1
@@ -248,7 +270,9 @@ def test_sync_facade_round_trip(broker):
 
 
 async def test_producer_and_consumer_follow_a_leader_change(cluster_factory):
-    state = await cluster_factory(3, {"broker.session.timeout.ms": 1500, "broker.heartbeat.interval.ms": 200})
+    state = await cluster_factory(
+        3, {"broker.session.timeout.ms": 1500, "broker.heartbeat.interval.ms": 200}
+    )
     async with Admin(state.bootstrap) as admin:
         await admin.create_topics([NewTopic("moving", 3, 3)])
         _, controller = await admin.describe_cluster()
