@@ -22,7 +22,10 @@ BENCHMARKS = {
         "producer throughput and ack latency against a running broker",
     ),
     "consume": ("deploy.bench.consume", "consumer throughput against a running broker"),
-    "spark-read": ("deploy.bench.spark_read", "records/s read into a Spark DataFrame and written back"),
+    "spark-read": (
+        "deploy.bench.spark_read",
+        "records/s read into a Spark DataFrame and written back",
+    ),
 }
 
 

@@ -37,10 +37,19 @@ def default_bootstrap() -> str:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
-                   help=f"a broker to start from (default: $MINIBROKER_BOOTSTRAP or {DEFAULT_BOOTSTRAP})")
-    p.add_argument("--property", action="append", default=[], metavar="KEY=VALUE",
-                   help="any client setting by its Kafka name, e.g. linger.ms=5 (repeatable)")
+    p.add_argument(
+        "--bootstrap",
+        default=None,
+        metavar="HOST:PORT",
+        help=f"a broker to start from (default: $MINIBROKER_BOOTSTRAP or {DEFAULT_BOOTSTRAP})",
+    )
+    p.add_argument(
+        "--property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any client setting by its Kafka name, e.g. linger.ms=5 (repeatable)",
+    )
 
 
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
@@ -49,11 +58,25 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     tsub = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
     create = tsub.add_parser("create", help="create a topic")
     create.add_argument("topic")
-    create.add_argument("--partitions", type=int, default=-1, help="partition count (default: broker's num.partitions)")
-    create.add_argument("--replication-factor", type=int, default=-1,
-                        help="copies of each partition (default: broker's default.replication.factor)")
-    create.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
-                        help="topic setting, e.g. min.insync.replicas=2 (repeatable)")
+    create.add_argument(
+        "--partitions",
+        type=int,
+        default=-1,
+        help="partition count (default: broker's num.partitions)",
+    )
+    create.add_argument(
+        "--replication-factor",
+        type=int,
+        default=-1,
+        help="copies of each partition (default: broker's default.replication.factor)",
+    )
+    create.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="topic setting, e.g. min.insync.replicas=2 (repeatable)",
+    )
     create.set_defaults(func=_cmd(_topics_create))
     lst = tsub.add_parser("list", help="list topic names")
     lst.set_defaults(func=_cmd(_topics_list))
@@ -65,8 +88,9 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
 
     produce = subparsers.add_parser("produce", help="send stdin lines as records, one per line")
     produce.add_argument("topic")
-    produce.add_argument("--key-separator", metavar="SEP",
-                         help="split each line at the first SEP into key and value")
+    produce.add_argument(
+        "--key-separator", metavar="SEP", help="split each line at the first SEP into key and value"
+    )
     produce.add_argument("--acks", choices=["all", "-1", "0", "1"], help="acks (default all)")
     produce.add_argument("--partition", type=int, help="send every record to this partition")
     _common(produce)
@@ -81,7 +105,9 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     consume.add_argument("--max-messages", type=int, help="exit after this many records")
     consume.add_argument("--timeout-ms", type=int, help="exit when no record arrives for this long")
     consume.add_argument("--print-key", action="store_true", help="print KEY<separator>VALUE")
-    consume.add_argument("--key-separator", default="\t", metavar="SEP", help="separator for --print-key (tab)")
+    consume.add_argument(
+        "--key-separator", default="\t", metavar="SEP", help="separator for --print-key (tab)"
+    )
     _common(consume)
     consume.set_defaults(func=_cmd(_consume))
 
@@ -93,11 +119,15 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> str:
     """One line saying what went wrong and what to do."""
     if isinstance(exc, BrokerNotAvailable) and exc.message.startswith("cannot connect to "):
         where, _, reason = exc.message.removeprefix("cannot connect to ").partition(": ")
-        return (f"cannot connect to {where} ({reason}): is a broker running? "
-                "start one with 'minibroker cluster up'")
+        return (
+            f"cannot connect to {where} ({reason}): is a broker running? "
+            "start one with 'minibroker cluster up'"
+        )
     if isinstance(exc, UnknownTopicOrPartition):
         topic = getattr(args, "topic", None)
-        hint = f": create it with 'minibroker topics create {topic}'" if isinstance(topic, str) else ""
+        hint = (
+            f": create it with 'minibroker topics create {topic}'" if isinstance(topic, str) else ""
+        )
         return f"{exc}{hint}"
     if isinstance(exc, TopicAlreadyExists):
         return f"{exc}: choose another name, or 'minibroker topics describe' it"
@@ -108,7 +138,9 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _cmd(main: Callable[[argparse.Namespace], Coroutine[Any, Any, int]]) -> Callable[[argparse.Namespace], int]:
+def _cmd(
+    main: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
+) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
             return trio.run(main, args)
@@ -135,7 +167,9 @@ def _settings(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
 async def _topics_create(args: argparse.Namespace) -> int:
     configs = parse_properties(args.config)
     async with Admin(config=_settings(args)) as admin:
-        await admin.create_topics([NewTopic(args.topic, args.partitions, args.replication_factor, configs)])
+        await admin.create_topics(
+            [NewTopic(args.topic, args.partitions, args.replication_factor, configs)]
+        )
         desc = (await admin.describe_topics([args.topic]))[args.topic]
     print(f"Created topic {args.topic} with {len(desc.partitions)} partition(s).")
     return 0
@@ -156,8 +190,10 @@ async def _topics_describe(args: argparse.Namespace) -> int:
         rf = len(desc.partitions[0].replicas) if desc.partitions else 0
         print(f"Topic: {name}\tPartitionCount: {len(desc.partitions)}\tReplicationFactor: {rf}")
         for p in desc.partitions:
-            print(f"\tTopic: {name}\tPartition: {p.partition}\tLeader: {p.leader}\tEpoch: {p.leader_epoch}"
-                  f"\tReplicas: {','.join(map(str, p.replicas))}\tIsr: {','.join(map(str, p.isr))}")
+            print(
+                f"\tTopic: {name}\tPartition: {p.partition}\tLeader: {p.leader}\tEpoch: {p.leader_epoch}"
+                f"\tReplicas: {','.join(map(str, p.replicas))}\tIsr: {','.join(map(str, p.isr))}"
+            )
     return 0
 
 
@@ -203,7 +239,9 @@ class DeliveryTally:
                 continue
             error = handle.exception()
             if error is not None:
-                self.failed[getattr(getattr(error, "code", None), "name", type(error).__name__)] += 1
+                self.failed[
+                    getattr(getattr(error, "code", None), "name", type(error).__name__)
+                ] += 1
                 self.first_error = self.first_error or error
         self.pending = still
 
@@ -224,7 +262,9 @@ async def _produce(args: argparse.Namespace) -> int:
             else:
                 value = line
             try:
-                tally.add(await producer.enqueue(args.topic, value, key=key, partition=args.partition))
+                tally.add(
+                    await producer.enqueue(args.topic, value, key=key, partition=args.partition)
+                )
             except KafkaError as exc:
                 if tally.sent == 0:
                     raise  # nothing sent yet (unknown topic, ...): report it as it is
@@ -236,8 +276,11 @@ async def _produce(args: argparse.Namespace) -> int:
     if tally.failed:
         total = sum(tally.failed.values())
         codes = ", ".join(f"{code} x{n}" for code, n in tally.failed.most_common())
-        print(f"error: {total} of {tally.sent} record(s) were not delivered: {codes}"
-              f"{delivery_hint(tally.first_error, producer.config)}", file=sys.stderr)
+        print(
+            f"error: {total} of {tally.sent} record(s) were not delivered: {codes}"
+            f"{delivery_hint(tally.first_error, producer.config)}",
+            file=sys.stderr,
+        )
         return EXIT_NOT_DELIVERED
     return 0
 
@@ -247,8 +290,10 @@ def delivery_hint(error: BaseException | None, config: dict[str, Any]) -> str:
     message = getattr(error, "message", "") or ""
     detail = f"{message}; " if message else ""
     if isinstance(error, KafkaError) and error.retriable:
-        return (f" ({detail}still failing after delivery.timeout.ms={config['delivery.timeout.ms']}:"
-                " check the brokers with 'minibroker cluster status')")
+        return (
+            f" ({detail}still failing after delivery.timeout.ms={config['delivery.timeout.ms']}:"
+            " check the brokers with 'minibroker cluster status')"
+        )
     return f" ({message})" if message else ""
 
 
@@ -262,8 +307,13 @@ async def _consume(args: argparse.Namespace) -> int:
         if count is None:
             raise UnknownTopicOrPartition(f"topic '{args.topic}' does not exist")
         if args.partition is not None and not 0 <= args.partition < count:
-            raise CliError(f"topic '{args.topic}' has {count} partition(s); there is no partition {args.partition}")
-        parts = [(args.topic, p) for p in ([args.partition] if args.partition is not None else range(count))]
+            raise CliError(
+                f"topic '{args.topic}' has {count} partition(s); there is no partition {args.partition}"
+            )
+        parts = [
+            (args.topic, p)
+            for p in ([args.partition] if args.partition is not None else range(count))
+        ]
         consumer.assign(parts)
         if args.offset is not None:
             for tp in parts:
@@ -284,7 +334,9 @@ async def _print_records(consumer: Consumer, args: argparse.Namespace) -> int:
     idle_ms = args.timeout_ms if args.timeout_ms is not None else None
     while args.max_messages is None or seen < args.max_messages:
         want = None if args.max_messages is None else args.max_messages - seen
-        records = await consumer.poll(timeout_ms=idle_ms if idle_ms is not None else 60_000, max_records=want)
+        records = await consumer.poll(
+            timeout_ms=idle_ms if idle_ms is not None else 60_000, max_records=want
+        )
         if not records:
             if idle_ms is not None:
                 break
