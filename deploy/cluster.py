@@ -138,6 +138,26 @@ class ClusterState:
         self.pids[broker_id] = bp.pid
         return bp
 
+    def start_all(self) -> None:
+        """Start every broker, record their pids, and wait until each answers."""
+        for i in range(self.brokers):
+            self.start(i)
+        self.save()
+        self.wait_ready(list(range(self.brokers)))
+
+    def restart(self, broker_id: int) -> None:
+        """Stop the broker if it runs (cleanly), start it on the same data, wait for it."""
+        self.check_id(broker_id)
+        if self.process(broker_id) is not None:
+            self.stop(broker_id)
+        self.start(broker_id)
+        self.save()
+        self.wait_ready([broker_id])
+
+    def stop_all(self) -> None:
+        for i in range(self.brokers):
+            self.stop(i)
+
     def signal(self, broker_id: int, sig: signal.Signals) -> None:
         self.check_id(broker_id)
         proc = self.process(broker_id)

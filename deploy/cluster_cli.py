@@ -98,14 +98,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     state = ClusterState(data_dir, args.base_port, args.brokers, sets)
     t0 = time.monotonic()
     try:
-        for i in range(state.brokers):
-            state.start(i)
-        state.save()
-        state.wait_ready(list(range(state.brokers)))
+        state.start_all()
         first_acks_all_write(state)
     except (ClusterError, OSError) as exc:
-        for i in range(state.brokers):
-            state.stop(i)
+        state.stop_all()
         return _fail(exc)
     cold_ms = (time.monotonic() - t0) * 1000
     print(f"cluster up: {state.brokers} brokers, bootstrap {state.bootstrap}, data in {data_dir}")
@@ -179,11 +175,7 @@ def cmd_control(args: argparse.Namespace) -> int:
         elif args.op == "kill":
             state.kill(args.id)
         else:
-            if state.process(args.id) is not None:
-                state.stop(args.id)
-            state.start(args.id)
-            state.save()
-            state.wait_ready([args.id])
+            state.restart(args.id)
         state.save()
     except ClusterError as exc:
         return _fail(exc)
@@ -196,8 +188,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         state = ClusterState.load(args.data_dir)
     except ClusterError as exc:
         return _fail(exc)
-    for i in range(state.brokers):
-        state.stop(i)
+    state.stop_all()
     state.pids.clear()
     state.save()
     print(f"cluster in {args.data_dir} stopped (data kept)")

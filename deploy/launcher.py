@@ -28,6 +28,27 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_port_range(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive free ports (a cluster listens on base..base+count-1)."""
+    import random
+
+    for _ in range(100):
+        base = random.randint(20000, 60000 - count)
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise OSError(f"no run of {count} free ports on {host}")
+
+
 def ping(host: str, port: int, timeout: float = 0.5) -> bool:
     """True if a broker answers ApiVersions on host:port."""
     try:

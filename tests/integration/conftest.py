@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.launcher import BrokerProcess, free_port
+from deploy.launcher import BrokerProcess, free_port, free_port_range
 
 
 @pytest.fixture
@@ -39,28 +39,6 @@ def broker(broker_process) -> str:
     return broker_process.address
 
 
-def _free_base_port(count: int) -> int:
-    """A run of ``count`` consecutive free loopback ports."""
-    import random
-    import socket
-
-    for _ in range(100):
-        base = random.randint(20000, 60000 - count)
-        socks = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
-
-
 @pytest.fixture
 def cluster_factory(tmp_path):
     """Start a local cluster the way `minibroker cluster up` does; stopped after the test."""
@@ -72,7 +50,7 @@ def cluster_factory(tmp_path):
     async def start(brokers: int = 3, config: dict | None = None) -> ClusterState:
         state = ClusterState(
             tmp_path / f"cluster-{len(states)}",
-            _free_base_port(brokers),
+            free_port_range(brokers),
             brokers,
             {
                 k: str(v).lower() if isinstance(v, bool) else str(v)
@@ -80,14 +58,10 @@ def cluster_factory(tmp_path):
             },
         )
         states.append(state)
-        for i in range(brokers):
-            state.start(i)
-        state.save()
-        state.wait_ready(list(range(brokers)))
+        state.start_all()
         await acks_all_write(state.bootstrap, min(brokers, 3))
         return state
 
     yield start
     for state in states:
-        for i in range(state.brokers):
-            state.stop(i)
+        state.stop_all()
