@@ -18,7 +18,7 @@ import psutil
 
 from broker.metadata import write_atomic
 
-from .launcher import BrokerProcess, ping
+from .launcher import BrokerProcess, ping, port_in_use
 
 STATE_FILE = "cluster.json"
 DEFAULT_DATA_DIR = Path("minibroker-data")
@@ -132,6 +132,13 @@ class ClusterState:
         if self.process(broker_id) is not None:
             raise ClusterError(
                 f"broker {broker_id} is already running (pid {self.pids[broker_id]})"
+            )
+        if port_in_use(self.host, self.port(broker_id)):
+            # Checked up front: the readiness ping would otherwise be answered by whoever
+            # holds the port (another cluster), while our broker fails to bind and exits.
+            raise ClusterError(
+                f"port {self.port(broker_id)} for broker {broker_id} is in use (another "
+                "cluster?): stop it or choose another --base-port"
             )
         bp = self.broker_process(broker_id)
         bp.start()

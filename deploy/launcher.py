@@ -28,6 +28,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """True if something already listens on (or holds) host:port."""
+    with socket.socket() as s:
+        # As the broker's listener does: a port held only by TIME_WAIT connections is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def free_port_range(count: int, host: str = "127.0.0.1") -> int:
     """The first of ``count`` consecutive free ports (a cluster listens on base..base+count-1)."""
     import random

@@ -46,6 +46,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--partitions", type=int, default=1, help="partitions when creating the topic (default 1)"
     )
     p.add_argument(
+        "--replication-factor",
+        type=int,
+        default=-1,
+        help="replication factor when creating the topic (default: the broker's)",
+    )
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="topic setting when creating it, e.g. min.insync.replicas=2 (repeatable)",
+    )
+    p.add_argument(
         "--bootstrap",
         default=None,
         metavar="HOST:PORT",
@@ -70,16 +83,34 @@ def bootstrap_of(args: argparse.Namespace) -> str:
     return args.bootstrap or os.environ.get("MINIBROKER_BOOTSTRAP") or "127.0.0.1:9092"
 
 
-async def ensure_topic(bootstrap: str, topic: str, partitions: int) -> None:
+async def ensure_topic(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    replication_factor: int = -1,
+    configs: dict[str, str] | None = None,
+) -> None:
     async with Admin(bootstrap) as admin:
         if topic not in await admin.list_topics():
-            await admin.create_topics([NewTopic(topic, partitions)])
+            new = NewTopic(topic, partitions, replication_factor, configs or {})
+            await admin.create_topics([new])
+
+
+# The throttle sleeps only once it is this far ahead of schedule: a trio sleep per record
+# would cost more than the send itself and distort the very latency being measured.
+MIN_SLEEP_S = 0.002
 
 
 async def produce(args: argparse.Namespace) -> dict[str, Any]:
     settings = {**BENCH_DEFAULTS, "acks": args.acks, **parse_properties(args.property)}
     bootstrap = bootstrap_of(args)
-    await ensure_topic(bootstrap, args.topic, args.partitions)
+    await ensure_topic(
+        bootstrap,
+        args.topic,
+        args.partitions,
+        args.replication_factor,
+        parse_properties(args.config),
+    )
     value = os.urandom(args.record_size)
     latencies = array("d")
     failures = 0
@@ -101,8 +132,10 @@ async def produce(args: argparse.Namespace) -> dict[str, Any]:
         topic = args.topic
         start = monotonic()
         for i in range(args.records):
-            if interval and i and start + i * interval > monotonic():
-                await trio.sleep_until(trio.current_time() + (start + i * interval - monotonic()))
+            if interval:
+                ahead = start + i * interval - monotonic()
+                if ahead > MIN_SLEEP_S:
+                    await trio.sleep(ahead)
             pending.append((monotonic(), await enqueue(topic, value)))
             if not i & 0x3FF:
                 collect(False)
@@ -124,6 +157,9 @@ async def produce(args: argparse.Namespace) -> dict[str, Any]:
             "record_size": args.record_size,
             "acks": args.acks,
             "throughput": args.throughput,
+            "partitions": args.partitions,
+            "replication_factor": args.replication_factor,
+            "topic_config": args.config,
             "topic": args.topic,
             "bootstrap": bootstrap,
             "settings": settings,
