@@ -135,7 +135,7 @@ class ReplicaManager:
                 )
 
     def delete_old_segments(self) -> int:
-        return sum(p.log.delete_old_segments() for p in self.partitions.values())
+        return sum(p.log.delete_old_segments(p.high_watermark) for p in self.partitions.values())
 
     # --- purgatory triggers ---------------------------------------------------------------
 

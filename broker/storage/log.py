@@ -454,14 +454,20 @@ class Log:
                     return b.base_offset, b.max_timestamp
         return None
 
-    def delete_old_segments(self) -> int:
-        """Retention by time, then size; the active segment is never deleted."""
+    def delete_old_segments(self, high_watermark: int | None = None) -> int:
+        """Retention by time, then size; the active segment is never deleted.
+
+        As in Kafka, only segments wholly below ``high_watermark`` may go: deleting records
+        consumers cannot read yet (and a new leader might still need) would lose them.
+        """
         cfg = self.config
         now = self.now_ms()
         deleted = 0
         total = self.size_bytes
         while len(self.segments) > 1:
             oldest = self.segments[0]
+            if high_watermark is not None and self.segments[1].base_offset > high_watermark:
+                break
             newest_ts = oldest.max_timestamp if oldest.max_timestamp >= 0 else oldest.created_ms
             too_old = cfg.retention_ms >= 0 and now - newest_ts > cfg.retention_ms
             too_big = cfg.retention_bytes >= 0 and total - oldest.size >= cfg.retention_bytes

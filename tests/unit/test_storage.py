@@ -324,6 +324,16 @@ def test_retention_by_bytes(tmp_path: Path) -> None:
     assert log.delete_old_segments() == 0
 
 
+def test_retention_never_deletes_above_the_high_watermark(tmp_path: Path) -> None:
+    log, _ = _three_segments(tmp_path, Clock(), retention_bytes=0, retention_ms=-1)
+    assert log.delete_old_segments(high_watermark=3) == 0  # [0-3] holds offset 3 >= HW
+    assert log.delete_old_segments(high_watermark=4) == 1  # [0-3] wholly below the HW
+    assert log.log_start_offset == 4
+    assert log.delete_old_segments(high_watermark=7) == 0
+    assert log.delete_old_segments(high_watermark=12) == 1
+    assert log.log_start_offset == 8
+
+
 def test_retention_by_bytes_keeps_what_fits(tmp_path: Path) -> None:
     log, one = _three_segments(tmp_path, Clock(), retention_bytes=1, retention_ms=-1)
     # 6 batches; deleting the oldest segment leaves 4 batches >= 1 byte: delete; then
