@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,10 +11,8 @@ import trio
 from protocol import ApiKey
 from protocol.errors import BrokerNotAvailable, KafkaError, NotController, error_class, raise_for
 
-from .background import Background
+from .background import ClusterClient
 from .cluster import BrokerInfo, Cluster, PartitionInfo
-from .config import load_config
-from .producer import client_settings
 
 __all__ = ["Admin", "BrokerInfo", "NewTopic", "PartitionInfo", "TopicDescription"]
 
@@ -33,33 +31,10 @@ class TopicDescription:
     partitions: list[PartitionInfo]
 
 
-class Admin:
+class Admin(ClusterClient):
     """``async with Admin("127.0.0.1:9092") as a: await a.create_topics([NewTopic("t", 3, 1)])``."""
 
-    def __init__(
-        self, bootstrap: str | None = None, config: Mapping[str, Any] | None = None, **settings: Any
-    ) -> None:
-        self.config = load_config("admin", *client_settings(bootstrap, config, settings))
-        self._background = Background()
-        self._cluster: Cluster | None = None
-
-    async def __aenter__(self) -> Admin:
-        nursery = await self._background.open()
-        try:
-            self._cluster = Cluster(self.config, nursery)
-            await self._cluster.refresh(())
-        except BaseException:
-            await self.aclose()
-            raise
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        if self._cluster is not None:
-            await self._cluster.aclose()
-        await self._background.close()
+    ROLE = "admin"
 
     def _open(self) -> Cluster:
         if self._cluster is None:

@@ -7,9 +7,13 @@ ever serve the object that owns them.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Self
 
 import trio
+
+from .cluster import Cluster
+from .config import load_client_config
 
 
 class Background:
@@ -32,3 +36,38 @@ class Background:
         await cm.__aexit__(
             type(error) if error else None, error, error.__traceback__ if error else None
         )
+
+
+class ClusterClient:
+    """What Admin and Consumer share: config by role, a Cluster living in a Background.
+
+    ``async with`` opens the nursery, connects and reads metadata once (so a wrong
+    bootstrap fails here, not on first use); closing shuts connections, then tasks.
+    """
+
+    ROLE = ""
+
+    def __init__(
+        self, bootstrap: str | None = None, config: Mapping[str, Any] | None = None, **settings: Any
+    ) -> None:
+        self.config = load_client_config(self.ROLE, bootstrap, config, settings)
+        self._background = Background()
+        self._cluster: Cluster | None = None
+
+    async def __aenter__(self) -> Self:
+        nursery = await self._background.open()
+        try:
+            self._cluster = Cluster(self.config, nursery)
+            await self._cluster.refresh(())
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._cluster is not None:
+            await self._cluster.aclose()
+        await self._background.close()

@@ -160,6 +160,19 @@ def _suggest(key: str, known: list[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def load_client_config(
+    role: str,
+    bootstrap: str | None,
+    config: Mapping[str, Any] | None,
+    settings: Mapping[str, Any],
+) -> dict[str, Any]:
+    """A client's constructor arguments as one validated config. Precedence: the config
+    mapping, then keyword settings, then the bootstrap argument."""
+    return load_config(
+        role, config or {}, settings, {"bootstrap.servers": bootstrap} if bootstrap else {}
+    )
+
+
 def load_config(role: str, *sources: Mapping[str, Any] | None) -> dict[str, Any]:
     """Defaults for ``role``, overlaid with each source in order, every value validated."""
     known = [k for k, s in SETTINGS.items() if role in s.roles]

@@ -18,49 +18,29 @@ import trio
 from protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey
 from protocol.errors import KafkaError, OffsetOutOfRange
 
-from .background import Background
+from .background import ClusterClient
 from .cluster import Cluster
-from .config import load_config
 from .fetcher import PartitionState, apply_partition_result, fetch_body
 from .offsets import OffsetAndTimestamp, list_offsets, refine_by_time
-from .producer import client_settings
 from .records import ConsumerRecord, TopicPartition
 
 
-class Consumer:
+class Consumer(ClusterClient):
     """``async with Consumer("127.0.0.1:9092") as c: c.assign([("t", 0)]); await c.poll(1000)``."""
+
+    ROLE = "consumer"
 
     def __init__(
         self, bootstrap: str | None = None, config: Mapping[str, Any] | None = None, **settings: Any
     ) -> None:
-        self.config = load_config("consumer", *client_settings(bootstrap, config, settings))
+        super().__init__(bootstrap, config, **settings)
         self._states: dict[TopicPartition, PartitionState] = {}
-        self._background = Background()
-        self._cluster: Cluster | None = None
         self._data = trio.Event()
         self._errors: list[BaseException] = []
         self._fetching_nodes: set[int] = set()
         self._metadata_running = False
         self._metadata_at = 0.0
         self._backoff = self.config["retry.backoff.ms"] / 1000
-
-    async def __aenter__(self) -> Consumer:
-        nursery = await self._background.open()
-        try:
-            self._cluster = Cluster(self.config, nursery)
-            await self._cluster.refresh(())
-        except BaseException:
-            await self.aclose()
-            raise
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        if self._cluster is not None:
-            await self._cluster.aclose()
-        await self._background.close()
 
     def _open(self) -> Cluster:
         if self._cluster is None or self._background.nursery is None:

@@ -25,7 +25,7 @@ from .accumulator import (
 )
 from .background import Background
 from .cluster import Cluster
-from .config import load_config
+from .config import load_client_config
 from .partitioner import StickyPartitioner
 from .records import RecordMetadata, normalize_headers, to_bytes
 from .sender import Sender
@@ -41,13 +41,6 @@ class ProducerClosed(RuntimeError):
     """The producer is not open (use ``async with Producer(...)``)."""
 
 
-def client_settings(
-    bootstrap: str | None, config: Mapping[str, Any] | None, settings: Mapping[str, Any]
-) -> list[Mapping[str, Any]]:
-    """Setting sources in order of precedence: the config mapping, keyword settings, bootstrap."""
-    return [config or {}, settings, {"bootstrap.servers": bootstrap} if bootstrap else {}]
-
-
 class Producer:
     """``async with Producer("127.0.0.1:9092", acks=1) as p: await p.send("t", b"v")``.
 
@@ -58,7 +51,7 @@ class Producer:
     def __init__(
         self, bootstrap: str | None = None, config: Mapping[str, Any] | None = None, **settings: Any
     ) -> None:
-        self.config = load_config("producer", *client_settings(bootstrap, config, settings))
+        self.config = load_client_config("producer", bootstrap, config, settings)
         self._acc = RecordAccumulator(
             self.config["batch.size"], self.config["linger.ms"], self.config["delivery.timeout.ms"]
         )

@@ -104,7 +104,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         state.stop_all()
         return _fail(exc)
     cold_ms = (time.monotonic() - t0) * 1000
-    print(f"cluster up: {state.brokers} brokers, bootstrap {state.bootstrap}, data in {data_dir}")
+    noun = "broker" if state.brokers == 1 else "brokers"
+    print(f"cluster up: {state.brokers} {noun}, bootstrap {state.bootstrap}, data in {data_dir}")
     print(f"cold start (start to first acks=all write acknowledged): {cold_ms:.0f} ms")
     print(
         f"try: export MINIBROKER_BOOTSTRAP={state.bootstrap.split(',')[0]}; "

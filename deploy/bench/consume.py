@@ -8,7 +8,6 @@ Ends with one JSON line. Fill the topic first with `minibroker bench produce`.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
@@ -17,9 +16,8 @@ import trio
 
 from client import Consumer
 from client.config import parse_properties
-from protocol.errors import KafkaError
 
-from .produce import bootstrap_of, percentile
+from .common import add_connection_arguments, bootstrap_of, percentile, report
 
 BENCH_DEFAULTS: dict[
     str, object
@@ -31,19 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--records", type=int, default=1_000_000, help="records to read (default 1000000)"
     )
     p.add_argument("--topic", default="bench", help="topic to read (default bench)")
-    p.add_argument(
-        "--bootstrap",
-        default=None,
-        metavar="HOST:PORT",
-        help="a broker (default: $MINIBROKER_BOOTSTRAP or 127.0.0.1:9092)",
-    )
-    p.add_argument(
-        "--property",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"consumer setting by Kafka name (bench defaults: {BENCH_DEFAULTS})",
-    )
+    add_connection_arguments(p, "consumer", BENCH_DEFAULTS)
     p.add_argument(
         "--timeout-ms", type=int, default=10000, help="give up after this long without records"
     )
@@ -99,13 +85,7 @@ async def consume(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        figures = trio.run(consume, args)
-    except (KafkaError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(figures))
-    return 0
+    return report(lambda a: trio.run(consume, a), args)
 
 
 if __name__ == "__main__":

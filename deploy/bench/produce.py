@@ -8,7 +8,6 @@ JSON line of figures and the parameters that produced them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -18,9 +17,10 @@ from typing import Any
 
 import trio
 
-from client import Admin, NewTopic, Producer
+from client import Producer
 from client.config import parse_properties
-from protocol.errors import KafkaError
+
+from .common import add_connection_arguments, bootstrap_of, ensure_topic, percentile, report
 
 # Large batches make a Python producer fast; a small buffer keeps the backlog (and so the
 # latency at full speed) short and the memory flat. --property overrides these.
@@ -58,42 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="topic setting when creating it, e.g. min.insync.replicas=2 (repeatable)",
     )
-    p.add_argument(
-        "--bootstrap",
-        default=None,
-        metavar="HOST:PORT",
-        help="a broker (default: $MINIBROKER_BOOTSTRAP or 127.0.0.1:9092)",
-    )
-    p.add_argument(
-        "--property",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"producer setting by Kafka name (bench defaults: {BENCH_DEFAULTS})",
-    )
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
-
-
-def bootstrap_of(args: argparse.Namespace) -> str:
-    return args.bootstrap or os.environ.get("MINIBROKER_BOOTSTRAP") or "127.0.0.1:9092"
-
-
-async def ensure_topic(
-    bootstrap: str,
-    topic: str,
-    partitions: int,
-    replication_factor: int = -1,
-    configs: dict[str, str] | None = None,
-) -> None:
-    async with Admin(bootstrap) as admin:
-        if topic not in await admin.list_topics():
-            new = NewTopic(topic, partitions, replication_factor, configs or {})
-            await admin.create_topics([new])
+    add_connection_arguments(p, "producer", BENCH_DEFAULTS)
 
 
 # The throttle sleeps only once it is this far ahead of schedule: a trio sleep per record
@@ -168,13 +133,7 @@ async def produce(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        figures = trio.run(produce, args)
-    except (KafkaError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(figures))
-    return 0 if figures["failed"] == 0 else 3
+    return report(lambda a: trio.run(produce, a), args, lambda figures: figures["failed"] > 0)
 
 
 if __name__ == "__main__":

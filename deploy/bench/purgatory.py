@@ -34,6 +34,8 @@ from collections import deque
 
 from broker.purgatory import DelayedOperation, Purgatory, SystemTimer
 
+from .common import percentile
+
 IMPLS = ("wheel", "heap", "trio-tasks")
 SCENARIOS = {"low": (20.0, 60.0), "high": (200.0, 400.0)}
 SWEEPS = {
@@ -331,12 +333,6 @@ def _counter(counter: itertools.count) -> int:
     return int(repr(counter)[6:-1])
 
 
-def _percentile(sorted_values, q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    return float(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))])
-
-
 # --- drivers ------------------------------------------------------------------------------
 
 
@@ -520,8 +516,8 @@ def run_one(args: argparse.Namespace) -> dict:
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "expired": TALLY.expired,
         "completed": first - TALLY.expired,
-        "lateness_p50_ms": round(_percentile(lateness, 0.50), 2),
-        "lateness_p99_ms": round(_percentile(lateness, 0.99), 2),
+        "lateness_p50_ms": round(percentile(lateness, 0.50), 2),
+        "lateness_p99_ms": round(percentile(lateness, 0.99), 2),
         "lateness_max_ms": round(lateness[-1] if lateness else 0.0, 2),
         "exactly_once_violations": violations,
         "gc": args.gc,

@@ -20,9 +20,8 @@ from typing import Any
 import trio
 
 from client import Consumer, Producer
-from protocol.errors import KafkaError
 
-from .produce import bootstrap_of, ensure_topic
+from .common import add_connection_arguments, bootstrap_of, ensure_topic, report
 
 FILL_SETTINGS = {"batch.size": 262144, "linger.ms": 5, "acks": 1}
 
@@ -38,12 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--partitions", type=int, default=2, help="partitions when creating the topic (default 2)"
     )
-    p.add_argument(
-        "--bootstrap",
-        default=None,
-        metavar="HOST:PORT",
-        help="a broker (default: $MINIBROKER_BOOTSTRAP or 127.0.0.1:9092)",
-    )
+    add_connection_arguments(p)
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--no-write", action="store_true", help="time the read only")
 
@@ -128,13 +122,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        figures = measure(args)
-    except (KafkaError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(figures))
-    return 0
+    return report(measure, args)
 
 
 if __name__ == "__main__":
