@@ -1,0 +1,188 @@
+"""The chaos checker's judgement, as pure functions over a recorded history.
+
+Kept apart from the runner so every rule can be tested on a doctored history (a planted
+violation must be caught) without starting a cluster. The rules, after Jepsen's Kafka
+checks, for acks=all with ISR >= min.insync.replicas:
+
+- lost: a send acknowledged at (partition, offset) must be that record in the final log;
+- unresolved: every send ends as an acknowledgement or an error, never silence;
+- divergent: no offset holds different batches on different replicas;
+- hw regression: a replica's high watermark never moves back within one process life;
+- consumer gap: a consumer sees each partition's offsets in order, one by one, and what
+  it saw (below the HW) is still there at the end.
+
+A send that failed may still have been written (a timeout says nothing either way; the
+client retries without idempotence), so "failed but present" is reported, not judged.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+TP = tuple[str, int]
+
+
+@dataclass
+class Send:
+    value: bytes
+    partition: int
+    outcome: str = "pending"  # "ok", "error" or (never answered) "pending"
+    offset: int = -1
+    error: str = ""
+
+
+@dataclass
+class History:
+    topic: str
+    sends: list[Send] = field(default_factory=list)
+    # (partition, offset, value) in the order the live consumer saw them
+    consumed: list[tuple[int, int, bytes]] = field(default_factory=list)
+    # (broker, pid, partition) -> high watermarks in sampling order
+    hw_samples: dict[tuple[int, int, int], list[int]] = field(default_factory=dict)
+    # the final log read through the leaders: (partition, offset) -> value
+    final: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    # per partition, per broker: [(base_offset, last_offset, crc), ...] from its segments
+    replicas: dict[int, dict[int, list[tuple[int, int, int]]]] = field(default_factory=dict)
+    healed: bool = True
+    nemesis: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Verdict:
+    violations: dict[str, list[str]]
+    counts: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.violations.values())
+
+
+def check(history: History) -> Verdict:
+    found = {
+        "lost": lost_writes(history),
+        "unresolved": [
+            f"{s.value.decode()} was never answered"
+            for s in history.sends
+            if s.outcome == "pending"
+        ],
+        "divergent": divergent_offsets(history.replicas),
+        "hw_regressions": hw_regressions(history.hw_samples),
+        "consumer_gaps": consumer_gaps(history.consumed, history.final),
+        "not_healed": [] if history.healed else ["the cluster did not heal (full ISR, equal HW)"],
+    }
+    present = set(history.final.values())
+    by_outcome: dict[str, int] = defaultdict(int)
+    for s in history.sends:
+        by_outcome[s.outcome] += 1
+    counts = {
+        "sent": len(history.sends),
+        "acknowledged": by_outcome["ok"],
+        "failed": by_outcome["error"],
+        "failed_but_present": sum(
+            1 for s in history.sends if s.outcome == "error" and s.value in present
+        ),
+        "duplicates": len(history.final) - len(present),
+        "consumed": len(history.consumed),
+        "final_records": len(history.final),
+        "hw_samples": sum(len(v) for v in history.hw_samples.values()),
+        **{name: len(items) for name, items in found.items()},
+        "nemesis": dict(history.nemesis),
+    }
+    counts["violations"] = sum(len(items) for items in found.values())
+    return Verdict(found, counts)
+
+
+def lost_writes(history: History) -> list[str]:
+    out = []
+    for s in history.sends:
+        if s.outcome != "ok":
+            continue
+        there = history.final.get((s.partition, s.offset))
+        if there != s.value:
+            where = f"{history.topic}-{s.partition}@{s.offset}"
+            now = "nothing" if there is None else repr(there.decode(errors="replace"))
+            out.append(f"{s.value.decode()} acknowledged at {where}, which now holds {now}")
+    return out
+
+
+def divergent_offsets(replicas: dict[int, dict[int, list[tuple[int, int, int]]]]) -> list[str]:
+    """Offsets covered by two replicas' batches that are not the same batch."""
+    out = []
+    for partition, by_broker in sorted(replicas.items()):
+        owner: dict[int, tuple[int, tuple[int, int, int]]] = {}
+        for broker, batches in sorted(by_broker.items()):
+            for batch in batches:
+                base, last, _crc = batch
+                for offset in range(base, last + 1):
+                    seen = owner.get(offset)
+                    if seen is None:
+                        owner[offset] = (broker, batch)
+                    elif seen[1] != batch:
+                        out.append(
+                            f"partition {partition} offset {offset}: broker {seen[0]} has batch "
+                            f"{seen[1]}, broker {broker} has {batch} (base, last, crc)"
+                        )
+                        break  # one line per diverging batch is enough
+    return out
+
+
+def hw_regressions(samples: dict[tuple[int, int, int], list[int]]) -> list[str]:
+    out = []
+    for (broker, pid, partition), hws in sorted(samples.items()):
+        for before, after in pairwise(hws):
+            if after < before:
+                out.append(
+                    f"broker {broker} (pid {pid}) partition {partition}: HW {before} -> {after}"
+                )
+                break
+    return out
+
+
+def consumer_gaps(
+    consumed: list[tuple[int, int, bytes]], final: dict[tuple[int, int], bytes]
+) -> list[str]:
+    out = []
+    expected: dict[int, int] = defaultdict(int)
+    for partition, offset, value in consumed:
+        if offset != expected[partition]:
+            out.append(
+                f"partition {partition}: consumer expected offset "
+                f"{expected[partition]}, got {offset}"
+            )
+        elif final.get((partition, offset)) != value:
+            out.append(
+                f"partition {partition} offset {offset}: the consumer saw "
+                f"{value!r}, the final log holds {final.get((partition, offset))!r}"
+            )
+        expected[partition] = offset + 1
+    return out
+
+
+# --- planted violations: prove the checker catches each kind ------------------------------
+
+PLANTS = ("lose-ack", "diverge", "hw-regress", "consumer-gap", "silent")
+
+
+def plant(history: History, kind: str) -> None:
+    """Doctor a history so that exactly one rule must fire."""
+    if kind == "lose-ack":
+        s = next(s for s in history.sends if s.outcome == "ok")
+        history.final.pop((s.partition, s.offset))
+    elif kind == "diverge":
+        by_broker = next(p for p in history.replicas.values() if len(p) > 1 and any(p.values()))
+        broker = max(b for b, batches in by_broker.items() if batches)
+        base, last, crc = by_broker[broker][0]
+        by_broker[broker][0] = (base, last, crc ^ 1)
+    elif kind == "hw-regress":
+        hws = next(v for v in history.hw_samples.values() if v and v[-1] > 0)
+        hws.append(hws[-1] - 1)
+    elif kind == "consumer-gap":
+        i = next(i for i, c in enumerate(history.consumed) if c[1] > 0)
+        del history.consumed[i]
+    elif kind == "silent":
+        next(s for s in history.sends if s.outcome == "ok").outcome = "pending"
+    else:
+        raise ValueError(f"unknown plant {kind!r}; one of {', '.join(PLANTS)}")

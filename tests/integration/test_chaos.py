@@ -1,0 +1,35 @@
+"""`minibroker chaos` end to end on a real cluster: a bounded, seeded run finds no
+violation; the same command with a planted violation exits 1 and names it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def chaos(*args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    run = subprocess.run(
+        [sys.executable, "-m", "deploy.cli", "chaos", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return run, json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_seeded_chaos_run_keeps_every_promise(tmp_path):
+    run, counts = chaos("--duration", "15", "--seed", "2", "--data-dir", str(tmp_path / "c"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert counts["violations"] == 0 and counts["seed"] == 2
+    assert counts["acknowledged"] > 100 and counts["final_records"] >= counts["acknowledged"]
+    assert counts["consumed"] > 0 and counts["hw_samples"] > 0
+    assert sum(counts["nemesis"].values()) >= 2  # faults were really injected
+    assert "verdict: no violation" in run.stdout
+
+
+def test_a_planted_lost_write_fails_the_run(tmp_path):
+    run, counts = chaos("--duration", "4", "--seed", "1", "--plant", "lose-ack")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert counts["lost"] == 1 and counts["violations"] >= 1
+    assert "lost            1 VIOLATION(S)" in run.stdout and "acknowledged at chaos-" in run.stdout
