@@ -230,7 +230,8 @@ class ChaosRun:
         self._log(f"NOT healed after {timeout_s}s")
 
     async def _healed(self) -> bool:
-        views: dict[int, list[tuple[int, int, list[int]]]] = {}
+        """Every replica of every partition reports the same HW = LEO and a full ISR."""
+        views: dict[int, list[tuple[int, int, list[int], list[int]]]] = {}
         for broker in range(self.state.brokers):
             stats = await self._stats(broker)
             if stats is None:
@@ -238,13 +239,18 @@ class ChaosRun:
             for p in stats:
                 if p["topic"] == TOPIC:
                     views.setdefault(p["partition"], []).append(
-                        (p["high_watermark"], p["log_end_offset"], sorted(p["isr"]))
+                        (
+                            p["high_watermark"],
+                            p["log_end_offset"],
+                            sorted(p["isr"]),
+                            sorted(p["replicas"]),
+                        )
                     )
         return len(views) == self.partitions and all(
-            len(v) == self.state.brokers
-            and len(set(map(str, v))) == 1
-            and len(v[0][2]) == self.state.brokers
-            and v[0][0] == v[0][1]
+            len(v) == len(v[0][3])  # every replica answered
+            and len(set(map(str, v))) == 1  # ...with the same figures
+            and v[0][2] == v[0][3]  # ISR = all replicas
+            and v[0][0] == v[0][1]  # HW = LEO
             for v in views.values()
         )
 
