@@ -15,12 +15,19 @@ from time import monotonic_ns
 
 from .bucket import TimerTask
 from .operation import DelayedOperation, counter_value
-from .system_timer import SystemTimer
+from .system_timer import DRAIN_MASK, SystemTimer
 
 ExpiryHandoff = Callable[[list], None]
 
-# Entries a running purge scans per watched op: a few µs, so expiry is never held up.
-PURGE_STEP_ENTRIES = 256
+# A running purge takes one step on every (PURGE_STEP_MASK + 1)th watch, paced to end
+# within PURGE_PACE of the watches before the next purge can be due (at least
+# max(pending, purge_interval) more), and never more finely than PURGE_STEP_MIN entries
+# a step (a step's call and slice cost as much as scanning ~30 entries). Spread this
+# thin, the owner thread never falls behind long enough to keep the timer thread off
+# the GIL: a purge done at once took 20-30 ms at 250k ops/s and held expiry up as long.
+PURGE_STEP_MASK = 7
+PURGE_STEP_MIN = 64
+PURGE_PACE = 0.5
 
 
 class Purgatory:
@@ -70,7 +77,16 @@ class Purgatory:
         # does SystemTimer.add inline (same steps, one Python call less per op).
         self._inline_add = type(timer) is SystemTimer and timer._monotonic
         self._purges = 0
-        self._purge_keys: list[Hashable] = []  # keys still to compact in the running purge
+        # The running purge: keys still to compact, and the list being compacted now
+        # (its key, how far it is scanned, its length when the scan began, the live ops).
+        self._purging = False
+        self._purge_keys: list[Hashable] = []
+        self._purge_key: Hashable = None
+        self._purge_list: list[DelayedOperation] | None = None
+        self._purge_pos = 0
+        self._purge_end = 0
+        self._purge_live: list[DelayedOperation] = []
+        self._purge_budget = PURGE_STEP_MIN  # entries per step, set as each purge starts
         self._checking = False
         self._closed = False
 
@@ -118,18 +134,20 @@ class Purgatory:
                 exp = monotonic_ns() // 1_000_000 + op.delay_ms
                 op.expiration_ms = exp
                 op._timer = timer
-                timer._adds.append(op)
-                if exp < timer._wake_at:
+                adds = timer._adds
+                adds.append(op)
+                if exp < timer._wake_at or not len(adds) & DRAIN_MASK:
                     timer._wake.set()
             else:
                 timer.add(op)
             if op._completed:
                 # Completed by another thread between the check and the add: take it out.
                 TimerTask.cancel(op)
-        if self._purge_keys:
-            self._purge_step(PURGE_STEP_ENTRIES)
+        if self._purging:
+            if not watched & PURGE_STEP_MASK:
+                self._purge_step(self._purge_budget)
         elif watched >= self._next_check:
-            self.maybe_purge(PURGE_STEP_ENTRIES)
+            self.maybe_purge(paced=True)
         return False
 
     def check_and_complete(self, key: Hashable) -> int:
@@ -153,6 +171,10 @@ class Purgatory:
             self._checking = False
         # Keep ops appended to this key while we ran callbacks (re-entrant watch).
         ops[:n] = survivors
+        if ops is self._purge_list:
+            # Just compacted here: the purge's partial scan of it is void.
+            self._purge_list = None
+            self._purge_live = []
         if not ops and self._watchers.get(key) is ops:
             del self._watchers[key]
         return completed
@@ -194,58 +216,99 @@ class Purgatory:
             self._expired += expired
         return expired
 
-    def maybe_purge(self, budget: int | None = None) -> bool:
+    def maybe_purge(self, *, paced: bool = False) -> bool:
         """Seed's estimated-count purge: start one only when E - pending > purge_interval.
 
         E resets to pending when a purge *starts*; ops watched while it runs add to E
-        again (the seed's rule). ``budget``: scan about that many entries now and the rest
-        in later calls (None: all now).
+        again (the seed's rule). ``paced``: scan only the first step now and the rest on
+        later watches (the watch path); otherwise the whole purge runs now.
         """
         pending = self.pending
         watched = self._watched_ops
         estimated = watched - self._estimate_base
         self._next_check = watched + self._check_step
         dead = estimated - pending
-        if self._purge_keys or dead <= self.purge_interval:
+        if self._purging or dead <= self.purge_interval:
             return False
         if dead < self.purge_dead_share * estimated:
             return False
         self._estimate_base = watched - pending  # E := pending
-        self._purges += 1
-        self._purge_keys = list(self._watchers)
-        self._purge_step(budget)
+        self._start_purge(pending)
+        self._purge_step(self._purge_budget if paced else None)
         return True
 
     def purge(self) -> None:
         """Drop completed ops from every watcher list now; remove emptied keys."""
-        self._purge_keys = list(self._watchers)
-        self._purges += 1
+        self._start_purge(self.pending)
         self._purge_step(None)
 
+    def _start_purge(self, pending: int) -> None:
+        self._purges += 1
+        self._purging = True
+        watchers = self._watchers
+        self._purge_keys = list(watchers)
+        self._purge_list = None
+        self._purge_live = []
+        entries = sum(map(len, watchers.values()))
+        steps = max(pending, self.purge_interval) * PURGE_PACE / (PURGE_STEP_MASK + 1)
+        self._purge_budget = max(PURGE_STEP_MIN, int(entries / steps) + 1)
+
     def _purge_step(self, budget: int | None) -> None:
-        # Incremental: one purge of every list can take tens of ms at high rates, and the
-        # owner thread is also the one that runs expiry, so it is spread over many calls.
+        """Scan about ``budget`` watcher entries (None: finish the purge now).
+
+        Incremental even within one list: a list holds thousands of entries at high
+        rates, and the owner thread that runs the purge also runs expiry. A list's live
+        ops are gathered as it is scanned and put in place when its scan ends; entries
+        appended meanwhile (past the scanned end) are kept as they are.
+        """
         if self._checking:
             return  # never compact a list check_and_complete is iterating
-        keys = self._purge_keys
         watchers = self._watchers
-        scanned = 0
-        while keys and (budget is None or scanned < budget):
-            key = keys.pop()
-            ops = watchers.get(key)
+        left = budget
+        while left is None or left > 0:
+            ops = self._purge_list
             if ops is None:
-                continue
-            scanned += len(ops)
-            live = [op for op in ops if not op._completed]
-            if not live:
-                del watchers[key]
-            elif len(live) != len(ops):
-                ops[:] = live
+                keys = self._purge_keys
+                if not keys:
+                    self._purging = False
+                    return
+                key = keys.pop()
+                ops = watchers.get(key)
+                if ops is None:
+                    continue
+                self._purge_key = key
+                self._purge_list = ops
+                self._purge_pos = 0
+                self._purge_end = len(ops)
+                self._purge_live = []
+            pos = self._purge_pos
+            end = self._purge_end
+            stop = end if left is None else min(end, pos + left)
+            live = self._purge_live
+            live += [op for op in ops[pos:stop] if not op._completed]
+            if left is not None:
+                left -= stop - pos
+            if stop < end:
+                self._purge_pos = stop
+                return
+            # This list is scanned: compact it, unless it left the map meanwhile.
+            self._purge_list = None
+            self._purge_live = []
+            key = self._purge_key
+            if watchers.get(key) is ops:
+                if not live and len(ops) == end:
+                    del watchers[key]
+                elif len(live) != end:
+                    ops[:end] = live
 
     def shutdown(self) -> None:
         """Pending ops are neither completed nor expired (Kafka); close an owned timer."""
         self._closed = True
         self._watchers.clear()
+        self._purging = False
+        self._purge_keys = []
+        self._purge_list = None
+        self._purge_live = []
         if self.owns_timer:
             self.timer.close()
 

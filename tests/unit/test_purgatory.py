@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import random
 import threading
 import weakref
@@ -279,3 +280,78 @@ def test_expiry_via_real_timer_thread():
         purgatory.try_complete_else_watch(op, ["k"])
         assert done.wait(BOUND_S)
     assert op.completions == 1 and op.expirations == 1
+
+
+def _watch_until_purged(purgatory: Purgatory, keys: list[str], fresh: list[MockOp], limit: int):
+    """Watch new (live) ops round-robin on ``keys`` until a started purge has finished."""
+    sizes = []
+    while len(fresh) < limit:
+        op = MockOp(1_000_000)
+        purgatory.try_complete_else_watch(op, [keys[len(fresh) % len(keys)]])
+        fresh.append(op)
+        sizes.append(purgatory.watched())
+        if purgatory.stats()["purges"] and not purgatory._purging:
+            return sizes
+    raise AssertionError(f"purge not finished after {limit} watches")
+
+
+def _watch_then_complete(purgatory: Purgatory, keys: list[str], n: int, dead: int):
+    """Watch ``n`` ops round-robin on ``keys``, then complete the first ``dead`` of them."""
+    ops = [MockOp(1_000_000) for _ in range(n)]
+    for i, op in enumerate(ops):
+        purgatory.try_complete_else_watch(op, [keys[i % len(keys)]])
+    for op in ops[:dead]:
+        op.force_complete()
+    return ops
+
+
+def _live_per_key(ops: list[MockOp], keys: list[str]) -> dict[str, int]:
+    """Live ops per key, for ops watched round-robin on ``keys``."""
+    counts = dict.fromkeys(keys, 0)
+    for i, op in enumerate(ops):
+        if not op.is_completed:
+            counts[keys[i % len(keys)]] += 1
+    return counts
+
+
+def _assert_every_live_op_watched(purgatory, keys, old, fresh) -> None:
+    """Nothing dead is left and every live op is still watched on its own key."""
+    live_old = _live_per_key(old, keys)
+    live_new = _live_per_key(fresh, keys)
+    assert purgatory.watched() == sum(live_old.values()) + sum(live_new.values())
+    for op in old + fresh:
+        op.completable = True
+    for key in keys:
+        assert purgatory.check_and_complete(key) == live_old[key] + live_new[key]
+
+
+def test_paced_purge_is_spread_over_watches_and_keeps_every_live_op(clock: ManualClock):
+    purgatory = Purgatory("p", ManualTimer(clock), purge_interval=10)
+    keys = ["a", "b", "c"]
+    old = _watch_then_complete(purgatory, keys, 3000, 2400)
+    fresh: list[MockOp] = []
+    sizes = _watch_until_purged(purgatory, keys, fresh, 10_000)
+    # Spread: the watched count fell in several steps, over many watches.
+    assert sum(1 for a, b in itertools.pairwise(sizes) if b < a) >= 2
+    assert len(fresh) > 50
+    _assert_every_live_op_watched(purgatory, keys, old, fresh)
+
+
+def test_trigger_on_the_list_a_purge_is_scanning(clock: ManualClock):
+    """check_and_complete rewrites the list mid-scan: the purge must not put back stale ops."""
+    purgatory = Purgatory("p", ManualTimer(clock), purge_interval=10)
+    keys = ["a", "b"]
+    old = _watch_then_complete(purgatory, keys, 4000, 3000)
+    fresh: list[MockOp] = []
+    while not (purgatory._purge_list is not None and purgatory._purge_pos > 0):
+        op = MockOp(1_000_000)
+        purgatory.try_complete_else_watch(op, [keys[len(fresh) % 2]])
+        fresh.append(op)
+        assert len(fresh) < 5000
+    key = purgatory._purge_key
+    for op in old[3000:3500]:  # a trigger completes some ops on that key
+        op.completable = True
+    completed = purgatory.check_and_complete(key)
+    assert completed == sum(1 for i in range(3000, 3500) if keys[i % 2] == key)
+    _watch_until_purged(purgatory, keys, fresh, 20_000)
+    _assert_every_live_op_watched(purgatory, keys, old, fresh)
