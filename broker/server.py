@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from .metadata import BrokerInfo, ClusterMetadata
 from .network import ConnectionHandler
 from .partition import Partition
 from .pending import PendingResponse
-from .purgatory import MonotonicClock, Purgatory, SystemTimer
+from .purgatory import MonotonicClock, Purgatory, SystemTimer, switch_interval_for
 from .replica_fetcher import ReplicaFetcher
 from .replica_manager import ReplicaManager
 
@@ -443,6 +444,9 @@ def run_broker(
     broker_id: int, host: str, port: int, data_dir: Path, config: BrokerConfig, logger: Any
 ) -> None:
     broker = Broker(broker_id, host, port, data_dir, config, logger)
+    # The timer thread must not wait 5 ms (CPython's default) for the GIL while the trio
+    # thread is busy: that would be 5 ms of lateness on every timeout.
+    sys.setswitchinterval(switch_interval_for(config["timer.tick.ms"]))
     fd = lock_data_dir(data_dir)
     try:
         trio.run(serve, broker)

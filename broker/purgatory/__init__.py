@@ -9,7 +9,7 @@ from .delivery import run_inline
 from .manual_timer import ManualTimer
 from .operation import DelayedOperation
 from .purgatory import Purgatory
-from .system_timer import SystemTimer
+from .system_timer import SystemTimer, switch_interval_for
 from .wheel import TimingWheel
 
 __all__ = [
@@ -24,4 +24,5 @@ __all__ = [
     "TimerTask",
     "TimingWheel",
     "run_inline",
+    "switch_interval_for",
 ]

@@ -4,6 +4,7 @@ where possible; tests of the real thread wait on an Event with a generous bound.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -15,6 +16,7 @@ from broker.purgatory import (
     TimerTask,
     TimingWheel,
 )
+from broker.purgatory.system_timer import DRAIN_BATCH, switch_interval_for
 
 BOUND_S = 10.0  # generous: these waits normally end within milliseconds
 
@@ -224,10 +226,32 @@ def test_idle_timer_does_not_wake():
         timer.add(Recorder(0, 0, [], ran))
         assert ran.wait(BOUND_S)
         before = timer.wakeups
-        assert not ran.wait(0.1) or True
         # No adds, no buckets: the thread sleeps without timeouts.
         threading.Event().wait(0.1)
         assert timer.wakeups == before
+
+
+def _eventually(condition, bound_s: float = BOUND_S) -> bool:
+    deadline = time.monotonic() + bound_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        threading.Event().wait(0.002)
+    return True
+
+
+def test_adds_far_from_their_deadline_are_linked_in_batches():
+    """A burst of long timeouts is linked every DRAIN_BATCH adds, not all at once when the
+    first comes due (that one drain would hold up every expiry behind it)."""
+    with SystemTimer() as timer:
+        timer.add(TimerTask(60_000))
+        assert _eventually(lambda: timer._engine.size == 1)  # now asleep for ~60 s
+        for _ in range(DRAIN_BATCH - 1):
+            timer.add(TimerTask(60_000))
+        assert timer._engine.size == 1  # below the batch: no wake-up was asked for
+        timer.add(TimerTask(60_000))
+        assert _eventually(lambda: timer._engine.size == DRAIN_BATCH + 1)
+        assert timer.size == DRAIN_BATCH + 1
 
 
 def test_close_does_not_run_pending_and_joins():
@@ -265,3 +289,9 @@ def test_reaper_expires_in_order(delays):
             timer.add(Recorder(d, d, out, latch))
         assert latch.event.wait(BOUND_S)
     assert out == list(delays)
+
+
+def test_switch_interval_is_one_tick_and_never_above_cpythons_default():
+    assert switch_interval_for(1) == 0.001
+    assert switch_interval_for(2) == 0.002
+    assert switch_interval_for(50) == 0.005
