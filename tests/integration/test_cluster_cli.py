@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 from deploy.launcher import free_port_range
+from tests.waiting import wait_until
 
 
 def mb(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -24,16 +24,6 @@ def status(data_dir) -> dict:
     run = mb("cluster", "status", "--data-dir", str(data_dir), "--json")
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)
-
-
-def wait_until(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_up_status_pause_resume_kill_restart_down(tmp_path):

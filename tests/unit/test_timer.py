@@ -4,7 +4,6 @@ where possible; tests of the real thread wait on an Event with a generous bound.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -17,6 +16,7 @@ from broker.purgatory import (
     TimingWheel,
 )
 from broker.purgatory.system_timer import DRAIN_BATCH, switch_interval_for
+from tests.waiting import wait_until
 
 BOUND_S = 10.0  # generous: these waits normally end within milliseconds
 
@@ -231,26 +231,20 @@ def test_idle_timer_does_not_wake():
         assert timer.wakeups == before
 
 
-def _eventually(condition, bound_s: float = BOUND_S) -> bool:
-    deadline = time.monotonic() + bound_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        threading.Event().wait(0.002)
-    return True
-
-
 def test_adds_far_from_their_deadline_are_linked_in_batches():
     """A burst of long timeouts is linked every DRAIN_BATCH adds, not all at once when the
     first comes due (that one drain would hold up every expiry behind it)."""
     with SystemTimer() as timer:
         timer.add(TimerTask(60_000))
-        assert _eventually(lambda: timer._engine.size == 1)  # now asleep for ~60 s
+        wait_until(lambda: timer._engine.size == 1, BOUND_S, "the first add", poll=0.002)
+        # Now asleep until the ~60 s bucket is due.
         for _ in range(DRAIN_BATCH - 1):
             timer.add(TimerTask(60_000))
         assert timer._engine.size == 1  # below the batch: no wake-up was asked for
         timer.add(TimerTask(60_000))
-        assert _eventually(lambda: timer._engine.size == DRAIN_BATCH + 1)
+        wait_until(
+            lambda: timer._engine.size == DRAIN_BATCH + 1, BOUND_S, "a batch linked", poll=0.002
+        )
         assert timer.size == DRAIN_BATCH + 1
 
 
