@@ -14,6 +14,7 @@ from protocol.errors import ErrorCode
 
 from .faults import FaultError
 from .pending import PendingResponse
+from .session import ConnectionSession
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -51,7 +52,9 @@ class RequestHandler:
 
         return handler
 
-    def handle(self, header: RequestHeader, body: dict) -> dict | PendingResponse | None:
+    def handle(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse | None:
         faults = self.broker.faults
         if faults.faults and header.api_key != ApiKey.FAULTS:
             code = faults.take_failure(header.api_key)

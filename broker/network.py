@@ -25,6 +25,7 @@ from protocol import (
 from protocol.errors import ErrorCode
 
 from .pending import PendingResponse
+from .session import ConnectionSession
 
 _RECV_BYTES = 1 << 18
 _MAX_COALESCE = 64
@@ -72,10 +73,11 @@ class ConnectionHandler:
         except OSError:
             peer = "?"
         log = self.log.bind(peer=peer)
+        session = ConnectionSession(peer)
         self.open_connections += 1
         try:
             async with stream:
-                await self._serve(stream, log)
+                await self._serve(stream, session, log)
         except Exception as exc:
             # Whatever one connection does, it must never take the broker down: a peer
             # that resets mid-request arrives here wrapped in an ExceptionGroup.
@@ -83,18 +85,19 @@ class ConnectionHandler:
                 log.error("connection_failed", exc_info=exc)
         finally:
             self.open_connections -= 1
+            session.close()
 
-    async def _serve(self, stream: trio.SocketStream, log: Any) -> None:
+    async def _serve(self, stream: trio.SocketStream, session: ConnectionSession, log: Any) -> None:
         decoder = FrameDecoder(self.max_frame_bytes)
         send, receive = trio.open_memory_channel(_MAX_COALESCE * 4)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_writer, stream, receive)
             try:
-                await self._read_loop(stream, decoder, send, nursery, log)
+                await self._read_loop(stream, decoder, send, nursery, session, log)
             finally:
                 nursery.cancel_scope.cancel()
 
-    async def _read_loop(self, stream, decoder, send, nursery, log) -> None:
+    async def _read_loop(self, stream, decoder, send, nursery, session, log) -> None:
         while True:
             with trio.move_on_after(self.idle_s) as idle:
                 data = await stream.receive_some(_RECV_BYTES)
@@ -109,12 +112,12 @@ class ConnectionHandler:
                 log.warning("connection_closed_bad_frame", error=str(exc))
                 return
             for payload in frames:
-                if not await self._one(payload, send, nursery, log):
+                if not await self._one(payload, send, nursery, session, log):
                     return
             # Let writers and parked requests run between bursts from a fast client.
             await trio.lowlevel.checkpoint()
 
-    async def _one(self, payload: bytes, send, nursery, log) -> bool:
+    async def _one(self, payload: bytes, send, nursery, session, log) -> bool:
         try:
             header, raw = decode_request_envelope(payload)
         except ProtocolError as exc:
@@ -134,7 +137,7 @@ class ConnectionHandler:
             await send.send(encode_response(header.correlation_id, error_body(code, str(exc))))
             return True
         try:
-            result = self.dispatcher.handle(header, body)
+            result = self.dispatcher.handle(header, body, session)
         except Exception as exc:
             log.exception("request_failed", api_key=header.api_key)
             result = error_body(ErrorCode.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
