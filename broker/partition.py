@@ -177,6 +177,21 @@ class Partition:
             and rs.log_end_offset >= self.leader_epoch_start_offset
         )
 
+    def apply_isr_update(self, leader_epoch: int, isr: list[int], partition_epoch: int) -> bool:
+        """The controller accepted our ISR proposal: take it now, as Kafka's leader does.
+
+        Waiting for the metadata push instead would make the next follower fetch propose
+        the same change again, and a later proposal carry a stale partition epoch. An
+        answer for an older leadership, or older than what we hold, is ignored.
+        """
+        if not self.is_leader or leader_epoch != self.leader_epoch:
+            return False
+        if partition_epoch <= self.partition_epoch:
+            return False
+        self.isr = list(isr)
+        self.partition_epoch = partition_epoch
+        return True
+
     def out_of_sync_replicas(self, now_ms: int, lag_ms: int) -> list[int]:
         """ISR members that have not been caught up for more than ``lag_ms``."""
         leo = self.log.log_end_offset

@@ -276,12 +276,24 @@ class ReplicaManager:
         return body, total, stop_now
 
     def _update_follower(self, partition: Partition, replica_id: int, offset: int) -> None:
-        now = self.now_ms()
-        if not partition.update_follower_fetch_state(replica_id, offset, now):
-            return
+        moved = partition.update_follower_fetch_state(replica_id, offset, self.now_ms())
+        # Kafka's maybeExpandIsr runs on every follower fetch, not only when the offset
+        # moved: a follower that caught up in one fetch on an idle partition, while another
+        # proposal was in flight or was rejected as stale, must still get back in.
         if partition.follower_can_join_isr(replica_id) and self.on_isr_change is not None:
             self.on_isr_change(partition, [*partition.isr, replica_id])
-        if partition.maybe_increment_hw():
+        if moved and partition.maybe_increment_hw():
+            self._hw_increased(partition.key)
+
+    def isr_update_accepted(
+        self, partition: Partition, leader_epoch: int, isr: list[int], partition_epoch: int
+    ) -> None:
+        """The controller accepted this leader's ISR proposal (AlterPartition answer)."""
+        # A shrink can let the HW move, and with it pending acks=all produces.
+        if (
+            partition.apply_isr_update(leader_epoch, isr, partition_epoch)
+            and partition.maybe_increment_hw()
+        ):
             self._hw_increased(partition.key)
 
     # --- leader epochs -----------------------------------------------------------------------

@@ -221,7 +221,20 @@ class Broker:
 
         async def send() -> None:
             try:
-                await self.link.alter_partition(request)
+                answer = await self.link.alter_partition(request)
+                if answer.get("error_code") == 0:
+                    self.replica_manager.isr_update_accepted(
+                        partition, request["leader_epoch"], answer["isr"], answer["partition_epoch"]
+                    )
+                else:
+                    # Rejected (stale partition epoch, fenced leader): the metadata push
+                    # brings the current state, and the next follower fetch proposes again.
+                    self.log.info(
+                        "alter_partition_rejected",
+                        topic=key[0],
+                        partition=key[1],
+                        error=answer.get("error_message"),
+                    )
             except KafkaError as exc:
                 self.log.warning(
                     "alter_partition_failed", topic=key[0], partition=key[1], error=str(exc)
