@@ -30,6 +30,12 @@ async def test_paused_followers_rejoin_isr_without_new_writes(cluster_factory):
     # Four brokers, so that a partition whose replicas leave out the controller exists:
     # its ISR proposals travel over the network and can be in flight or rejected.
     state = await cluster_factory(4, FAST)
+
+    async def all_registered():
+        async with Admin(state.bootstrap) as admin:
+            return len((await admin.describe_cluster())[0]) == 4
+
+    await wait_for(all_registered, 15, "all four brokers to register")
     async with Admin(state.bootstrap) as admin:
         await admin.create_topics([NewTopic("idle", 4, 3)])
         described = (await admin.describe_topics(["idle"]))["idle"]
