@@ -1,12 +1,11 @@
 """The minibroker client: trio-native Producer, Consumer and Admin, plus a blocking facade.
 
 Errors are the exceptions of ``protocol.errors``, named after Kafka's error codes
-(``RequestTimedOut``, ``NotLeaderOrFollower``, ...), re-exported here as ``errors``.
+(``RequestTimedOut``, ``NotLeaderOrFollower``, ...), in ``client.errors``.
 Importing this package never imports pyspark (the Spark source lives in its own module).
 """
 
-from protocol import errors
-
+from . import errors
 from .accumulator import DeliveryHandle
 from .admin import Admin, NewTopic, TopicDescription
 from .cluster import BrokerInfo, PartitionInfo

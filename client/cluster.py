@@ -200,18 +200,28 @@ class Cluster:
         )
 
     async def any_request(self, api_key: int, body: dict, timeout: float | None = None) -> dict:
-        """Send to the first broker that answers; a request failing on all of them re-raises."""
+        """Send to the first broker that answers, trying every address we know (bootstrap
+        list and brokers from metadata), so one dead broker never hides the live ones.
+        Failing on all of them raises the last error, naming every address when none of
+        them could even be reached."""
         last: KafkaError | None = None
-        for host, port in self._addresses():
+        unreachable: list[str] = []
+        addresses = self._addresses()
+        for host, port in addresses:
             try:
                 conn = await self.connect(host, port)
                 return await conn.request(
                     api_key, body, timeout=self.request_timeout if timeout is None else timeout
                 )
+            except BrokerNotAvailable as exc:
+                last = exc
+                unreachable.append(exc.message.removeprefix("cannot connect to "))
             except KafkaError as exc:
                 if not exc.retriable:
                     raise
                 last = exc
+        if len(unreachable) > 1 and len(unreachable) == len(addresses):
+            raise BrokerNotAvailable("cannot connect to any of " + ", ".join(unreachable))
         raise last or BrokerNotAvailable("no broker address to connect to")
 
     async def aclose(self) -> None:

@@ -180,6 +180,9 @@ class SyncProducer(_SyncBase):
     def flush(self) -> None:
         self._loop.call(self._loop.client.flush)
 
+    def partitions_for(self, topic: str) -> int | None:
+        return self._loop.call_sync(self._loop.client.partitions_for, topic)
+
 
 class SyncConsumer(_SyncBase):
     """``with SyncConsumer("127.0.0.1:9092", **{"auto.offset.reset": "earliest"}) as c: ...``."""
@@ -257,3 +260,7 @@ class SyncAdmin(_SyncBase):
 
     def broker_stats(self, node_id: int | None = None) -> dict[str, Any]:
         return self._loop.call(self._loop.client.broker_stats, node_id)
+
+    def faults(self, node_id: int, action: str, **spec: Any) -> list[dict[str, Any]]:
+        """Inject or clear a fault on one broker; see ``Admin.faults``."""
+        return self._loop.call(self._loop.client.faults, node_id, action, **spec)

@@ -7,7 +7,9 @@ non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import resource
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -78,9 +80,43 @@ def _run_broker(args: argparse.Namespace) -> int:
         run_broker(args.id, host, port, args.data_dir, config, logger)
     except DataDirInUse as exc:
         raise CommandError(f"{exc}; stop it first or choose another --data-dir") from None
-    except OSError as exc:
-        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    except (OSError, BaseExceptionGroup) as exc:
+        # trio's nursery wraps a failed bind in an ExceptionGroup: unwrap it to one line.
+        error = _only_os_error(exc)
+        if error is None:
+            raise
+        raise CommandError(describe_start_error(error, host, port, args.data_dir)) from None
     return 0
+
+
+def _only_os_error(exc: BaseException) -> OSError | None:
+    """The OSError inside ``exc`` when that is all it holds (else None: a real bug)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, OSError) else None
+
+
+def describe_start_error(exc: OSError, host: str, port: int, data_dir: Path) -> str:
+    """Name the real problem: the port, the data dir, or the file-descriptor limit."""
+    reason = (exc.strerror or str(exc)).lower()
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return (
+            f"too many open files (limit {soft}) while starting on {data_dir}: raise it with "
+            "'ulimit -n' (a broker keeps files open for each partition's segments)"
+        )
+    if exc.filename is not None:  # a file operation: the data dir is the problem
+        return f"cannot use data dir {data_dir}: {reason} ({exc.filename})"
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"port {port} on {host} is in use (another broker or program listens there): "
+            "stop it or choose another --listen port"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {host}:{port}: {host} is not an address of this machine"
+    if exc.errno == errno.EACCES:
+        return f"cannot listen on {host}:{port}: permission denied (ports below 1024 need root)"
+    return f"cannot listen on {host}:{port}: {reason}"
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:

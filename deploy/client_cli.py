@@ -79,6 +79,11 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     )
     create.set_defaults(func=_cmd(_topics_create))
     lst = tsub.add_parser("list", help="list topic names")
+    lst.add_argument(
+        "--include-internal",
+        action="store_true",
+        help="also list internal topics (names starting with '__'), hidden by default",
+    )
     lst.set_defaults(func=_cmd(_topics_list))
     describe = tsub.add_parser("describe", help="partitions, leaders, replicas and ISR")
     describe.add_argument("topic", nargs="*", help="topics to describe (default: all)")
@@ -117,11 +122,18 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
 
 def describe_error(exc: BaseException, args: argparse.Namespace) -> str:
     """One line saying what went wrong and what to do."""
+    if isinstance(exc, BrokerNotAvailable) and exc.message.startswith("cannot connect to any of "):
+        # Every address was tried: the whole cluster is down, or the addresses are wrong.
+        return (
+            f"{exc.message}: is the cluster running? 'minibroker cluster status' shows "
+            "which brokers are down, 'minibroker cluster up' starts one"
+        )
     if isinstance(exc, BrokerNotAvailable) and exc.message.startswith("cannot connect to "):
         where, _, reason = exc.message.removeprefix("cannot connect to ").partition(": ")
         return (
             f"cannot connect to {where} ({reason}): is a broker running? "
-            "start one with 'minibroker cluster up'"
+            "start one with 'minibroker cluster up'; if a cluster runs, give every broker "
+            "in --bootstrap (or MINIBROKER_BOOTSTRAP) and see 'minibroker cluster status'"
         )
     if isinstance(exc, UnknownTopicOrPartition):
         topic = getattr(args, "topic", None)
@@ -164,6 +176,11 @@ def _settings(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
 # --- topics -----------------------------------------------------------------------------------
 
 
+def is_internal(topic: str) -> bool:
+    """minibroker's own topics (``__minibroker_health``), like Kafka's ``__consumer_offsets``."""
+    return topic.startswith("__")
+
+
 async def _topics_create(args: argparse.Namespace) -> int:
     configs = parse_properties(args.config)
     async with Admin(config=_settings(args)) as admin:
@@ -179,7 +196,8 @@ async def _topics_list(args: argparse.Namespace) -> int:
     async with Admin(config=_settings(args)) as admin:
         names = await admin.list_topics()
     for name in names:
-        print(name)
+        if args.include_internal or not is_internal(name):
+            print(name)
     return 0
 
 
@@ -246,6 +264,31 @@ class DeliveryTally:
         self.pending = still
 
 
+TOPIC_WAIT_S = 1.0
+
+
+async def _require_topic(producer: Producer, topic: str) -> None:
+    """Fail fast on a topic the cluster says does not exist (UNKNOWN_TOPIC_OR_PARTITION
+    for TOPIC_WAIT_S: with auto.create.topics.enable a metadata request would have created
+    it). Other answers (no leader yet, a broker down) are left to the producer's own
+    max.block.ms wait."""
+    cluster = producer._cluster  # the producer's own metadata: no second connection
+    with trio.move_on_after(TOPIC_WAIT_S):
+        while True:
+            try:
+                await cluster.refresh([topic])
+            except KafkaError as exc:
+                if not exc.retriable:
+                    raise
+                return
+            if cluster.partition_count(topic) is not None:
+                return
+            if cluster.topic_errors.get(topic, (0, None))[0] != UnknownTopicOrPartition.code:
+                return
+            await trio.sleep(0.1)
+    raise UnknownTopicOrPartition(f"topic '{topic}' does not exist")
+
+
 async def _produce(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {"max.block.ms": 10000}
     if args.acks is not None:
@@ -253,6 +296,11 @@ async def _produce(args: argparse.Namespace) -> int:
     sep = args.key_separator.encode() if args.key_separator else None
     tally = DeliveryTally()
     async with Producer(config=_settings(args, **extra)) as producer:
+        missing: KafkaError | None = None
+        try:
+            await _require_topic(producer, args.topic)
+        except UnknownTopicOrPartition as exc:
+            missing = exc
         async for line in _stdin_lines():
             key = None
             if sep is not None:
@@ -262,15 +310,19 @@ async def _produce(args: argparse.Namespace) -> int:
             else:
                 value = line
             try:
+                if missing is not None:
+                    raise missing
                 tally.add(
                     await producer.enqueue(args.topic, value, key=key, partition=args.partition)
                 )
             except KafkaError as exc:
-                if tally.sent == 0:
-                    raise  # nothing sent yet (unknown topic, ...): report it as it is
+                # Stop reading: the input may be endless, and nothing more would get through.
+                tally.sent += 1
                 tally.failed[exc.code.name] += 1
                 tally.first_error = tally.first_error or exc
                 break
+        if missing is not None and tally.sent == 0:
+            raise missing  # no input at all: still say that the topic is missing
         await producer.flush()
     tally.collect()
     if tally.failed:
@@ -278,16 +330,23 @@ async def _produce(args: argparse.Namespace) -> int:
         codes = ", ".join(f"{code} x{n}" for code, n in tally.failed.most_common())
         print(
             f"error: {total} of {tally.sent} record(s) were not delivered: {codes}"
-            f"{delivery_hint(tally.first_error, producer.config)}",
+            f"{delivery_hint(tally.first_error, producer.config, args)}",
             file=sys.stderr,
         )
         return EXIT_NOT_DELIVERED
     return 0
 
 
-def delivery_hint(error: BaseException | None, config: dict[str, Any]) -> str:
+def delivery_hint(
+    error: BaseException | None, config: dict[str, Any], args: argparse.Namespace
+) -> str:
     """What the failure means and where to look, in a parenthesis."""
     message = getattr(error, "message", "") or ""
+    if isinstance(error, UnknownTopicOrPartition):
+        return (
+            f" ({message}: create it with 'minibroker topics create {args.topic}'; "
+            "stopped reading input at the first failure)"
+        )
     detail = f"{message}; " if message else ""
     if isinstance(error, KafkaError) and error.retriable:
         return (

@@ -3,6 +3,11 @@
 State (ports, pids, settings) lives in ``DATA_DIR/cluster.json`` so any shell can
 drive a running cluster. Broker ``i`` listens on ``base_port + i`` and keeps its
 data in ``DATA_DIR/broker-i``.
+
+A pid in ``cluster.json`` is signalled only once it is proven to be *this* cluster's
+broker: the process started when we recorded it (pids are reused), and its command
+line names this cluster's data dir as an absolute path and this broker's port (a
+relative dir would match another cluster's broker with the same layout).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import psutil
 
 from broker.metadata import write_atomic
 
-from .launcher import BrokerProcess, ping, port_in_use
+from .launcher import BrokerProcess, ping, port_holder, port_in_use
 
 STATE_FILE = "cluster.json"
 DEFAULT_DATA_DIR = Path("minibroker-data")
@@ -37,6 +42,14 @@ class ClusterState:
     config: dict[str, str] = field(default_factory=dict)
     pids: dict[int, int] = field(default_factory=dict)
     host: str = "127.0.0.1"
+    # psutil create_time of each pid, recorded at launch: a pid reused by another process
+    # (or listed in a copied cluster.json) has another start time.
+    started: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def root(self) -> Path:
+        """The data dir as an absolute path: what brokers are launched with and checked by."""
+        return self.data_dir.resolve()
 
     @property
     def path(self) -> Path:
@@ -59,6 +72,7 @@ class ClusterState:
             "brokers": self.brokers,
             "config": self.config,
             "pids": {str(k): v for k, v in self.pids.items()},
+            "started": {str(k): v for k, v in self.started.items() if k in self.pids},
             "host": self.host,
         }
         write_atomic(self.path, json.dumps(body, indent=1).encode())
@@ -83,6 +97,7 @@ class ClusterState:
             body.get("config", {}),
             {int(k): v for k, v in body.get("pids", {}).items()},
             body.get("host", "127.0.0.1"),
+            {int(k): float(v) for k, v in body.get("started", {}).items()},
         )
 
     # --- processes -------------------------------------------------------------------------
@@ -92,26 +107,43 @@ class ClusterState:
         return BrokerProcess(
             broker_id,
             self.port(broker_id),
-            self.data_dir / f"broker-{broker_id}",
+            self.root / f"broker-{broker_id}",
             config,
             self.host,
         )
 
     def process(self, broker_id: int) -> psutil.Process | None:
-        """The live OS process of a broker, checked to really be that broker (pids get reused)."""
+        """The live OS process of a broker, proven to be this cluster's broker (see above)."""
         pid = self.pids.get(broker_id)
-        if pid is None:
-            return None
+        started = self.started.get(broker_id)
+        if pid is None or started is None:
+            return None  # no start time recorded (an older cluster.json): never signal it
         try:
             proc = psutil.Process(pid)
-            cmdline = proc.cmdline()
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return None
+            cmdline = proc.cmdline()
+            create_time = proc.create_time()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return None
-        if "deploy.cli" not in cmdline or str(self.data_dir / f"broker-{broker_id}") not in cmdline:
+        if abs(create_time - started) > 0.05:
+            return None
+        if not self._is_our_command(broker_id, cmdline):
             return None
         return proc
+
+    def _is_our_command(self, broker_id: int, cmdline: list[str]) -> bool:
+        def option(name: str) -> str | None:
+            try:
+                return cmdline[cmdline.index(name) + 1]
+            except (ValueError, IndexError):
+                return None
+
+        return (
+            "deploy.cli" in cmdline
+            and option("--data-dir") == str(self.root / f"broker-{broker_id}")
+            and option("--listen") == f"{self.host}:{self.port(broker_id)}"
+        )
 
     def status_of(self, broker_id: int) -> str:
         proc = self.process(broker_id)
@@ -137,12 +169,16 @@ class ClusterState:
             # Checked up front: the readiness ping would otherwise be answered by whoever
             # holds the port (another cluster), while our broker fails to bind and exits.
             raise ClusterError(
-                f"port {self.port(broker_id)} for broker {broker_id} is in use (another "
-                "cluster?): stop it or choose another --base-port"
+                f"port {self.port(broker_id)} for broker {broker_id} is in use: "
+                f"{port_holder(self.port(broker_id))}; stop it or choose another --base-port"
             )
         bp = self.broker_process(broker_id)
         bp.start()
         self.pids[broker_id] = bp.pid
+        try:
+            self.started[broker_id] = psutil.Process(bp.pid).create_time()
+        except psutil.NoSuchProcess:
+            self.started.pop(broker_id, None)  # exited at once: wait_ready reports its log
         return bp
 
     def start_all(self) -> None:

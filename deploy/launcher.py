@@ -7,6 +7,7 @@ directory; readiness means it answered an ApiVersions request on its port.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -15,6 +16,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import psutil
+
 from protocol import ApiKey, FrameDecoder, decode_response_envelope, encode_request
 
 
@@ -22,10 +25,50 @@ class BrokerStartError(RuntimeError):
     """A broker process exited or did not answer in time."""
 
 
+# Test and default ports stay below the kernel's ephemeral range (Linux: 32768-60999), which
+# it hands out to outgoing connections: a port picked there can be taken by any client
+# socket between our check and the broker's bind, and "in use" would then be misleading.
+TEST_PORTS = (20000, 32767)
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The range the OS picks outgoing connections' local ports from."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default; IANA's is 49152-65535
+
+
+def _bind_all(host: str, ports: range) -> bool:
+    socks: list[socket.socket] = []
+    try:
+        for port in ports:
+            s = socket.socket()
+            socks.append(s)
+            s.bind((host, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port_range(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive free ports below the ephemeral range, at random
+    (a cluster listens on base..base+count-1; random, so parallel tests rarely meet)."""
+    low, high = TEST_PORTS
+    for _ in range(200):
+        base = random.randint(low, high - count + 1)
+        if _bind_all(host, range(base, base + count)):
+            return base
+    raise OSError(f"no run of {count} free ports in {low}-{high} on {host}")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """One free port below the ephemeral range (port 0 would land inside it)."""
+    return free_port_range(1, host)
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -40,25 +83,24 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def free_port_range(count: int, host: str = "127.0.0.1") -> int:
-    """The first of ``count`` consecutive free ports (a cluster listens on base..base+count-1)."""
-    import random
-
-    for _ in range(100):
-        base = random.randint(20000, 60000 - count)
-        socks: list[socket.socket] = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind((host, port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise OSError(f"no run of {count} free ports on {host}")
+def port_holder(port: int) -> str:
+    """Who holds a port we could not bind, in words: a listener, or an outgoing connection
+    whose local port the OS took from the ephemeral range."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        conns = []
+    mine = [c for c in conns if c.laddr and c.laddr.port == port]
+    if any(c.status == psutil.CONN_LISTEN for c in mine):
+        return "another program listens there (another cluster?)"
+    low, high = ephemeral_range()
+    if mine or low <= port <= high:
+        where = f"; it is in the ephemeral range {low}-{high}" if low <= port <= high else ""
+        return (
+            f"an outgoing connection holds it{where}, which the OS hands out to client "
+            f"sockets: choose a port below {low}"
+        )
+    return "something holds it (another cluster?)"
 
 
 def ping(host: str, port: int, timeout: float = 0.5) -> bool:

@@ -12,12 +12,19 @@ import trio
 from client import Admin
 from protocol.errors import KafkaError
 
+from .client_cli import describe_error
+
 PURGATORY_FIELDS = ("pending", "watched", "completed", "expired", "purges")
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stats", help="a broker's purgatory metrics and partition states")
-    p.add_argument("--bootstrap", default=os.environ.get("MINIBROKER_BOOTSTRAP", "127.0.0.1:9092"))
+    p.add_argument(
+        "--bootstrap",
+        default=os.environ.get("MINIBROKER_BOOTSTRAP", "127.0.0.1:9092"),
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="brokers to start from, each tried in turn (default: $MINIBROKER_BOOTSTRAP)",
+    )
     p.add_argument("--broker", type=int, help="broker id (default: the bootstrap broker's answer)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
@@ -53,8 +60,8 @@ def render(body: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         body = trio.run(_fetch, args)
-    except KafkaError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (KafkaError, ValueError) as exc:
+        print(f"error: {describe_error(exc, args)}", file=sys.stderr)
         return 2
     print(json.dumps(body) if args.json else render(body))
     return 0

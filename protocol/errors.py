@@ -119,7 +119,9 @@ class KafkaError(Exception):
 
 def _class_name(code: ErrorCode) -> str:
     name = "".join(part.capitalize() for part in code.name.split("_"))
-    return name.removesuffix("Exception")
+    # InvalidTopicException -> InvalidTopic, but NetworkException keeps Kafka's full name.
+    short = name.removesuffix("Exception")
+    return short if any(c.isupper() for c in short[1:]) else name
 
 
 _BY_CODE: dict[ErrorCode, type[KafkaError]] = {}

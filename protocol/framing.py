@@ -20,6 +20,17 @@ def encode_frame(payload: bytes) -> bytes:
     return _LEN.pack(len(payload)) + payload
 
 
+def oversized_frame_message(header: bytes, length: int, maximum: int) -> str:
+    """Why a frame header is refused. Text where a length should be (b"HTTP" reads as
+    1213486160) means the peer speaks another protocol, which is what the reader must hear."""
+    if all(32 <= b < 127 for b in header):
+        return (
+            f"the peer does not speak minibroker's protocol: it sent text ({header!r}...), "
+            f"not a frame length (read as {length} bytes, over the maximum of {maximum})"
+        )
+    return f"frame of {length} bytes exceeds the maximum of {maximum}"
+
+
 class FrameDecoder:
     """Feed raw bytes, collect complete frame payloads."""
 
@@ -47,10 +58,9 @@ class FrameDecoder:
         while end - pos >= FRAME_HEADER_SIZE:
             (length,) = _LEN.unpack_from(buf, pos)
             if length > self.max_frame_bytes:
+                header = bytes(buf[pos : pos + FRAME_HEADER_SIZE])
                 del buf[:]
-                raise FrameTooLarge(
-                    f"frame of {length} bytes exceeds the maximum of {self.max_frame_bytes}"
-                )
+                raise FrameTooLarge(oversized_frame_message(header, length, self.max_frame_bytes))
             if length == 0:
                 del buf[:]
                 raise ProtocolError("empty frame")

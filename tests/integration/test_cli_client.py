@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -170,3 +174,42 @@ def test_unknown_topic_and_bad_property_are_one_line(broker):
     typo = cli("produce", "ghost", "--property", "linger.m=5", "--bootstrap", broker)
     assert typo.returncode != 0
     assert "did you mean 'linger.ms'" in one_error_line(typo)
+
+
+def test_produce_to_a_missing_topic_fails_fast_and_counts_what_was_not_delivered(broker):
+    started = time.monotonic()
+    result = cli("produce", "ghost", "--bootstrap", broker, stdin="a\nb\n")
+    elapsed = time.monotonic() - started
+    assert result.returncode == 3
+    line = one_error_line(result)
+    assert "1 of 1 record(s) were not delivered: UNKNOWN_TOPIC_OR_PARTITION x1" in line
+    assert "minibroker topics create ghost" in line and "stopped reading input" in line
+    # The producer's own wait for metadata (max.block.ms) is 10 s; a topic the broker
+    # says does not exist is reported well before that.
+    assert elapsed < 8, elapsed
+
+
+def test_a_port_that_is_not_a_broker_is_named_as_not_speaking_the_protocol():
+    """An HTTP server that answers anything with 400, as most do to bytes they cannot parse:
+    its b"HTTP" used to be read as a frame of 1213486160 bytes."""
+    listener = socket.create_server(("127.0.0.1", free_port()))
+
+    def answer_with_http() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=answer_with_http, daemon=True).start()
+    port = listener.getsockname()[1]
+    try:
+        result = cli("topics", "list", "--bootstrap", f"127.0.0.1:{port}")
+    finally:
+        listener.close()
+    assert result.returncode != 0
+    line = one_error_line(result)
+    assert f"127.0.0.1:{port}" in line
+    assert "does not speak minibroker's protocol" in line and "b'HTTP'" in line
+    assert "1213486160 bytes exceeds" not in line

@@ -4,19 +4,34 @@ resume, kill, restart, down; and the one-line errors when something is in the wa
 from __future__ import annotations
 
 import json
+import os
+import re
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
-from deploy.launcher import free_port_range
+from deploy.launcher import BrokerProcess, free_port, free_port_range, ping
 from tests.waiting import wait_until
 
+ROOT = Path(__file__).resolve().parents[2]
 
-def mb(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+
+def env_with_root(env: dict | None = None) -> dict:
+    """This checkout first on the path, whatever the working directory."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def mb(*args: str, timeout: float = 60, cwd=None, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "deploy.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        cwd=cwd,
+        env=env_with_root(env),
     )
 
 
@@ -35,6 +50,9 @@ def test_up_status_pause_resume_kill_restart_down(tmp_path):
         assert f"bootstrap 127.0.0.1:{base}," in up.stdout
         cold_ms = float(up.stdout.split("acknowledged): ")[1].split(" ms")[0])
         assert 0 < cold_ms < 30_000
+        # The cold start is read against the machine's load, printed next to it.
+        assert re.search(r" ms \(load average \d+\.\d\d on \d+ CPUs\)", up.stdout), up.stdout
+        assert f"MINIBROKER_BOOTSTRAP=127.0.0.1:{base},127.0.0.1:{base + 1}," in up.stdout
 
         first = status(data_dir)
         assert [b["state"] for b in first["brokers"]] == ["alive"] * 3
@@ -75,3 +93,109 @@ def test_control_of_a_missing_cluster_or_broker_is_one_line(tmp_path):
     missing = mb("cluster", "pause", "0", "--data-dir", str(tmp_path / "none"))
     assert missing.returncode != 0 and missing.stderr.startswith("error: no cluster in ")
     assert "cluster up" in missing.stderr and missing.stderr.count("\n") == 1
+
+
+def test_a_cluster_json_listing_another_clusters_broker_never_signals_it(tmp_path):
+    """The foreign broker is "another cluster" this test started itself, laid out as every
+    default cluster is (relative ./minibroker-data/broker-0), on another port. A
+    cluster.json elsewhere that lists its pid, even with its true start time, must not
+    make status call it ours, nor kill/down signal it."""
+    import psutil
+
+    other, mine = tmp_path / "other", tmp_path / "mine"
+    other.mkdir()
+    foreign = BrokerProcess(0, free_port(), Path("minibroker-data/broker-0"))
+    proc = subprocess.Popen(
+        foreign.command(),
+        cwd=other,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env_with_root(),
+        start_new_session=True,
+    )
+    try:
+        wait_until(lambda: ping("127.0.0.1", foreign.port), 20, "the foreign broker to answer")
+        (mine / "minibroker-data").mkdir(parents=True)
+        (mine / "minibroker-data" / "cluster.json").write_text(
+            json.dumps(
+                {
+                    "base_port": free_port(),
+                    "brokers": 1,
+                    "pids": {"0": proc.pid},
+                    "started": {"0": psutil.Process(proc.pid).create_time()},
+                }
+            )
+        )
+        run = mb("cluster", "status", "--json", cwd=mine)
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout)["brokers"][0]["state"] == "dead"
+        killed = mb("cluster", "kill", "0", cwd=mine)
+        assert killed.returncode != 0 and "broker 0 is not running" in killed.stderr
+        assert mb("cluster", "pause", "0", cwd=mine).returncode != 0
+        assert mb("cluster", "down", cwd=mine).returncode == 0
+        foreign_proc = psutil.Process(proc.pid)
+        assert proc.poll() is None and foreign_proc.status() != psutil.STATUS_STOPPED
+        assert ping("127.0.0.1", foreign.port)
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def test_with_broker_0_dead_clients_use_the_others_and_commands_name_the_dead_one(tmp_path):
+    data_dir = tmp_path / "c"
+    base = free_port_range(3)
+    up = mb("cluster", "up", "--data-dir", str(data_dir), "--base-port", str(base), "--detach")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert mb("cluster", "kill", "0", "--data-dir", str(data_dir)).returncode == 0
+        bootstrap = ",".join(f"127.0.0.1:{base + i}" for i in range(3))
+        env = {**os.environ, "MINIBROKER_BOOTSTRAP": bootstrap}
+
+        listed = mb("topics", "list", env=env)
+        assert listed.returncode == 0, listed.stderr
+        assert "__minibroker_health" not in listed.stdout  # internal: hidden by default
+        internal = mb("topics", "list", "--include-internal", env=env)
+        assert "__minibroker_health" in internal.stdout.split()
+        stats = mb("stats", "--broker", "1", env=env)
+        assert stats.returncode == 0, stats.stderr
+        assert stats.stdout.startswith("broker 1 ")
+
+        again = mb("cluster", "up", "--data-dir", str(data_dir), "--base-port", str(base))
+        assert again.returncode != 0 and again.stderr.count("\n") == 1
+        assert "broker 0 is dead" in again.stderr
+        assert "minibroker cluster restart 0" in again.stderr
+        status_text = mb("cluster", "status", "--data-dir", str(data_dir))
+        assert "broker 0 is dead: 'minibroker cluster restart 0" in status_text.stdout
+
+        # With every broker gone, the error names each address it tried.
+        for i in (1, 2):
+            assert mb("cluster", "kill", str(i), "--data-dir", str(data_dir)).returncode == 0
+        none = mb("topics", "list", env=env)
+        assert none.returncode != 0 and none.stderr.count("\n") == 1
+        assert f"cannot connect to any of 127.0.0.1:{base}: connection refused" in none.stderr
+        assert f"127.0.0.1:{base + 2}: connection refused" in none.stderr
+    finally:
+        mb("cluster", "down", "--data-dir", str(data_dir))
+
+
+def test_a_port_held_by_an_outgoing_connection_is_named_as_such(tmp_path):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", free_port()))
+        listener.listen()
+        # The kernel picks this connection's local port from its ephemeral range.
+        with socket.create_connection(listener.getsockname()) as outgoing:
+            port = outgoing.getsockname()[1]
+            up = mb(
+                "cluster",
+                "up",
+                "--data-dir",
+                str(tmp_path / "c"),
+                "--brokers",
+                "1",
+                "--base-port",
+                str(port),
+                "--detach",
+            )
+    assert up.returncode != 0 and up.stderr.count("\n") == 1
+    assert f"port {port} " in up.stderr and "outgoing connection" in up.stderr
+    assert "ephemeral range" in up.stderr and "Traceback" not in up.stderr

@@ -1,0 +1,94 @@
+"""`minibroker broker` that cannot start says why in one line: the port, the data dir or
+the file-descriptor limit, never an ExceptionGroup traceback."""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from client import Admin, NewTopic
+from deploy.launcher import BrokerProcess, free_port
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_broker(
+    *args: str, nofile: int | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
+    def limit_files() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    return subprocess.run(
+        [sys.executable, "-m", "deploy.cli", "broker", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        preexec_fn=limit_files,
+    )
+
+
+def the_error_line(result: subprocess.CompletedProcess) -> str:
+    """The broker's own log lines may precede it; the failure itself is one line."""
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr
+    return errors[0]
+
+
+def test_a_busy_port_is_one_line_naming_it(tmp_path):
+    with socket.create_server(("127.0.0.1", free_port())) as holder:
+        port = holder.getsockname()[1]
+        result = run_broker("--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "b"))
+    line = the_error_line(result)
+    assert f"port {port} on 127.0.0.1 is in use" in line
+
+
+def test_an_unusable_data_dir_is_named_as_the_data_dir_not_the_port(tmp_path):
+    # As root a read-only directory is still writable; a path under a regular file fails
+    # the same way (an OSError with a file name) on any account.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    port = free_port()
+    result = run_broker("--listen", f"127.0.0.1:{port}", "--data-dir", str(blocker / "data"))
+    line = the_error_line(result)
+    assert f"cannot use data dir {blocker / 'data'}: not a directory" in line
+    assert "listen" not in line
+
+
+async def test_too_few_file_descriptors_at_start_is_one_line(tmp_path):
+    data_dir = tmp_path / "b"
+    broker = BrokerProcess(0, free_port(), data_dir)
+    broker.start()
+    try:
+        await trio.to_thread.run_sync(broker.wait_ready)
+        async with Admin(broker.address) as admin:
+            await admin.create_topics([NewTopic("many", 40, 1)])
+    finally:
+        broker.stop()
+    try:
+        result = await trio.to_thread.run_sync(
+            lambda: run_broker(
+                "--listen",
+                f"127.0.0.1:{free_port()}",
+                "--data-dir",
+                str(data_dir),
+                nofile=40,
+                timeout=30,
+            )
+        )
+    except subprocess.TimeoutExpired:  # run() killed it
+        pytest.skip("the broker started within 40 descriptors: no EMFILE to report")
+    line = the_error_line(result)
+    assert "too many open files (limit 40)" in line and "ulimit -n" in line

@@ -1,0 +1,61 @@
+"""One-line start-up errors name the real problem; test ports stay out of the ephemeral
+range; text where a frame length should be is named as another protocol."""
+
+from __future__ import annotations
+
+import errno
+import resource
+import socket
+from pathlib import Path
+
+import pytest
+
+from deploy.cli import describe_start_error
+from deploy.launcher import TEST_PORTS, ephemeral_range, free_port, free_port_range, port_holder
+from protocol import FrameDecoder
+from protocol.errors import FrameTooLarge
+
+
+def test_start_errors_name_port_data_dir_or_descriptor_limit():
+    data = Path("/srv/mb")
+    busy = describe_start_error(
+        OSError(errno.EADDRINUSE, "Address in use"), "127.0.0.1", 9092, data
+    )
+    assert busy.startswith("port 9092 on 127.0.0.1 is in use")
+    readonly = OSError(errno.EROFS, "Read-only file system", "/srv/mb/broker.lock")
+    text = describe_start_error(readonly, "127.0.0.1", 9092, data)
+    assert text == "cannot use data dir /srv/mb: read-only file system (/srv/mb/broker.lock)"
+    emfile = OSError(errno.EMFILE, "Too many open files", "/srv/mb/t-0/0.log")
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert describe_start_error(emfile, "127.0.0.1", 9092, data).startswith(
+        f"too many open files (limit {soft})"
+    )
+
+
+def test_test_ports_come_from_below_the_ephemeral_range():
+    low, _ = ephemeral_range()
+    assert TEST_PORTS[1] < min(low, 32768)
+    for _ in range(20):
+        assert TEST_PORTS[0] <= free_port() <= TEST_PORTS[1]
+        base = free_port_range(3)
+        assert TEST_PORTS[0] <= base and base + 2 <= TEST_PORTS[1]
+
+
+def test_port_holder_tells_a_listener_from_an_outgoing_connection():
+    with socket.create_server(("127.0.0.1", free_port())) as listener:
+        assert "listens there" in port_holder(listener.getsockname()[1])
+        with socket.create_connection(listener.getsockname()) as outgoing:
+            assert "outgoing connection" in port_holder(outgoing.getsockname()[1])
+
+
+@pytest.mark.parametrize("reply", [b"HTTP/1.1 400 Bad Request\r\n\r\n", b"SSH-2.0-OpenSSH_9.6\r\n"])
+def test_text_instead_of_a_frame_length_says_the_peer_speaks_another_protocol(reply):
+    with pytest.raises(FrameTooLarge) as caught:
+        FrameDecoder().feed(reply)
+    assert "does not speak minibroker's protocol" in str(caught.value)
+    assert repr(reply[:4]) in str(caught.value)
+
+
+def test_a_binary_oversized_length_is_still_reported_as_a_size():
+    with pytest.raises(FrameTooLarge, match="frame of 4294967295 bytes exceeds the maximum"):
+        FrameDecoder().feed(b"\xff\xff\xff\xff")
