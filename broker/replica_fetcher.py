@@ -14,6 +14,7 @@ import trio
 from protocol import ApiKey, iter_batches
 from protocol.errors import ErrorCode, KafkaError
 
+from .cluster_auth import ClusterCredentials
 from .peer import PeerConnection
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ class ReplicaFetcher:
         logger: Any,
         on_hw_change: Any,
         faults: Any,
+        credentials: ClusterCredentials | None = None,
     ) -> None:
         self.partition = partition
         self.leader = leader
@@ -42,7 +44,13 @@ class ReplicaFetcher:
         )
         self.on_hw_change = on_hw_change
         self.cancel_scope = trio.CancelScope()
-        self.conn = PeerConnection(leader.host, leader.port, f"replica-fetcher-{broker_id}")
+        self.conn = PeerConnection(
+            leader.host,
+            leader.port,
+            f"replica-fetcher-{broker_id}",
+            credentials=credentials,
+            peer_id=leader.node_id,
+        )
         self.faults = faults
 
     async def run(self) -> None:
