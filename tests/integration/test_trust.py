@@ -9,6 +9,7 @@ refused; a member may speak only for itself; even the controller's snapshots are
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -24,7 +25,12 @@ from client import Admin, Consumer, NewTopic, Producer
 from deploy.cluster_secret import SECRET_FILE
 from deploy.launcher import free_port
 from protocol import ApiKey, ErrorCode
-from protocol.errors import ClusterAuthorizationFailed, InvalidRequest, SaslAuthenticationFailed
+from protocol.errors import (
+    ClusterAuthorizationFailed,
+    InvalidRequest,
+    KafkaStorageError,
+    SaslAuthenticationFailed,
+)
 
 from .cluster_helpers import broker_stats, wait_for
 
@@ -413,3 +419,32 @@ def test_broker_with_peers_but_no_secret_stops_with_one_line(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cluster.secret.file' is required" in lines[0], result.stderr
+
+
+async def test_failed_metadata_save_on_a_live_broker_changes_nothing(broker_process):
+    """A real failed save: the metadata file's place is taken by a directory."""
+    address = broker_process.address
+    async with Admin(address) as admin:
+        await admin.create_topics([NewTopic("kept", 1, 1)])
+    async with Producer(address, acks="all") as producer:
+        await producer.send("kept", b"before")
+    path = broker_process.data_dir / "cluster-metadata.json"
+    on_disk = path.read_bytes()
+    path.unlink()
+    path.mkdir()  # os.replace onto a directory fails: IsADirectoryError
+    try:
+        async with Admin(address) as admin:
+            outcome = await admin.create_topics([NewTopic("lost", 1, 1)], raise_errors=False)
+            assert isinstance(outcome["lost"], KafkaStorageError)
+            assert "cannot save cluster metadata" in str(outcome["lost"])
+            assert "nothing was changed" in str(outcome["lost"])
+            assert "lost" not in await admin.list_topics()
+        # The broker keeps serving what it has.
+        async with Producer(address, acks="all") as producer:
+            await producer.send("kept", b"during")
+    finally:
+        path.rmdir()
+        path.write_bytes(on_disk)
+    async with Admin(address) as admin:
+        assert (await admin.create_topics([NewTopic("lost", 1, 1)]))["lost"] is None
+    assert "lost" in [t["name"] for t in json.loads(path.read_text())["topics"]]
