@@ -64,7 +64,7 @@ class Controller:
 
         Inside the block ``self.metadata`` is the draft (helpers read it there) and
         ``self.commit()`` marks it changed. If the block or the save fails, the committed
-        metadata object was never touched and is restored as it was; a failed save raises
+        object, never touched, stays the metadata; a failed save raises
         MetadataPersistError for the caller to answer with.
         """
         committed = self.metadata
