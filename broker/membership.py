@@ -18,7 +18,7 @@ from protocol.errors import KafkaError
 from .cluster_auth import ClusterCredentials
 from .metadata import BrokerInfo, ClusterMetadata
 from .metadata_check import MetadataError
-from .peer import PeerConnection
+from .peer import PeerConnection, log_peer_failure
 
 
 class VotersError(ValueError):
@@ -75,7 +75,7 @@ class MetadataPusher:
                 await self.conn.request(ApiKey.UPDATE_METADATA, {"metadata": snapshot}, timeout=5)
                 self.sent_epoch = snapshot["epoch"]
             except KafkaError as exc:
-                self.log.debug("metadata_push_failed", error=str(exc))
+                log_peer_failure(self.log, "metadata_push_failed", exc)
                 # The broker also pulls the snapshot with its heartbeats; retry anyway.
                 await trio.sleep(0.2)
                 self._wakeup.set()
@@ -112,7 +112,7 @@ class ControllerLink:
                 )
                 break
             except KafkaError as exc:
-                self.log.debug("registration_retry", error=str(exc))
+                log_peer_failure(self.log, "registration_retry", exc)
                 await trio.sleep(delay)
                 delay = min(delay * 2, 1.0)
         self.log.info("registered_with_controller", controller=self.conn.address)

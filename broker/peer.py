@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import itertools
+from typing import Any
 
 import trio
 
@@ -25,9 +26,22 @@ from protocol import (
     raise_for,
     validate_response,
 )
-from protocol.errors import NetworkException, SaslAuthenticationFailed
+from protocol.errors import (
+    ClusterAuthorizationFailed,
+    KafkaError,
+    NetworkException,
+    SaslAuthenticationFailed,
+)
 
 from .cluster_auth import MECHANISM, ClusterCredentials, client_transcript, new_nonce, proof
+
+_REFUSALS = (SaslAuthenticationFailed, ClusterAuthorizationFailed)
+
+
+def log_peer_failure(log: Any, event: str, exc: KafkaError) -> None:
+    """A peer down or paused is routine (debug: the caller retries); a refusal (wrong
+    secret, not authorized) will not heal by retrying, so it is a warning."""
+    (log.warning if isinstance(exc, _REFUSALS) else log.debug)(event, error=str(exc))
 
 
 class PeerConnection:

@@ -15,7 +15,7 @@ from protocol import ApiKey, iter_batches
 from protocol.errors import ErrorCode, KafkaError
 
 from .cluster_auth import ClusterCredentials
-from .peer import PeerConnection
+from .peer import PeerConnection, log_peer_failure
 
 if TYPE_CHECKING:
     from .metadata import BrokerInfo
@@ -146,7 +146,7 @@ class ReplicaFetcher:
                 await self._truncate()
                 break
             except KafkaError as exc:
-                self.log.debug("truncation_check_failed", error=str(exc))
+                log_peer_failure(self.log, "truncation_check_failed", exc)
                 await trio.sleep(backoff)
             except Exception:
                 self.log.exception("truncation_error")
@@ -164,7 +164,7 @@ class ReplicaFetcher:
                     continue
                 self._process(body["topics"][0]["partitions"][0])
             except KafkaError as exc:
-                self.log.debug("replica_fetch_failed", error=str(exc))
+                log_peer_failure(self.log, "replica_fetch_failed", exc)
                 await trio.sleep(backoff)
             except Exception:
                 # A bug or a bad answer must cost this partition a retry, not the broker.

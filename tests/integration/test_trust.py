@@ -22,6 +22,7 @@ import protocol as p
 from broker.cluster_auth import ClusterCredentials, load_credentials
 from broker.peer import PeerConnection
 from client import Admin, Consumer, NewTopic, Producer
+from deploy.cluster_ops import gather_status, render_status
 from deploy.cluster_secret import SECRET_FILE
 from deploy.launcher import free_port
 from protocol import ApiKey, ErrorCode
@@ -317,6 +318,14 @@ async def test_wrong_secret_is_refused_and_members_speak_only_for_themselves(clu
     secret_file = state.data_dir / SECRET_FILE
     assert oct(secret_file.stat().st_mode & 0o777) == "0o600"
     good = load_credentials(secret_file, 1)
+    # Brokers get the file's path, never the secret: not in `ps`, logs or `cluster status`.
+    status = await trio.to_thread.run_sync(gather_status, state)
+    assert good.secret.hex() not in json.dumps(status, default=str) + render_status(status)
+    for b in range(3):
+        cmdline = " ".join(state.process(b).cmdline())
+        assert f"cluster.secret.file={secret_file.resolve()}" in cmdline
+        assert good.secret.hex() not in cmdline
+        assert good.secret.hex() not in (state.data_dir / f"broker-{b}" / "broker.log").read_text()
 
     async def ask(creds, to: int, api: int, body: dict, peer_id: int | None = None) -> dict:
         conn = PeerConnection(
