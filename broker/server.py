@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from protocol import ApiKey
-from protocol.errors import KafkaError
+from protocol.errors import ErrorCode, KafkaError
 
 from .apis import RequestHandler
 from .cluster_auth import Authenticator, ClusterCredentials, SecretFileError, load_credentials
@@ -297,6 +297,13 @@ class Broker:
                     self.propose_isr(partition, [r for r in partition.isr if r not in out])
 
     def register_broker(self, body: dict) -> dict:
+        if not body["host"] or body["port"] < 1:
+            # Never let a registration make the metadata one that brokers (or this
+            # controller, at its next start) would refuse to load.
+            return {
+                "error_code": int(ErrorCode.INVALID_REQUEST),
+                "error_message": f"cannot register {body['host']!r}:{body['port']}",
+            }
         try:
             self.controller.register_broker(
                 BrokerInfo(body["broker_id"], body["host"], body["port"])

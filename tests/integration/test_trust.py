@@ -353,6 +353,10 @@ async def test_wrong_secret_is_refused_and_members_speak_only_for_themselves(clu
     with pytest.raises(ClusterAuthorizationFailed, match="only controller 0"):
         await ask(good, 2, ApiKey.UPDATE_METADATA, {"metadata": snapshot(2**62, [])})
 
+    # Speaking for itself, a member still cannot make the metadata unloadable.
+    with pytest.raises(InvalidRequest, match="cannot register"):
+        await ask(good, 0, ApiKey.BROKER_REGISTRATION, {"broker_id": 1, "host": "", "port": 1})
+
     # Even the controller's snapshots are checked: no path-like name, no unknown replica
     # (epochs going back: tests/unit/test_metadata_validation.py).
     as_controller = load_credentials(secret_file, 0)
