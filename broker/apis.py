@@ -2,6 +2,13 @@
 
 Handlers run on the trio thread and never block: a request that must wait (acks=all,
 long-poll fetch) parks in a purgatory and the connection keeps serving others.
+
+Trust: the cluster's internal APIs (registration, heartbeats, ISR changes, metadata
+pushes, follower fetches) steer leaders, ISRs and high watermarks, so they are answered
+only on a connection whose peer authenticated as a cluster member (SASL_HANDSHAKE +
+SASL_AUTHENTICATE, broker/cluster_auth.py), and only about itself: the broker id in the
+body must be the authenticated one, and metadata is taken from the controller alone.
+Everyone else gets CLUSTER_AUTHORIZATION_FAILED and nothing changes.
 """
 
 from __future__ import annotations
@@ -9,17 +16,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from protocol import ApiKey, RequestHeader, supported_versions
+from protocol import ApiKey, RequestHeader, api_name, supported_versions
 from protocol.errors import ErrorCode
 
 from .faults import FaultError
+from .metadata_check import MetadataError
 from .pending import PendingResponse
 from .session import ConnectionSession
 
 if TYPE_CHECKING:
     from .server import Broker
 
-Handler = Callable[[RequestHeader, dict], "dict | PendingResponse | None"]
+Handler = Callable[[RequestHeader, dict, ConnectionSession], "dict | PendingResponse | None"]
 
 
 class RequestHandler:
@@ -39,10 +47,44 @@ class RequestHandler:
             ApiKey.UPDATE_METADATA: self.update_metadata,
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             ApiKey.FAULTS: self.faults,
+            ApiKey.SASL_HANDSHAKE: self.sasl_handshake,
+            ApiKey.SASL_AUTHENTICATE: self.sasl_authenticate,
+        }
+
+    def refuse_unless_member(
+        self, session: ConnectionSession, api_key: int, claimed: int | None = None
+    ) -> dict | None:
+        """None if the peer is an authenticated member speaking for itself (``claimed``)."""
+        principal = session.principal
+        if principal is None:
+            return self.refuse(session, api_key, "is for authenticated cluster members only")
+        if claimed is not None and claimed != principal:
+            return self.refuse(
+                session, api_key, f"from broker {principal} may not speak for broker {claimed}"
+            )
+        return None
+
+    def refuse(self, session: ConnectionSession, api_key: int, why: str) -> dict:
+        principal = session.principal
+        self.broker.log.info(
+            "cluster_authorization_failed",
+            peer=session.peer,
+            api=api_name(api_key),
+            principal=principal,
+            reason=why,
+        )
+        return {
+            "error_code": int(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
+            "error_message": f"{api_name(api_key)} {why}",
         }
 
     def controller_only(self, method: Callable[[dict], dict]) -> Handler:
-        def handler(header: RequestHeader, body: dict) -> dict:
+        """Internal APIs the controller answers, for the broker named in the body only."""
+
+        def handler(header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
+            refusal = self.refuse_unless_member(session, header.api_key, body["broker_id"])
+            if refusal is not None:
+                return refusal
             if not self.broker.is_controller:
                 return {
                     "error_code": int(ErrorCode.NOT_CONTROLLER),
@@ -62,10 +104,20 @@ class RequestHandler:
                 return {"error_code": code, "error_message": "injected by fault fail-api"}
             delay = faults.api_delay(header.api_key)
             if delay:
-                return self.broker.delayed(delay, self.handlers[header.api_key](header, body))
-        return self.handlers[header.api_key](header, body)
+                return self.broker.delayed(
+                    delay, self.handlers[header.api_key](header, body, session)
+                )
+        return self.handlers[header.api_key](header, body, session)
 
-    def faults(self, header: RequestHeader, body: dict) -> dict:
+    def sasl_handshake(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
+        return self.broker.authenticator.handshake(session, body)
+
+    def sasl_authenticate(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict:
+        return self.broker.authenticator.authenticate(session, body)
+
+    def faults(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         if not self.broker.config["faults.enable"]:
             return {
                 "error_code": int(ErrorCode.INVALID_REQUEST),
@@ -86,10 +138,10 @@ class RequestHandler:
 
     # --- APIs -----------------------------------------------------------------------------
 
-    def api_versions(self, header: RequestHeader, body: dict) -> dict:
+    def api_versions(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         return {"error_code": 0, "api_versions": supported_versions()}
 
-    def metadata(self, header: RequestHeader, body: dict) -> dict:
+    def metadata(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         broker = self.broker
         md = broker.metadata
         wanted = body["topics"]
@@ -137,21 +189,48 @@ class RequestHandler:
         ]
         return {"brokers": brokers, "controller_id": md.controller_id, "topics": topics}
 
-    def create_topics(self, header: RequestHeader, body: dict) -> dict | PendingResponse:
+    def create_topics(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse:
         result = self.broker.create_topics(body["topics"], body["validate_only"])
         return result if isinstance(result, PendingResponse) else {"topics": result}
 
     def alter_partition(self, body: dict) -> dict:
         return self.broker.controller.alter_partition(body)
 
-    def offset_for_leader_epoch(self, header: RequestHeader, body: dict) -> dict:
+    def offset_for_leader_epoch(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict:
         return self.broker.replica_manager.offsets_for_leader_epoch(body)
 
-    def update_metadata(self, header: RequestHeader, body: dict) -> dict:
-        self.broker.receive_metadata(body["metadata"])
+    def update_metadata(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict:
+        broker = self.broker
+        refusal = self.refuse_unless_member(session, header.api_key)
+        if refusal is not None:
+            return refusal
+        if broker.is_controller or session.principal != broker.controller_id:
+            # Only the controller pushes metadata (and never to itself).
+            return self.refuse(
+                session,
+                header.api_key,
+                f"from broker {session.principal}: only controller {broker.controller_id} "
+                f"pushes metadata to broker {broker.broker_id}",
+            )
+        try:
+            broker.receive_metadata(body["metadata"])
+        except MetadataError as exc:
+            broker.log.warning("metadata_rejected", peer=session.peer, error=str(exc))
+            return {
+                "error_code": int(ErrorCode.INVALID_REQUEST),
+                "error_message": f"metadata snapshot refused: {exc}",
+            }
         return {"error_code": 0, "error_message": None}
 
-    def produce(self, header: RequestHeader, body: dict) -> dict | PendingResponse | None:
+    def produce(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse | None:
         broker = self.broker
         if broker.config["auto.create.topics.enable"]:
             missing = [t["name"] for t in body["topics"] if t["name"] not in broker.metadata.topics]
@@ -159,11 +238,18 @@ class RequestHandler:
                 broker.auto_create(missing)
         return broker.replica_manager.produce(body)
 
-    def fetch(self, header: RequestHeader, body: dict) -> dict | PendingResponse:
+    def fetch(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse:
+        if body["replica_id"] >= 0:
+            # A follower's fetch moves its LEO, hence the HW and the ISR: members only.
+            refusal = self.refuse_unless_member(session, header.api_key, body["replica_id"])
+            if refusal is not None:
+                return refusal
         return self.broker.replica_manager.fetch(body)
 
-    def list_offsets(self, header: RequestHeader, body: dict) -> dict:
+    def list_offsets(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         return self.broker.replica_manager.list_offsets(body)
 
-    def broker_stats(self, header: RequestHeader, body: dict) -> dict:
+    def broker_stats(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         return {"error_code": 0, "broker_id": self.broker.broker_id, "stats": self.broker.stats()}

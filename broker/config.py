@@ -95,6 +95,12 @@ DEFS: dict[str, ConfigDef] = {
         "",
         "id@host:port,... of every broker of a cluster (empty: a single broker that is its own controller).",
     ),
+    "cluster.secret.file": ConfigDef(
+        str,
+        "",
+        "Path of the cluster's shared secret (a 0600 file `cluster up` writes); brokers prove "
+        "membership with it. Required when controller.quorum.voters lists other brokers.",
+    ),
     "broker.session.timeout.ms": ConfigDef(
         int, 9000, "A broker that misses heartbeats this long is fenced.", 1
     ),

@@ -1,42 +1,41 @@
 """The controller role: owns cluster metadata, assigns replicas, elects leaders, persists.
 
 Exactly one broker (``controller.id``, default the lowest id) runs this. Every change
-is persisted atomically before it is published to the brokers, so a restarted
-controller never forgets a topic or hands out an old leader epoch again.
+is made on a draft and persisted atomically before it becomes the controller's
+metadata and is published to the brokers: a restarted controller never forgets a
+topic or hands out an old leader epoch again, and a failed save (disk full, read-only
+directory) changes nothing anywhere — the request that caused it gets
+KAFKA_STORAGE_ERROR and the broker keeps serving.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, KafkaStorageError
 
 from .config import BrokerConfig
 from .metadata import (
     BrokerInfo,
     ClusterMetadata,
+    MetadataStoreError,
     PartitionState,
     TopicState,
     load_metadata,
     save_metadata,
 )
+from .metadata_check import topic_name_error
 
-_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 METADATA_FILE = "cluster-metadata.json"
 
+__all__ = ["METADATA_FILE", "Controller", "MetadataPersistError", "topic_name_error"]
 
-def topic_name_error(name: str) -> str | None:
-    """Kafka's topic name rules; None if valid."""
-    if not name or name in (".", ".."):
-        return "topic name is empty, '.' or '..'"
-    if len(name) > 249:
-        return "topic name is longer than 249 characters"
-    if not _TOPIC_NAME.match(name):
-        return f"topic name {name!r} may contain only ASCII letters, digits, '.', '_' and '-'"
-    return None
+
+class MetadataPersistError(KafkaStorageError):
+    """The metadata change could not be saved, so it was not made."""
 
 
 class Controller:
@@ -53,31 +52,79 @@ class Controller:
         self.config = config
         self.log = logger
         self.publish = publish
+        # A corrupt file raises MetadataStoreError naming it: the broker exits with that line.
         self.metadata = load_metadata(self.path) or ClusterMetadata()
         self.metadata.controller_id = broker_id
         self.metadata.live.add(broker_id)
+        self._changed = False
+
+    @contextmanager
+    def _change(self, *, publish: bool = True) -> Iterator[ClusterMetadata]:
+        """Make a change on a draft; persist it; only then apply and publish it.
+
+        Inside the block ``self.metadata`` is the draft (helpers read it there) and
+        ``self.commit()`` marks it changed. If the block or the save fails, the committed
+        object, never touched, stays the metadata; a failed save raises
+        MetadataPersistError for the caller to answer with.
+        """
+        committed = self.metadata
+        draft = committed.copy()
+        self.metadata = draft
+        self._changed = False
+        try:
+            yield draft
+            if self._changed:
+                draft.epoch += 1
+                try:
+                    save_metadata(self.path, draft)
+                except OSError as exc:
+                    self.log.error("metadata_save_failed", path=str(self.path), error=str(exc))
+                    raise MetadataPersistError(
+                        f"controller {self.broker_id} cannot save cluster metadata to "
+                        f"{self.path}: {exc.strerror or exc}; nothing was changed"
+                    ) from None
+        except BaseException:
+            self.metadata = committed
+            raise
+        if self._changed and publish:
+            self.publish(draft)
 
     def commit(self) -> None:
-        """Persist, then publish: the only way metadata changes leave the controller."""
-        self.metadata.epoch += 1
-        save_metadata(self.path, self.metadata)
-        self.publish(self.metadata)
+        """Mark the draft of the current ``_change`` as changed: it will be saved, then published."""
+        self._changed = True
+
+    def register_self(self, info: BrokerInfo) -> None:
+        """At start, before anything is served: a failed save stops the broker with one line."""
+        try:
+            with self._change(publish=False):
+                self._register(info)
+        except MetadataPersistError as exc:
+            raise MetadataStoreError(exc.message) from None
 
     def register_broker(self, info: BrokerInfo) -> None:
-        known = self.metadata.brokers.get(info.node_id)
-        changed = known != info
-        if changed:
-            self.metadata.brokers[info.node_id] = info
+        md = self.metadata
+        if md.brokers.get(info.node_id) != info or info.node_id not in md.live:
+            with self._change():
+                self._register(info)
+
+    def _register(self, info: BrokerInfo) -> None:
+        md = self.metadata
+        if md.brokers.get(info.node_id) != info:
+            md.brokers[info.node_id] = info
             self.log.info("broker_registered", node_id=info.node_id, host=info.host, port=info.port)
-        if self._unfence(info.node_id) or changed:
+            self.commit()
+        if self._unfence(info.node_id):
             self.commit()
 
     # --- liveness and leader election ---------------------------------------------------------
 
     def broker_alive(self, broker_id: int) -> None:
         """A heartbeat: a fenced broker that heartbeats again is live again."""
-        if broker_id in self.metadata.brokers and self._unfence(broker_id):
-            self.commit()
+        md = self.metadata
+        if broker_id in md.brokers and broker_id not in md.live:
+            with self._change():
+                self._unfence(broker_id)
+                self.commit()
 
     def _unfence(self, broker_id: int) -> bool:
         md = self.metadata
@@ -94,9 +141,12 @@ class Controller:
 
     def fence(self, broker_id: int, reason: str) -> None:
         """Take a dead (or cleanly stopping) broker out: move its leaderships, shrink ISRs."""
-        md = self.metadata
-        if broker_id not in md.live or broker_id == self.broker_id:
+        if broker_id not in self.metadata.live or broker_id == self.broker_id:
             return
+        with self._change() as md:
+            self._fence(md, broker_id, reason)
+
+    def _fence(self, md: ClusterMetadata, broker_id: int, reason: str) -> None:
         md.live.discard(broker_id)
         self.log.warning("broker_fenced", node_id=broker_id, reason=reason)
         for topic in md.topics.values():
@@ -138,14 +188,19 @@ class Controller:
         )
 
     def create_topics(self, topics: list[dict], validate_only: bool = False) -> list[dict]:
-        results = []
-        changed = False
-        for request in topics:
-            result = self._create_topic(request, validate_only)
-            results.append(result)
-            changed |= result["error_code"] == 0 and not validate_only
-        if changed:
-            self.commit()
+        if validate_only:
+            return [self._create_topic(request, True) for request in topics]
+        results: list[dict] = []
+        try:
+            with self._change():
+                for request in topics:
+                    results.append(self._create_topic(request, False))
+                if any(result["error_code"] == 0 for result in results):
+                    self.commit()
+        except MetadataPersistError as exc:
+            for result in results:
+                if result["error_code"] == 0:
+                    result.update(error_code=int(exc.code), error_message=exc.message)
         return results
 
     def _create_topic(self, request: dict, validate_only: bool) -> dict:
@@ -246,12 +301,21 @@ class Controller:
                 "error_message": f"bad ISR {request['new_isr']}",
             }
         if sorted(new_isr) != sorted(state.isr):
-            self.log.info(
-                "isr_changed", topic=topic.name, partition=index, old_isr=state.isr, new_isr=new_isr
-            )
-            state.isr = new_isr
-            state.partition_epoch += 1
-            self.commit()
+            try:
+                with self._change() as md:
+                    state = md.topics[topic.name].partitions[index]
+                    self.log.info(
+                        "isr_changed",
+                        topic=topic.name,
+                        partition=index,
+                        old_isr=state.isr,
+                        new_isr=new_isr,
+                    )
+                    state.isr = new_isr
+                    state.partition_epoch += 1
+                    self.commit()
+            except MetadataPersistError as exc:
+                return {"error_code": int(exc.code), "error_message": exc.message}
         return {
             "error_code": 0,
             "error_message": None,

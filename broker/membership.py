@@ -15,8 +15,10 @@ import trio
 from protocol import ApiKey
 from protocol.errors import KafkaError
 
+from .cluster_auth import ClusterCredentials
 from .metadata import BrokerInfo, ClusterMetadata
-from .peer import PeerConnection
+from .metadata_check import MetadataError
+from .peer import PeerConnection, log_peer_failure
 
 
 class VotersError(ValueError):
@@ -38,9 +40,21 @@ def parse_voters(text: str) -> dict[int, tuple[str, int]]:
 class MetadataPusher:
     """Keeps one broker up to date with the controller's newest snapshot."""
 
-    def __init__(self, target: BrokerInfo, controller_id: int, logger: Any) -> None:
+    def __init__(
+        self,
+        target: BrokerInfo,
+        controller_id: int,
+        logger: Any,
+        credentials: ClusterCredentials | None = None,
+    ) -> None:
         self.target = target
-        self.conn = PeerConnection(target.host, target.port, f"controller-{controller_id}")
+        self.conn = PeerConnection(
+            target.host,
+            target.port,
+            f"controller-{controller_id}",
+            credentials=credentials,
+            peer_id=target.node_id,
+        )
         self.log = logger.bind(target=target.node_id)
         self.latest: dict | None = None
         self.sent_epoch = -1
@@ -61,7 +75,7 @@ class MetadataPusher:
                 await self.conn.request(ApiKey.UPDATE_METADATA, {"metadata": snapshot}, timeout=5)
                 self.sent_epoch = snapshot["epoch"]
             except KafkaError as exc:
-                self.log.debug("metadata_push_failed", error=str(exc))
+                log_peer_failure(self.log, "metadata_push_failed", exc)
                 # The broker also pulls the snapshot with its heartbeats; retry anyway.
                 await trio.sleep(0.2)
                 self._wakeup.set()
@@ -72,8 +86,9 @@ class ControllerLink:
 
     def __init__(self, broker: Any, host: str, port: int) -> None:
         self.broker = broker
-        self.conn = PeerConnection(host, port, f"broker-{broker.broker_id}")
-        self.isr_conn = PeerConnection(host, port, f"broker-{broker.broker_id}-isr")
+        auth = {"credentials": broker.credentials, "peer_id": broker.controller_id}
+        self.conn = PeerConnection(host, port, f"broker-{broker.broker_id}", **auth)
+        self.isr_conn = PeerConnection(host, port, f"broker-{broker.broker_id}-isr", **auth)
         self.log = broker.log
 
     def _apply(self, body: dict) -> None:
@@ -81,6 +96,8 @@ class ControllerLink:
         if snapshot is not None:
             try:
                 self.broker.receive_metadata(snapshot)
+            except MetadataError as exc:
+                self.log.warning("metadata_rejected", epoch=snapshot.get("epoch"), error=str(exc))
             except Exception:
                 self.log.exception("metadata_apply_failed", epoch=snapshot.get("epoch"))
 
@@ -95,7 +112,7 @@ class ControllerLink:
                 )
                 break
             except KafkaError as exc:
-                self.log.debug("registration_retry", error=str(exc))
+                log_peer_failure(self.log, "registration_retry", exc)
                 await trio.sleep(delay)
                 delay = min(delay * 2, 1.0)
         self.log.info("registered_with_controller", controller=self.conn.address)
@@ -121,4 +138,4 @@ class ControllerLink:
 
 
 def snapshot_to_metadata(snapshot: dict) -> ClusterMetadata:
-    return ClusterMetadata.from_json(snapshot)
+    return ClusterMetadata.parse(snapshot)

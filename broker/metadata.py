@@ -2,7 +2,8 @@
 
 One broker (the controller) owns the authoritative copy and persists it
 atomically; every broker holds the last copy pushed to it. A single-broker
-"cluster" is its own controller.
+"cluster" is its own controller. Every document, from disk or from a peer, passes
+``metadata_check`` before it becomes a ClusterMetadata.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from .metadata_check import MetadataError, check_document
 
 
 @dataclass(slots=True)
@@ -64,8 +67,43 @@ class ClusterMetadata:
             ],
         }
 
+    def copy(self) -> ClusterMetadata:
+        """A deep copy: the controller's draft for a change not yet persisted.
+
+        Written out rather than ``copy.deepcopy`` (5x slower): it runs on every change.
+        """
+        return ClusterMetadata(
+            self.controller_id,
+            self.epoch,
+            {i: BrokerInfo(b.node_id, b.host, b.port) for i, b in self.brokers.items()},
+            {
+                name: TopicState(
+                    t.name,
+                    [
+                        PartitionState(
+                            p.leader,
+                            p.leader_epoch,
+                            list(p.replicas),
+                            list(p.isr),
+                            p.partition_epoch,
+                        )
+                        for p in t.partitions
+                    ],
+                    dict(t.configs),
+                )
+                for name, t in self.topics.items()
+            },
+            set(self.live),
+        )
+
+    @classmethod
+    def parse(cls, data: object) -> ClusterMetadata:
+        """Check an untrusted document (``MetadataError`` naming the problem), then build it."""
+        return cls.from_json(check_document(data))
+
     @classmethod
     def from_json(cls, data: dict) -> ClusterMetadata:
+        """Build from a document already checked (``parse`` for anything untrusted)."""
         md = cls(controller_id=data.get("controller_id", -1), epoch=data.get("epoch", 0))
         md.live = set(data.get("live_brokers", []))
         for b in data.get("brokers", []):
@@ -76,8 +114,28 @@ class ClusterMetadata:
         return md
 
 
+def epoch_regression(old: ClusterMetadata, new: ClusterMetadata) -> str | None:
+    """Why ``new`` cannot follow ``old`` (a partition's epochs went backwards), or None.
+
+    A snapshot that lowers a leader epoch would let a fenced leader's fetchers and
+    produces in again: refused even from an authenticated controller.
+    """
+    for name, topic in new.topics.items():
+        before = old.topics.get(name)
+        if before is None:
+            continue
+        for index, (p_old, p_new) in enumerate(
+            zip(before.partitions, topic.partitions, strict=False)
+        ):
+            for key in ("leader_epoch", "partition_epoch"):
+                was, now = getattr(p_old, key), getattr(p_new, key)
+                if now < was:
+                    return f"{name}-{index}: {key} {now} is below the current {was}"
+    return None
+
+
 class MetadataStoreError(RuntimeError):
-    """The persisted metadata file exists but cannot be read."""
+    """The persisted metadata file exists but cannot be read, or cannot be written."""
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -100,13 +158,22 @@ def save_metadata(path: Path, md: ClusterMetadata) -> None:
 
 
 def load_metadata(path: Path) -> ClusterMetadata | None:
+    """The persisted metadata, None if there is none; one-line MetadataStoreError if unusable."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise MetadataStoreError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
-        return ClusterMetadata.from_json(json.loads(raw))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise MetadataStoreError(
-            f"{path} is corrupt ({exc}); restore it or remove the data dir"
-        ) from None
+        doc = json.loads(raw)
+    except ValueError as exc:  # also UnicodeDecodeError; a truncated file lands here
+        problem = f"not valid JSON ({exc})"
+    else:
+        try:
+            return ClusterMetadata.parse(doc)
+        except MetadataError as exc:
+            problem = str(exc)
+    # One line even when the cause quotes a multi-line value.
+    problem = " ".join(problem.split())[:300]
+    raise MetadataStoreError(f"{path} is corrupt: {problem}; restore it or remove the data dir")

@@ -2,17 +2,22 @@
 
 Replica fetchers and controller pushes talk to other brokers with this. (The broker
 never imports ``client``; this is the small part of a client a broker needs.)
-Every failure surfaces as ``NetworkException`` naming the peer.
+Every failure surfaces as ``NetworkException`` naming the peer. With cluster
+credentials, each new connection first proves membership (and checks the peer's proof)
+before it carries any request, so every broker-to-broker link is authenticated.
 """
 
 from __future__ import annotations
 
+import hmac
 import itertools
+from typing import Any
 
 import trio
 
 from protocol import (
     DEFAULT_MAX_FRAME_BYTES,
+    ApiKey,
     FrameDecoder,
     ProtocolError,
     api_name,
@@ -21,17 +26,42 @@ from protocol import (
     raise_for,
     validate_response,
 )
-from protocol.errors import NetworkException
+from protocol.errors import (
+    ClusterAuthorizationFailed,
+    KafkaError,
+    NetworkException,
+    SaslAuthenticationFailed,
+)
+
+from .cluster_auth import MECHANISM, ClusterCredentials, client_transcript, new_nonce, proof
+
+_REFUSALS = (SaslAuthenticationFailed, ClusterAuthorizationFailed)
+
+
+def log_peer_failure(log: Any, event: str, exc: KafkaError) -> None:
+    """A peer down or paused is routine (debug: the caller retries); a refusal (wrong
+    secret, not authorized) will not heal by retrying, so it is a warning."""
+    (log.warning if isinstance(exc, _REFUSALS) else log.debug)(event, error=str(exc))
 
 
 class PeerConnection:
     def __init__(
-        self, host: str, port: int, client_id: str, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+        self,
+        host: str,
+        port: int,
+        client_id: str,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        *,
+        credentials: ClusterCredentials | None = None,
+        peer_id: int | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.client_id = client_id
         self.max_frame_bytes = max_frame_bytes
+        self.credentials = credentials
+        # The broker id we expect to answer; its proof must be for that id.
+        self.peer_id = peer_id
         self._stream: trio.SocketStream | None = None
         self._decoder = FrameDecoder(max_frame_bytes)
         self._lock = trio.Lock()
@@ -81,6 +111,48 @@ class PeerConnection:
     async def _round_trip(self, api_key: int, version: int, body: dict) -> dict:
         if self._stream is None:
             self._stream = await trio.open_tcp_stream(self.host, self.port)
+            if self.credentials is not None:
+                try:
+                    await self._authenticate(self.credentials)
+                except BaseException:
+                    # Never leave an unauthenticated stream behind for the next request.
+                    await self._reset()
+                    raise
+        return await self._exchange(api_key, version, body)
+
+    async def _authenticate(self, creds: ClusterCredentials) -> None:
+        """Prove membership, and check the peer's proof, before the first request."""
+        client_nonce = new_nonce()
+        hello = await self._exchange(
+            ApiKey.SASL_HANDSHAKE,
+            0,
+            {
+                "mechanism": MECHANISM,
+                "broker_id": creds.broker_id,
+                "cluster_id": creds.cluster_id,
+                "client_nonce": client_nonce,
+            },
+        )
+        self._check(hello)
+        server_id = hello["broker_id"]
+        if self.peer_id is not None and server_id != self.peer_id:
+            raise SaslAuthenticationFailed(
+                f"{self.address} is broker {server_id}, expected broker {self.peer_id}"
+            )
+        transcript = client_transcript(creds, server_id, client_nonce, hello["server_nonce"])
+        done = await self._exchange(
+            ApiKey.SASL_AUTHENTICATE, 0, {"auth_bytes": proof(creds.secret, "client", transcript)}
+        )
+        self._check(done)
+        if not hmac.compare_digest(done["auth_bytes"], proof(creds.secret, "server", transcript)):
+            raise SaslAuthenticationFailed(f"{self.address} did not prove cluster membership")
+
+    def _check(self, body: dict) -> None:
+        if body["error_code"]:
+            message = body.get("error_message") or ""
+            raise_for(body["error_code"], f"authenticating to {self.address}: {message}")
+
+    async def _exchange(self, api_key: int, version: int, body: dict) -> dict:
         correlation_id = next(self._ids) & 0x7FFFFFFF
         await self._stream.send_all(
             encode_request(api_key, version, correlation_id, self.client_id, body)

@@ -14,7 +14,8 @@ import trio
 from protocol import ApiKey, iter_batches
 from protocol.errors import ErrorCode, KafkaError
 
-from .peer import PeerConnection
+from .cluster_auth import ClusterCredentials
+from .peer import PeerConnection, log_peer_failure
 
 if TYPE_CHECKING:
     from .metadata import BrokerInfo
@@ -31,6 +32,7 @@ class ReplicaFetcher:
         logger: Any,
         on_hw_change: Any,
         faults: Any,
+        credentials: ClusterCredentials | None = None,
     ) -> None:
         self.partition = partition
         self.leader = leader
@@ -42,7 +44,13 @@ class ReplicaFetcher:
         )
         self.on_hw_change = on_hw_change
         self.cancel_scope = trio.CancelScope()
-        self.conn = PeerConnection(leader.host, leader.port, f"replica-fetcher-{broker_id}")
+        self.conn = PeerConnection(
+            leader.host,
+            leader.port,
+            f"replica-fetcher-{broker_id}",
+            credentials=credentials,
+            peer_id=leader.node_id,
+        )
         self.faults = faults
 
     async def run(self) -> None:
@@ -138,7 +146,7 @@ class ReplicaFetcher:
                 await self._truncate()
                 break
             except KafkaError as exc:
-                self.log.debug("truncation_check_failed", error=str(exc))
+                log_peer_failure(self.log, "truncation_check_failed", exc)
                 await trio.sleep(backoff)
             except Exception:
                 self.log.exception("truncation_error")
@@ -156,7 +164,7 @@ class ReplicaFetcher:
                     continue
                 self._process(body["topics"][0]["partitions"][0])
             except KafkaError as exc:
-                self.log.debug("replica_fetch_failed", error=str(exc))
+                log_peer_failure(self.log, "replica_fetch_failed", exc)
                 await trio.sleep(backoff)
             except Exception:
                 # A bug or a bad answer must cost this partition a retry, not the broker.

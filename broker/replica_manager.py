@@ -19,6 +19,7 @@ from .config import BrokerConfig
 from .delayed import DelayedFetch, DelayedProduce, ProducePartitionStatus
 from .epoch_cache import LeaderEpochCache
 from .metadata import PartitionState
+from .metadata_check import topic_name_error
 from .partition import Partition
 from .pending import PendingResponse
 from .purgatory import Purgatory
@@ -93,6 +94,10 @@ class ReplicaManager:
     # --- lifecycle ------------------------------------------------------------------------
 
     def partition_dir(self, topic: str, index: int) -> Path:
+        # Names reach here from the wire: never let one leave the data dir or alias
+        # another partition's directory, whatever check upstream was missed.
+        if topic_name_error(topic) is not None or type(index) is not int or index < 0:
+            raise ValueError(f"refusing partition directory for {topic[:64]!r}-{index!r}")
         return self.data_dir / f"{topic}-{index}"
 
     def host_partition(self, topic: str, index: int, state: PartitionState) -> Partition:

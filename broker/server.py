@@ -18,14 +18,16 @@ from typing import Any
 import trio
 
 from protocol import ApiKey
-from protocol.errors import KafkaError
+from protocol.errors import ErrorCode, KafkaError
 
 from .apis import RequestHandler
+from .cluster_auth import Authenticator, ClusterCredentials, SecretFileError, load_credentials
 from .config import BrokerConfig, ConfigError
-from .controller import Controller
+from .controller import Controller, MetadataPersistError
 from .faults import FaultInjector
 from .membership import ControllerLink, MetadataPusher, VotersError, parse_voters
-from .metadata import BrokerInfo, ClusterMetadata
+from .metadata import BrokerInfo, ClusterMetadata, epoch_regression
+from .metadata_check import MetadataError
 from .network import ConnectionHandler
 from .partition import Partition
 from .pending import PendingResponse
@@ -81,6 +83,8 @@ class Broker:
             raise ConfigError(
                 f"controller.id {self.controller_id} is not in controller.quorum.voters"
             )
+        self.credentials = self._credentials(broker_id, config)
+        self.authenticator = Authenticator(self.credentials, broker_id, logger)
         self.timer: SystemTimer | None = None
         self.replica_manager: ReplicaManager | None = None
         self.controller: Controller | None = None
@@ -92,6 +96,32 @@ class Broker:
         self.heartbeats: dict[int, int] = {}
         self._isr_in_flight: set[tuple[str, int]] = set()
         self.faults = FaultInjector()
+
+    def _credentials(self, broker_id: int, config: BrokerConfig) -> ClusterCredentials | None:
+        """The cluster secret; required as soon as there are other brokers to trust."""
+        path = config["cluster.secret.file"]
+        if path:
+            try:
+                return load_credentials(Path(path), broker_id)
+            except SecretFileError as exc:
+                raise ConfigError(f"config 'cluster.secret.file': {exc}") from None
+        others = sorted(set(self.voters) - {broker_id})
+        if others:
+            raise ConfigError(
+                "config 'cluster.secret.file' is required: controller.quorum.voters lists "
+                f"other brokers ({', '.join(map(str, others))}), and brokers prove membership "
+                "to each other with the cluster's secret ('minibroker cluster up' writes one)"
+            )
+        # A single broker has no peers: every internal API is refused (nobody can authenticate).
+        return None
+
+    def load_state(self) -> None:
+        """Read what must be sound before serving; raises one-line errors (corrupt metadata)."""
+        if self.is_controller and self.controller is None:
+            self.controller = Controller(
+                self.broker_id, self.data_dir, self.config, self.log, self.publish
+            )
+            self.controller.register_self(BrokerInfo(self.broker_id, self.host, self.port))
 
     # --- metadata -------------------------------------------------------------------------
 
@@ -127,6 +157,7 @@ class Broker:
             self.log,
             self._follower_hw_changed,
             self.faults,
+            self.credentials,
         )
         self.fetchers[partition.key] = fetcher
         self.nursery.start_soon(fetcher.run)
@@ -135,9 +166,23 @@ class Broker:
         self.replica_manager.fetch_purgatory.check_and_complete(partition.key)
 
     def receive_metadata(self, snapshot: dict) -> None:
-        """A snapshot pushed by (or pulled from) the controller; older epochs are ignored."""
-        if snapshot["epoch"] > self.metadata.epoch:
-            self.apply_metadata(ClusterMetadata.from_json(snapshot))
+        """A snapshot pushed by (or pulled from) the controller; older epochs are ignored.
+
+        Checked before anything acts on it, even though the sender authenticated: topic
+        names (they become directories), replica ids, and epochs that must not go back.
+        Raises MetadataError naming the problem; the current metadata stays.
+        """
+        if snapshot["epoch"] <= self.metadata.epoch:
+            return
+        md = ClusterMetadata.parse(snapshot)
+        if md.controller_id != self.controller_id:
+            raise MetadataError(
+                f"snapshot from controller {md.controller_id}, but the controller is "
+                f"{self.controller_id}"
+            )
+        if (problem := epoch_regression(self.metadata, md)) is not None:
+            raise MetadataError(problem)
+        self.apply_metadata(md)
 
     def publish(self, md: ClusterMetadata) -> None:
         """Controller: apply locally, then push to every other registered broker."""
@@ -148,7 +193,9 @@ class Broker:
                 continue
             pusher = self.pushers.get(node_id)
             if pusher is None or pusher.target != info:
-                pusher = self.pushers[node_id] = MetadataPusher(info, self.broker_id, self.log)
+                pusher = self.pushers[node_id] = MetadataPusher(
+                    info, self.broker_id, self.log, self.credentials
+                )
                 self.nursery.start_soon(pusher.run)
             pusher.offer(snapshot)
 
@@ -263,19 +310,34 @@ class Broker:
                     self.propose_isr(partition, [r for r in partition.isr if r not in out])
 
     def register_broker(self, body: dict) -> dict:
-        self.controller.register_broker(BrokerInfo(body["broker_id"], body["host"], body["port"]))
+        if not body["host"] or body["port"] < 1:
+            # Never let a registration make the metadata one that brokers (or this
+            # controller, at its next start) would refuse to load.
+            return {
+                "error_code": int(ErrorCode.INVALID_REQUEST),
+                "error_message": f"cannot register {body['host']!r}:{body['port']}",
+            }
+        try:
+            self.controller.register_broker(
+                BrokerInfo(body["broker_id"], body["host"], body["port"])
+            )
+        except MetadataPersistError as exc:
+            return {"error_code": int(exc.code), "error_message": exc.message}
         self.heartbeats[body["broker_id"]] = self.clock.now_ms()
         return {"error_code": 0, "metadata": self.controller.metadata.to_json()}
 
     def heartbeat(self, body: dict) -> dict:
         broker_id = body["broker_id"]
-        if body["shutting_down"]:
-            # Controlled shutdown: move leadership now instead of after the session timeout.
-            self.heartbeats.pop(broker_id, None)
-            self.controller.fence(broker_id, reason="controlled_shutdown")
-            return {"error_code": 0, "metadata": None}
-        self.heartbeats[broker_id] = self.clock.now_ms()
-        self.controller.broker_alive(broker_id)
+        try:
+            if body["shutting_down"]:
+                # Controlled shutdown: move leadership now instead of after the session timeout.
+                self.controller.fence(broker_id, reason="controlled_shutdown")
+                self.heartbeats.pop(broker_id, None)
+                return {"error_code": 0, "metadata": None}
+            self.heartbeats[broker_id] = self.clock.now_ms()
+            self.controller.broker_alive(broker_id)
+        except MetadataPersistError as exc:
+            return {"error_code": int(exc.code), "error_message": exc.message}
         md = self.controller.metadata
         newer = md.to_json() if body["metadata_epoch"] < md.epoch else None
         return {"error_code": 0, "metadata": newer}
@@ -365,12 +427,7 @@ class Broker:
                 self.nursery = nursery
                 nursery.start_soon(trio.serve_listeners, self.connections, listeners)
                 if self.is_controller:
-                    self.controller = Controller(
-                        self.broker_id, self.data_dir, config, self.log, self.publish
-                    )
-                    self.controller.register_broker(
-                        BrokerInfo(self.broker_id, self.host, self.port)
-                    )
+                    self.load_state()
                     self.apply_metadata(self.controller.metadata)
                 else:
                     host, port = self.voters[self.controller_id]
@@ -408,7 +465,10 @@ class Broker:
                     continue
                 last = self.heartbeats.get(broker_id, started)
                 if now - last > timeout:
-                    self.controller.fence(broker_id, reason=f"no heartbeat for {now - last} ms")
+                    try:
+                        self.controller.fence(broker_id, reason=f"no heartbeat for {now - last} ms")
+                    except MetadataPersistError:
+                        pass  # logged by the controller; tried again next round
 
     async def controlled_shutdown(self) -> None:
         """Tell the controller we are going, so leaders move at once (best effort)."""
@@ -462,6 +522,7 @@ def run_broker(
     sys.setswitchinterval(switch_interval_for(config["timer.tick.ms"]))
     fd = lock_data_dir(data_dir)
     try:
+        broker.load_state()
         trio.run(serve, broker)
     finally:
         os.close(fd)

@@ -68,6 +68,7 @@ def _add_broker(sub: argparse._SubParsersAction) -> None:
 def _run_broker(args: argparse.Namespace) -> int:
     from broker.config import ConfigError, load_config, parse_set_options
     from broker.logs import configure_logging
+    from broker.metadata import MetadataStoreError
     from broker.server import DataDirInUse, run_broker
 
     try:
@@ -80,6 +81,8 @@ def _run_broker(args: argparse.Namespace) -> int:
         run_broker(args.id, host, port, args.data_dir, config, logger)
     except DataDirInUse as exc:
         raise CommandError(f"{exc}; stop it first or choose another --data-dir") from None
+    except (ConfigError, MetadataStoreError) as exc:
+        raise CommandError(str(exc)) from None
     except (OSError, BaseExceptionGroup) as exc:
         # trio's nursery wraps a failed bind in an ExceptionGroup: unwrap it to one line.
         error = _only_os_error(exc)

@@ -23,6 +23,7 @@ import psutil
 
 from broker.metadata import write_atomic
 
+from .cluster_secret import ensure_cluster_secret
 from .launcher import BrokerProcess, ping, port_holder, port_in_use
 
 STATE_FILE = "cluster.json"
@@ -103,7 +104,11 @@ class ClusterState:
     # --- processes -------------------------------------------------------------------------
 
     def broker_process(self, broker_id: int) -> BrokerProcess:
-        config = {"controller.quorum.voters": self.voters(), **self.config}
+        config = {
+            "controller.quorum.voters": self.voters(),
+            "cluster.secret.file": ensure_cluster_secret(self.data_dir),
+            **self.config,
+        }
         return BrokerProcess(
             broker_id,
             self.port(broker_id),

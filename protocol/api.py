@@ -19,6 +19,7 @@ from .schema import (
     Validator,
     anything,
     array,
+    binary,
     integer,
     mapping,
     nullable,
@@ -35,9 +36,11 @@ class ApiKey(IntEnum):
     LEADER_AND_ISR = 4
     UPDATE_METADATA = 6
     CONTROLLED_SHUTDOWN = 7
+    SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     OFFSET_FOR_LEADER_EPOCH = 23
+    SASL_AUTHENTICATE = 36
     ALTER_PARTITION = 56
     BROKER_REGISTRATION = 62
     BROKER_HEARTBEAT = 63
@@ -284,6 +287,36 @@ OFFSET_FOR_LEADER_EPOCH_RESP = struct(
     {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
 )
 
+# --- SaslHandshake / SaslAuthenticate (cluster members prove they hold the secret) ---------
+#
+# Modelled on Kafka's pair, folded into two round trips: the handshake names the
+# mechanism, the claimed broker id and the client's nonce, and answers with the server's
+# id and nonce; authenticate carries the client's proof and answers with the server's.
+
+NONCE = binary(max_len=64)
+SASL_HANDSHAKE_REQ = struct(
+    {
+        "mechanism": string(max_len=64),
+        "broker_id": NODE_ID,
+        "cluster_id": string(max_len=64),
+        "client_nonce": NONCE,
+    }
+)
+SASL_HANDSHAKE_RESP = struct(
+    {"error_code": ERROR},
+    {
+        "error_message": ERROR_MESSAGE,
+        "mechanisms": (array(string(max_len=64), max_len=16), []),
+        "broker_id": (NODE_ID, -1),
+        "server_nonce": (NONCE, b""),
+    },
+)
+SASL_AUTHENTICATE_REQ = struct({"auth_bytes": binary(max_len=64)})
+SASL_AUTHENTICATE_RESP = struct(
+    {"error_code": ERROR},
+    {"error_message": ERROR_MESSAGE, "auth_bytes": (binary(max_len=64), b"")},
+)
+
 # --- Faults (minibroker: fault injection for tests) -------------------------------------------
 
 FAULT_ACTIONS = ("delay-replication", "drop-replication", "delay-api", "fail-api", "clear")
@@ -322,6 +355,8 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
         0: (OFFSET_FOR_LEADER_EPOCH_REQ, OFFSET_FOR_LEADER_EPOCH_RESP)
     },
     ApiKey.FAULTS: {0: (FAULTS_REQ, FAULTS_RESP)},
+    ApiKey.SASL_HANDSHAKE: {0: (SASL_HANDSHAKE_REQ, SASL_HANDSHAKE_RESP)},
+    ApiKey.SASL_AUTHENTICATE: {0: (SASL_AUTHENTICATE_REQ, SASL_AUTHENTICATE_RESP)},
 }
 
 # A top-level error body is valid as the response to any API (UNSUPPORTED_VERSION,

@@ -64,10 +64,12 @@ def string(*, max_len: int = 32767) -> Validator:
     return check
 
 
-def binary() -> Validator:
+def binary(*, max_len: int | None = None) -> Validator:
     def check(value: Any, path: str) -> bytes:
         if type(value) is not bytes:
             raise _fail(path, f"expected bytes, got {type(value).__name__}")
+        if max_len is not None and len(value) > max_len:
+            raise _fail(path, f"bytes longer than {max_len}")
         return value
 
     return check
