@@ -23,6 +23,7 @@ from .partition import Partition
 from .pending import PendingResponse
 from .purgatory import Purgatory
 from .storage import Log, LogConfig
+from .topic_config import TOPIC_CONFIGS, topic_value
 
 Key = tuple[str, int]
 
@@ -51,19 +52,25 @@ class FetchRequest:
 
 def log_config_from(config: BrokerConfig, overrides: dict[str, str] | None = None) -> LogConfig:
     """Broker defaults with per-topic overrides (Kafka's topic-level names)."""
-    o = overrides or {}
 
-    def pick(topic_key: str, broker_key: str) -> int:
-        return int(o[topic_key]) if topic_key in o else config[broker_key]
+    def pick(topic_key: str) -> int:
+        return topic_value(topic_key, overrides, config)
 
+    internal_segment_bytes = (overrides or {}).get("internal.segment.bytes")
+    segment_bytes = pick("segment.bytes")
+    if internal_segment_bytes is not None:  # Kafka's testing-only override of segment.bytes
+        segment_bytes = (
+            TOPIC_CONFIGS["internal.segment.bytes"].check(internal_segment_bytes)[0]
+            or segment_bytes
+        )
     return LogConfig(
-        segment_bytes=pick("segment.bytes", "log.segment.bytes"),
-        retention_bytes=pick("retention.bytes", "log.retention.bytes"),
-        retention_ms=pick("retention.ms", "log.retention.ms"),
-        index_interval_bytes=pick("index.interval.bytes", "log.index.interval.bytes"),
-        flush_interval_messages=pick("flush.messages", "log.flush.interval.messages"),
-        max_message_bytes=pick("max.message.bytes", "message.max.bytes"),
-        segment_ms=pick("segment.ms", "log.roll.ms"),
+        segment_bytes=segment_bytes,
+        retention_bytes=pick("retention.bytes"),
+        retention_ms=pick("retention.ms"),
+        index_interval_bytes=pick("index.interval.bytes"),
+        flush_interval_messages=pick("flush.messages"),
+        max_message_bytes=pick("max.message.bytes"),
+        segment_ms=pick("segment.ms"),
     )
 
 

@@ -177,7 +177,9 @@ def check_batch(buf: bytes | bytearray | memoryview, pos: int, size: int) -> Bat
         raise CorruptBatch(f"batch at byte {pos} is {size} bytes, shorter than its header")
     header = unpack_header(buf, pos)
     if header.record_count <= 0:
-        raise CorruptBatch(f"batch at byte {pos}: record_count {header.record_count} is not positive")
+        raise CorruptBatch(
+            f"batch at byte {pos}: record_count {header.record_count} is not positive"
+        )
     if header.last_offset_delta != header.record_count - 1:
         raise CorruptBatch(
             f"batch at byte {pos}: last_offset_delta {header.last_offset_delta} "

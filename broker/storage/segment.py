@@ -161,9 +161,7 @@ class Segment:
 
     def fits(self, size: int, next_offset: int) -> bool:
         """Whether ``size`` more bytes ending before ``next_offset`` stay indexable here."""
-        return (
-            self.size + size <= INDEX_MAX and next_offset - 1 - self.base_offset <= INDEX_MAX
-        )
+        return self.size + size <= INDEX_MAX and next_offset - 1 - self.base_offset <= INDEX_MAX
 
     # --- writing --------------------------------------------------------------------------
 
