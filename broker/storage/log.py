@@ -34,7 +34,7 @@ from protocol.errors import (
     RecordListTooLarge,
 )
 
-from .segment import INDEX_MAX, Segment, scan_segment, walk_to
+from .segment import Segment, scan_segment, walk_to
 
 _LEN_AT = 8
 _BASE_AND_LENGTH = struct.Struct(">qi")
@@ -306,7 +306,7 @@ class Log:
         if not active.fits(len(data), next_offset):
             raise RecordListTooLarge(
                 f"{len(data)} bytes / {next_offset - first} records do not fit one segment's "
-                f"index (at most {INDEX_MAX} bytes and offsets)"
+                "index (its positions and relative offsets are 32-bit: at most 2^31-1)"
             )
         active.append(data, first, next_offset, max_ts, starts)
         self._unflushed += count

@@ -40,7 +40,8 @@ LAST_DELTA_AT = 22
 # chunk is read on its own), so a scan is a handful of preads, not one per batch.
 SCAN_CHUNK = 1 << 20
 # Largest relative offset and file position the index's ">ii" entries can hold.
-INDEX_MAX = 2**31 - 1
+MAX_RELATIVE_OFFSET = 2**31 - 1
+MAX_POSITION = 2**31 - 1
 # Sealed segments' log files kept open at once, over all partitions of the process.
 MAX_OPEN_SEALED = 64
 
@@ -161,7 +162,10 @@ class Segment:
 
     def fits(self, size: int, next_offset: int) -> bool:
         """Whether ``size`` more bytes ending before ``next_offset`` stay indexable here."""
-        return self.size + size <= INDEX_MAX and next_offset - 1 - self.base_offset <= INDEX_MAX
+        return (
+            self.size + size <= MAX_POSITION
+            and next_offset - 1 - self.base_offset <= MAX_RELATIVE_OFFSET
+        )
 
     # --- writing --------------------------------------------------------------------------
 
@@ -395,7 +399,10 @@ def scan_segment(segment: Segment, *, verify: bool) -> ScanResult:
         if base != expected:
             problem = f"batch offset {base} where {expected} was expected"
             break
-        if base + h[5] - segment.base_offset > INDEX_MAX or position + size > INDEX_MAX:
+        if (
+            base + h[5] - segment.base_offset > MAX_RELATIVE_OFFSET
+            or position + size > MAX_POSITION
+        ):
             problem = f"batch at byte {position} (offset {base}) is beyond what the index holds"
             break
         if verify:
