@@ -191,7 +191,7 @@ class ReplicaManager:
             hw_before = partition.high_watermark
             info = partition.append_as_leader(records, acks, self.min_insync_replicas(key[0]))
         except KafkaError as exc:
-            return ProducePartitionStatus(exc.code, -1, -1)
+            return ProducePartitionStatus(exc.code, -1, -1, exc.message or None)
         except Exception:
             self.log.exception("append_failed", topic=key[0], partition=key[1])
             return ProducePartitionStatus(ErrorCode.KAFKA_STORAGE_ERROR, -1, -1)
@@ -210,6 +210,7 @@ class ReplicaManager:
                     "partition": index,
                     "error_code": int(status.error),
                     "base_offset": status.base_offset if status.error is ErrorCode.NONE else -1,
+                    "error_message": status.message,
                 }
             )
         return {"topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}
