@@ -23,7 +23,7 @@ from .partition import Partition
 from .pending import PendingResponse
 from .purgatory import Purgatory
 from .storage import Log, LogConfig
-from .topic_config import TOPIC_CONFIGS, topic_value
+from .topic_config import log_config_values
 
 Key = tuple[str, int]
 
@@ -52,26 +52,7 @@ class FetchRequest:
 
 def log_config_from(config: BrokerConfig, overrides: dict[str, str] | None = None) -> LogConfig:
     """Broker defaults with per-topic overrides (Kafka's topic-level names)."""
-
-    def pick(topic_key: str) -> int:
-        return topic_value(topic_key, overrides, config)
-
-    internal_segment_bytes = (overrides or {}).get("internal.segment.bytes")
-    segment_bytes = pick("segment.bytes")
-    if internal_segment_bytes is not None:  # Kafka's testing-only override of segment.bytes
-        segment_bytes = (
-            TOPIC_CONFIGS["internal.segment.bytes"].check(internal_segment_bytes)[0]
-            or segment_bytes
-        )
-    return LogConfig(
-        segment_bytes=segment_bytes,
-        retention_bytes=pick("retention.bytes"),
-        retention_ms=pick("retention.ms"),
-        index_interval_bytes=pick("index.interval.bytes"),
-        flush_interval_messages=pick("flush.messages"),
-        max_message_bytes=pick("max.message.bytes"),
-        segment_ms=pick("segment.ms"),
-    )
+    return LogConfig(**log_config_values(config, overrides))
 
 
 class ReplicaManager:

@@ -93,3 +93,31 @@ def topic_value(key: str, overrides: Mapping[str, Any] | None, broker: Mapping[s
     if definition.broker_key is None:
         raise KeyError(f"topic config '{key}' has no broker default")
     return broker[definition.broker_key]
+
+
+# LogConfig field <- topic config: what a partition's log is built from.
+LOG_CONFIG_FIELDS = {
+    "segment_bytes": "segment.bytes",
+    "retention_bytes": "retention.bytes",
+    "retention_ms": "retention.ms",
+    "index_interval_bytes": "index.interval.bytes",
+    "flush_interval_messages": "flush.messages",
+    "max_message_bytes": "max.message.bytes",
+    "segment_ms": "segment.ms",
+}
+
+
+def log_config_values(
+    broker: Mapping[str, Any], overrides: Mapping[str, Any] | None
+) -> dict[str, int]:
+    """LogConfig keyword arguments for a topic: its overrides over the broker's settings."""
+    values = {
+        field: topic_value(key, overrides, broker) for field, key in LOG_CONFIG_FIELDS.items()
+    }
+    if overrides and "internal.segment.bytes" in overrides:  # Kafka's testing-only override
+        tiny, problem = TOPIC_CONFIGS["internal.segment.bytes"].check(
+            overrides["internal.segment.bytes"]
+        )
+        if problem is None and tiny is not None:
+            values["segment_bytes"] = tiny
+    return values

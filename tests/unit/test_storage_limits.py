@@ -15,6 +15,8 @@ import msgpack
 import pytest
 import structlog
 
+from broker.config import BrokerConfig
+from broker.replica_manager import log_config_from
 from broker.storage import Log, LogConfig
 from broker.storage import segment as segment_module
 from broker.storage.limits import HEADROOM_FDS, partition_cap, partition_cap_error
@@ -242,3 +244,11 @@ def test_topic_config_values_and_broker_defaults() -> None:
     assert topic_value("segment.bytes", None, broker) == 7
     # A stored value from before the bounds falls back to the broker's, never crashes.
     assert topic_value("min.insync.replicas", {"min.insync.replicas": "-5"}, broker) == 7
+
+
+def test_log_config_from_topic_overrides() -> None:
+    broker = BrokerConfig({"log.segment.bytes": "2097152", "log.roll.ms": "5000"})
+    config = log_config_from(broker, {"retention.ms": "-1", "segment.ms": "0"})
+    assert (config.segment_bytes, config.retention_ms) == (2097152, -1)
+    assert config.segment_ms == 5000  # a stored 0 is out of bounds: the broker's wins
+    assert log_config_from(broker, {"internal.segment.bytes": "100"}).segment_bytes == 100
