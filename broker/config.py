@@ -26,14 +26,21 @@ class ConfigDef:
     doc: str
     min: int | None = None
     choices: tuple | None = None
+    max: int | None = None
 
 
 _LONG_MAX = 2**63 - 1
+# Kafka's INT configs; for segments also the most a 32-bit index position can address.
+_INT_MAX = 2**31 - 1
 
 DEFS: dict[str, ConfigDef] = {
     # storage
     "log.segment.bytes": ConfigDef(
-        int, 1073741824, "Roll a new segment once the active one reaches this size.", 1024
+        int,
+        1073741824,
+        "Roll a new segment once the active one reaches this size.",
+        1048576,  # Kafka 4.0's minimum (KIP-1030); the maximum is the index's 32-bit position
+        max=_INT_MAX,
     ),
     "log.retention.bytes": ConfigDef(
         int, -1, "Delete old segments while a partition is larger than this (-1: no limit).", -1
@@ -49,7 +56,7 @@ DEFS: dict[str, ConfigDef] = {
         int, 604800000, "Roll a segment once it is this old, even if not full.", 1
     ),
     "log.index.interval.bytes": ConfigDef(
-        int, 4096, "Bytes between sparse offset index entries.", 0
+        int, 4096, "Bytes between sparse offset index entries.", 0, max=_INT_MAX
     ),
     "log.flush.interval.messages": ConfigDef(
         int,
@@ -57,7 +64,9 @@ DEFS: dict[str, ConfigDef] = {
         "fsync after this many records (durability comes mainly from replication).",
         1,
     ),
-    "message.max.bytes": ConfigDef(int, 1048588, "Largest record batch the broker accepts.", 0),
+    "message.max.bytes": ConfigDef(
+        int, 1048588, "Largest record batch the broker accepts.", 0, max=_INT_MAX
+    ),
     "socket.request.max.bytes": ConfigDef(
         int, 104857600, "Largest request frame; a bigger announced frame closes the connection.", 1
     ),
@@ -167,7 +176,13 @@ def _coerce(key: str, definition: ConfigDef, value: Any) -> Any:
         if not isinstance(value, int):
             raise ConfigError(f"config '{key}': expected an integer, got {value!r}")
         if definition.min is not None and value < definition.min:
-            raise ConfigError(f"config '{key}': {value} is below the minimum {definition.min}")
+            raise ConfigError(
+                f"config '{key}': {value} is below the minimum {definition.min}{_range(definition)}"
+            )
+        if definition.max is not None and value > definition.max:
+            raise ConfigError(
+                f"config '{key}': {value} is above the maximum {definition.max}{_range(definition)}"
+            )
         return value
     if not isinstance(value, str):
         raise ConfigError(f"config '{key}': expected a string, got {value!r}")
@@ -176,6 +191,12 @@ def _coerce(key: str, definition: ConfigDef, value: Any) -> Any:
             f"config '{key}': {value!r} is not one of {', '.join(definition.choices)}"
         )
     return value
+
+
+def _range(definition: ConfigDef) -> str:
+    low = "" if definition.min is None else definition.min
+    high = "" if definition.max is None else definition.max
+    return f" (allowed: [{low}, {high}])" if definition.max is not None else ""
 
 
 class BrokerConfig(Mapping[str, Any]):

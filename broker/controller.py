@@ -28,6 +28,8 @@ from .metadata import (
     save_metadata,
 )
 from .metadata_check import topic_name_error
+from .storage.limits import partition_cap_error
+from .topic_config import topic_configs_error
 
 METADATA_FILE = "cluster-metadata.json"
 
@@ -237,26 +239,11 @@ class Controller:
                 ErrorCode.INVALID_REPLICATION_FACTOR,
                 f"replication factor {rf} must be between 1 and the {len(brokers)} live broker(s)",
             )
-        for key, value in request["configs"].items():
-            if key in (
-                "min.insync.replicas",
-                "retention.ms",
-                "retention.bytes",
-                "segment.bytes",
-                "segment.ms",
-                "max.message.bytes",
-                "flush.messages",
-                "index.interval.bytes",
-            ):
-                try:
-                    int(value)
-                except ValueError:
-                    return fail(
-                        ErrorCode.INVALID_CONFIG,
-                        f"topic config '{key}' must be an integer, got {value!r}",
-                    )
-            else:
-                return fail(ErrorCode.INVALID_CONFIG, f"unknown topic config '{key}'")
+        if (problem := topic_configs_error(request["configs"])) is not None:
+            return fail(ErrorCode.INVALID_CONFIG, problem)
+        hosted = (p.replicas for t in self.metadata.topics.values() for p in t.partitions)
+        if (problem := partition_cap_error(hosted, brokers, num_partitions, rf)) is not None:
+            return fail(ErrorCode.POLICY_VIOLATION, problem)
         if validate_only:
             return result
         partitions = []

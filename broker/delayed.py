@@ -18,10 +18,13 @@ if TYPE_CHECKING:
 
 
 class ProducePartitionStatus:
-    __slots__ = ("acks_pending", "base_offset", "error", "required_offset")
+    __slots__ = ("acks_pending", "base_offset", "error", "message", "required_offset")
 
-    def __init__(self, error: ErrorCode, base_offset: int, required_offset: int) -> None:
+    def __init__(
+        self, error: ErrorCode, base_offset: int, required_offset: int, message: str | None = None
+    ) -> None:
         self.error = error
+        self.message = message  # why an append was refused (which batch field, say)
         self.base_offset = base_offset
         self.required_offset = required_offset
         # A successful append waits for the HW; until then a timeout reports REQUEST_TIMED_OUT.

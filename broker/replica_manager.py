@@ -24,6 +24,7 @@ from .partition import Partition
 from .pending import PendingResponse
 from .purgatory import Purgatory
 from .storage import Log, LogConfig
+from .topic_config import log_config_values
 
 Key = tuple[str, int]
 
@@ -52,20 +53,7 @@ class FetchRequest:
 
 def log_config_from(config: BrokerConfig, overrides: dict[str, str] | None = None) -> LogConfig:
     """Broker defaults with per-topic overrides (Kafka's topic-level names)."""
-    o = overrides or {}
-
-    def pick(topic_key: str, broker_key: str) -> int:
-        return int(o[topic_key]) if topic_key in o else config[broker_key]
-
-    return LogConfig(
-        segment_bytes=pick("segment.bytes", "log.segment.bytes"),
-        retention_bytes=pick("retention.bytes", "log.retention.bytes"),
-        retention_ms=pick("retention.ms", "log.retention.ms"),
-        index_interval_bytes=pick("index.interval.bytes", "log.index.interval.bytes"),
-        flush_interval_messages=pick("flush.messages", "log.flush.interval.messages"),
-        max_message_bytes=pick("max.message.bytes", "message.max.bytes"),
-        segment_ms=pick("segment.ms", "log.roll.ms"),
-    )
+    return LogConfig(**log_config_values(config, overrides))
 
 
 class ReplicaManager:
@@ -189,7 +177,7 @@ class ReplicaManager:
             hw_before = partition.high_watermark
             info = partition.append_as_leader(records, acks, self.min_insync_replicas(key[0]))
         except KafkaError as exc:
-            return ProducePartitionStatus(exc.code, -1, -1)
+            return ProducePartitionStatus(exc.code, -1, -1, exc.message or None)
         except Exception:
             self.log.exception("append_failed", topic=key[0], partition=key[1])
             return ProducePartitionStatus(ErrorCode.KAFKA_STORAGE_ERROR, -1, -1)
@@ -208,6 +196,7 @@ class ReplicaManager:
                     "partition": index,
                     "error_code": int(status.error),
                     "base_offset": status.base_offset if status.error is ErrorCode.NONE else -1,
+                    "error_message": status.message,
                 }
             )
         return {"topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}

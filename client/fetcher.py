@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from protocol import read_records
-from protocol.errors import ErrorCode, KafkaError, MessageTooLarge, error_class
+from protocol import CorruptBatch, read_records
+from protocol.errors import CorruptMessage, ErrorCode, KafkaError, MessageTooLarge, error_class
 
 from .records import ConsumerRecord, TopicPartition
 
@@ -129,7 +129,17 @@ def apply_partition_result(
     buf = result["records"]
     if not buf:
         return outcome
-    records = to_consumer_records(st.tp.topic, st.tp.partition, buf, sent_offset)
+    try:
+        records = to_consumer_records(st.tp.topic, st.tp.partition, buf, sent_offset)
+    except CorruptBatch as exc:
+        # Kafka's CorruptRecordException: one line for the user, and no more fetches of
+        # this partition until they seek (past the bad batch, if they choose to).
+        st.fetch_offset = None
+        outcome.error = CorruptMessage(
+            f"{st.tp.topic}-{st.tp.partition} at offset {sent_offset}: {exc}; "
+            "seek() past it to continue"
+        )
+        return outcome
     if records:
         st.chunks.append(records)
         st.fetch_offset = records[-1].offset + 1

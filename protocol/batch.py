@@ -143,17 +143,24 @@ def batch_size_at(buf: bytes | bytearray | memoryview, pos: int) -> int | None:
     return _LENGTH.unpack_from(buf, pos + 8)[0] + LOG_OVERHEAD
 
 
-def _array_len(payload: memoryview) -> int:
-    """Element count from a msgpack array header, without decoding the elements."""
+# The smallest record the encoder can produce: a 3-element fixarray header, then a
+# one-byte timestamp delta, key and value (positive fixint / nil). A records array
+# claiming more elements than its bytes could hold at this size is a lie, whatever
+# its header says: checking it costs one division, not a walk over the records.
+MIN_RECORD_SIZE = 4
+
+
+def _array_header(payload: memoryview) -> tuple[int, int]:
+    """``(element count, header bytes)`` of a msgpack array, without decoding the elements."""
     if not payload:
         raise CorruptBatch("records are empty")
     b = payload[0]
     if 0x90 <= b <= 0x9F:
-        return b & 0x0F
+        return b & 0x0F, 1
     if b == 0xDC and len(payload) >= 3:
-        return int.from_bytes(payload[1:3], "big")
+        return int.from_bytes(payload[1:3], "big"), 3
     if b == 0xDD and len(payload) >= 5:
-        return int.from_bytes(payload[1:5], "big")
+        return int.from_bytes(payload[1:5], "big"), 5
     raise CorruptBatch("records are not a msgpack array")
 
 
@@ -161,23 +168,38 @@ def check_batch(buf: bytes | bytearray | memoryview, pos: int, size: int) -> Bat
     """Validate the batch at ``pos`` (``size`` bytes): header fields, CRC, record count.
 
     This is per-batch work only: one C-level CRC and a glance at the msgpack array header.
+    ``record_count`` must equal the array's element count, ``last_offset_delta`` must be
+    ``record_count - 1`` (what ``encode_batch`` writes; offsets are assigned from it, so a
+    lie here would move the log end), and the array's bytes must be able to hold that many
+    records (a CRC-valid header claiming 2^31-1 records in a few bytes is refused).
     """
     if size < HEADER_SIZE:
         raise CorruptBatch(f"batch at byte {pos} is {size} bytes, shorter than its header")
     header = unpack_header(buf, pos)
     if header.record_count <= 0:
-        raise CorruptBatch(f"batch at byte {pos} has record_count {header.record_count}")
+        raise CorruptBatch(
+            f"batch at byte {pos}: record_count {header.record_count} is not positive"
+        )
     if header.last_offset_delta != header.record_count - 1:
         raise CorruptBatch(
             f"batch at byte {pos}: last_offset_delta {header.last_offset_delta} "
-            f"does not match record_count {header.record_count}"
+            f"is not record_count - 1 (record_count {header.record_count})"
         )
     view = memoryview(buf)[pos + CRC_START : pos + size]
     crc = zlib.crc32(view)
     if crc != header.crc:
         raise CorruptBatch(f"batch at byte {pos}: CRC {crc:#010x} != stored {header.crc:#010x}")
-    if _array_len(view[HEADER_SIZE - CRC_START :]) != header.record_count:
-        raise CorruptBatch(f"batch at byte {pos}: records array length != record_count")
+    count, header_bytes = _array_header(view[HEADER_SIZE - CRC_START :])
+    if count != header.record_count:
+        raise CorruptBatch(
+            f"batch at byte {pos}: record_count {header.record_count} but the records "
+            f"array holds {count}"
+        )
+    room = size - HEADER_SIZE - header_bytes
+    if count * MIN_RECORD_SIZE > room:
+        raise CorruptBatch(
+            f"batch at byte {pos}: record_count {count} cannot fit in {room} bytes of records"
+        )
     return header
 
 

@@ -27,7 +27,12 @@ from protocol.batch import (
     patch_base_offset,
     patch_leader_epoch,
 )
-from protocol.errors import CorruptMessage, MessageTooLarge, OffsetOutOfRange
+from protocol.errors import (
+    CorruptMessage,
+    MessageTooLarge,
+    OffsetOutOfRange,
+    RecordListTooLarge,
+)
 
 from .segment import Segment, scan_segment, walk_to
 
@@ -159,6 +164,7 @@ class Log:
             segment.next_offset = scan.next_offset
             segment.max_timestamp = scan.max_timestamp
             segment.rebuild_index(scan.batches)
+            segment.close_handle()
             if scan.problem is not None:
                 keep = i + 1
                 self.log.warning(
@@ -169,10 +175,11 @@ class Log:
                 )
                 break
         for segment in segments[keep:]:
-            self.log.warning("log_recovery_deleted_segment", file=str(segment.path))
-            segment.delete()
+            moved = segment.quarantine()
+            self.log.warning("log_recovery_quarantined_segment", file=str(moved))
         self.segments = segments[:keep]
         self._recover(self.segments[-1])
+        self.segments[-1].activate()
         self._bases = [s.base_offset for s in self.segments]
         self.log_start_offset = self.segments[0].base_offset
 
@@ -288,11 +295,19 @@ class Log:
     ) -> None:
         """One os.write of the whole request into the active segment (rolled first if due)."""
         active = self.active
+        # Roll before the index's 32-bit fields (relative offset, position) could overflow,
+        # and check that the data fits an empty segment: nothing may fail after the write.
         if active.size and (
             active.size + len(data) > self.config.segment_bytes
+            or not active.fits(len(data), next_offset)
             or self.now_ms() - active.created_ms > self.config.segment_ms
         ):
             active = self.roll()
+        if not active.fits(len(data), next_offset):
+            raise RecordListTooLarge(
+                f"{len(data)} bytes / {next_offset - first} records do not fit one segment's "
+                "index (its positions and relative offsets are 32-bit: at most 2^31-1)"
+            )
         active.append(data, first, next_offset, max_ts, starts)
         self._unflushed += count
         if self._unflushed >= self.config.flush_interval_messages:
@@ -312,6 +327,8 @@ class Log:
             self.dir, old.next_offset, self.config.index_interval_bytes, self.now_ms(), fresh=True
         )
         segment.next_offset = old.next_offset
+        old.seal()
+        segment.activate()
         self.segments.append(segment)
         self._bases.append(segment.base_offset)
         self.log.debug("segment_rolled", base_offset=segment.base_offset)
@@ -410,6 +427,7 @@ class Log:
             removed += segment.size
             segment.delete()
         segment = self.active
+        segment.activate()
         kept = [b for b in scan_segment(segment, verify=False).batches if b.next_offset <= offset]
         cut = kept[-1].position + kept[-1].size if kept else 0
         removed += segment.size - cut
@@ -432,6 +450,7 @@ class Log:
             self.dir, offset, self.config.index_interval_bytes, self.now_ms(), fresh=True
         )
         segment.next_offset = offset
+        segment.activate()
         self.segments = [segment]
         self._bases = [offset]
         self.log_start_offset = offset

@@ -8,6 +8,16 @@ The index is a cache: it is kept in memory, written to its file lazily (on flush
 roll and close, so an append costs exactly one ``os.write``), and checked against
 the batch headers when the log is opened, where a missing, stale or garbled index
 file is rewritten.
+
+File handles are a budget (a broker with many partitions would otherwise run out):
+only the active segment keeps its log file open; the index file is opened just for
+the moment it is written or checked; a sealed (rolled) segment opens its log file on
+the first read and sits in a small process-wide LRU of open handles, so a partition
+at rest costs about one descriptor.
+
+The index stores a relative offset and a file position as signed 32-bit integers:
+``fits`` tells the log when a segment must roll before either could overflow, and a
+scan stops at a batch the index could not hold (recovery cuts there).
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from __future__ import annotations
 import os
 import struct
 from bisect import bisect_right
+from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple
 
@@ -28,6 +39,11 @@ LAST_DELTA_AT = 22
 # Recovery and header scans read the file in chunks this big (a batch larger than a
 # chunk is read on its own), so a scan is a handful of preads, not one per batch.
 SCAN_CHUNK = 1 << 20
+# Largest relative offset and file position the index's ">ii" entries can hold.
+MAX_RELATIVE_OFFSET = 2**31 - 1
+MAX_POSITION = 2**31 - 1
+# Sealed segments' log files kept open at once, over all partitions of the process.
+MAX_OPEN_SEALED = 64
 
 
 def segment_name(base_offset: int) -> str:
@@ -54,12 +70,12 @@ class ScanResult(NamedTuple):
 
 class Segment:
     __slots__ = (
+        "_fd",
         "_index_pending",
+        "active",
         "base_offset",
         "bytes_since_index",
         "created_ms",
-        "fd",
-        "index_fd",
         "index_offsets",
         "index_path",
         "index_positions",
@@ -79,18 +95,26 @@ class Segment:
         *,
         fresh: bool = False,
     ) -> None:
-        """Open (or create) the files of the segment starting at ``base_offset``.
+        """Describe the segment starting at ``base_offset``; no file stays open yet.
 
-        ``fresh`` empties any file left at that name (a crash between the two unlinks
-        of a deleted segment can leave a stale index behind, for instance).
+        ``fresh`` empties (or creates) the files at that name (a crash between the two
+        unlinks of a deleted segment can leave a stale index behind, for instance).
         """
         self.base_offset = base_offset
         self.path = directory / (segment_name(base_offset) + ".log")
         self.index_path = directory / (segment_name(base_offset) + ".index")
-        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if fresh else 0)
-        self.fd = os.open(self.path, flags, 0o644)
-        self.index_fd = os.open(self.index_path, flags, 0o644)
-        self.size = os.fstat(self.fd).st_size
+        self._fd: int | None = None
+        self.active = False
+        if fresh:
+            for path in (self.path, self.index_path):
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+            self.size = 0
+        else:
+            try:
+                self.size = os.stat(self.path).st_size
+            except FileNotFoundError:
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644))
+                self.size = 0
         self.interval = max(1, interval)
         # Invariant: index_offsets is strictly increasing, index_positions too, every
         # position is the start of a batch whose base offset is base_offset + the entry.
@@ -101,6 +125,47 @@ class Segment:
         self.max_timestamp = -1
         self.next_offset = base_offset
         self.created_ms = now_ms
+
+    # --- file handles ---------------------------------------------------------------------
+
+    @property
+    def fd(self) -> int:
+        """The log file's descriptor, opened on demand (sealed ones through the LRU)."""
+        fd = self._fd
+        if fd is None:
+            fd = self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            if not self.active:
+                _SEALED.admit(self)
+        elif not self.active:
+            _SEALED.touch(self)
+        return fd
+
+    def activate(self) -> None:
+        """Make this the partition's write target: its log file stays open."""
+        _SEALED.forget(self)
+        self.active = True
+        _ = self.fd
+
+    def seal(self) -> None:
+        """No longer written: give the descriptor back (reads reopen it through the LRU)."""
+        self.active = False
+        self.close_handle()
+
+    def close_handle(self) -> None:
+        _SEALED.forget(self)
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def fits(self, size: int, next_offset: int) -> bool:
+        """Whether ``size`` more bytes ending before ``next_offset`` stay indexable here."""
+        return (
+            self.size + size <= MAX_POSITION
+            and next_offset - 1 - self.base_offset <= MAX_RELATIVE_OFFSET
+        )
 
     # --- writing --------------------------------------------------------------------------
 
@@ -130,6 +195,8 @@ class Segment:
             if since >= self.interval or not (self.index_offsets or entries):
                 entries.append((base - self.base_offset, size + position))
                 since = 0
+        # Pack the entries before a byte is written: nothing below may fail after it.
+        packed = b"".join(_INDEX_ENTRY.pack(o, p) for o, p in entries)
         try:
             written = os.write(self.fd, data)
         except OSError:
@@ -140,7 +207,9 @@ class Segment:
             raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
         # Index entries only after the bytes they point at are in the file.
         for relative_offset, position in entries:
-            self._add_index_entry(relative_offset, position)
+            self.index_offsets.append(relative_offset)
+            self.index_positions.append(position)
+        self._index_pending += packed
         self.size = size + written
         self.bytes_since_index = since + (written - last)
         self.next_offset = next_offset
@@ -154,41 +223,43 @@ class Segment:
         except OSError:
             pass  # recovery on the next open cuts a torn tail anyway
 
-    def _add_index_entry(self, relative_offset: int, position: int) -> None:
-        self.index_offsets.append(relative_offset)
-        self.index_positions.append(position)
-        self._index_pending += _INDEX_ENTRY.pack(relative_offset, position)
-
     def _write_index_file(self) -> None:
-        os.ftruncate(self.index_fd, 0)
         data = b"".join(
             _INDEX_ENTRY.pack(o, p)
             for o, p in zip(self.index_offsets, self.index_positions, strict=True)
         )
-        if data:
-            os.write(self.index_fd, data)
+        fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            if data:
+                os.write(fd, data)
+        finally:
+            os.close(fd)
         self._index_pending.clear()
 
-    def _write_pending_index(self) -> None:
-        if self._index_pending:
-            os.write(self.index_fd, self._index_pending)
-            self._index_pending.clear()
+    def _write_pending_index(self, *, sync: bool = False) -> None:
+        if not (self._index_pending or sync):
+            return
+        fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            if self._index_pending:
+                os.write(fd, self._index_pending)
+                self._index_pending.clear()
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def flush(self) -> None:
-        self._write_pending_index()
+        self._write_pending_index(sync=True)
         os.fsync(self.fd)
-        os.fsync(self.index_fd)
 
     def close(self) -> None:
         try:
             self._write_pending_index()
         except OSError:
             pass  # the index is rebuilt from the batches on open anyway
-        for fd in (self.fd, self.index_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self.active = False
+        self.close_handle()
 
     def delete(self) -> None:
         self.close()
@@ -250,13 +321,29 @@ class Segment:
         self.bytes_since_index = since
         self._index_pending.clear()
         wanted = b"".join(_INDEX_ENTRY.pack(o, p) for o, p in zip(offsets, positions, strict=True))
-        current_size = os.fstat(self.index_fd).st_size
-        if current_size != len(wanted) or os.pread(self.index_fd, current_size, 0) != wanted:
+        try:
+            with open(self.index_path, "rb") as fh:
+                current = fh.read(len(wanted) + 1)
+        except FileNotFoundError:
+            current = None
+        if current != wanted:
             self._write_index_file()
 
     def truncate_file(self, size: int) -> None:
-        os.ftruncate(self.fd, size)
+        os.truncate(self.path, size)
         self.size = size
+
+    def quarantine(self) -> Path:
+        """Rename the log file aside (``*.log.corrupt``) and drop the index: kept for a
+        human to inspect, invisible to the next open."""
+        self.close_handle()
+        target = self.path.with_name(self.path.name + ".corrupt")
+        os.replace(self.path, target)
+        try:
+            self.index_path.unlink()
+        except FileNotFoundError:
+            pass
+        return target
 
 
 def walk_to(data: bytes | memoryview, offset: int) -> int | None:
@@ -312,6 +399,12 @@ def scan_segment(segment: Segment, *, verify: bool) -> ScanResult:
         if base != expected:
             problem = f"batch offset {base} where {expected} was expected"
             break
+        if (
+            base + h[5] - segment.base_offset > MAX_RELATIVE_OFFSET
+            or position + size > MAX_POSITION
+        ):
+            problem = f"batch at byte {position} (offset {base}) is beyond what the index holds"
+            break
         if verify:
             if rel + size > len(chunk):
                 chunk = segment.pread(min(max(chunk_size, size), file_size - position), position)
@@ -336,3 +429,34 @@ def scan_headers(segment: Segment) -> tuple[list[tuple[int, int, int]], int]:
     """``(position, base_offset, size)`` of each whole batch (headers only), and the max timestamp."""
     result = scan_segment(segment, verify=False)
     return [(b.position, b.base_offset, b.size) for b in result.batches], result.max_timestamp
+
+
+class _SealedHandles:
+    """LRU of sealed segments whose log file is open; the oldest is closed past the cap."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.open: OrderedDict[int, Segment] = OrderedDict()
+
+    def admit(self, segment: Segment) -> None:
+        self.open[id(segment)] = segment
+        while len(self.open) > self.cap:
+            _, oldest = self.open.popitem(last=False)
+            oldest.close_handle()
+
+    def touch(self, segment: Segment) -> None:
+        if id(segment) in self.open:
+            self.open.move_to_end(id(segment))
+        else:
+            self.admit(segment)
+
+    def forget(self, segment: Segment) -> None:
+        self.open.pop(id(segment), None)
+
+
+_SEALED = _SealedHandles(MAX_OPEN_SEALED)
+
+
+def open_sealed_count() -> int:
+    """How many sealed segments hold an open descriptor now (tests, stats)."""
+    return len(_SEALED.open)

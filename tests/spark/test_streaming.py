@@ -99,7 +99,7 @@ def wait_for_retention(broker: str, topic: str, at_least: int) -> int:
 def test_data_loss_fails_the_query_unless_told_otherwise(
     spark, broker, new_topic, produce, source, tmp_path
 ):
-    topic = new_topic(1, **{"segment.bytes": "1024", "retention.bytes": "1"})
+    topic = new_topic(1, **{"internal.segment.bytes": "1024", "retention.bytes": "1"})
     for n in range(3):  # separate produce calls: separate batches, and segments roll between them
         produce(topic, [(0, None, b"x" * 300 + bytes([n]) * 4, T0 + n * 10 + i) for i in range(3)])
     log_start = wait_for_retention(broker, topic, 3)

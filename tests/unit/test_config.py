@@ -17,12 +17,12 @@ def test_defaults_are_documented_and_kafka_named():
 
 def test_toml_flat_and_nested_keys_then_set_wins(tmp_path):
     path = tmp_path / "broker.toml"
-    path.write_text('"log.segment.bytes" = 4096\n[min.insync]\nreplicas = 2\n')
+    path.write_text('"log.segment.bytes" = 2097152\n[min.insync]\nreplicas = 2\n')
     config = load_config(path, parse_set_options(["min.insync.replicas=3", "faults.enable=true"]))
-    assert config["log.segment.bytes"] == 4096
+    assert config["log.segment.bytes"] == 2097152
     assert config["min.insync.replicas"] == 3
     assert config["faults.enable"] is True
-    assert config.overrides()["log.segment.bytes"] == 4096
+    assert config.overrides()["log.segment.bytes"] == 2097152
 
 
 @pytest.mark.parametrize(
@@ -35,6 +35,14 @@ def test_toml_flat_and_nested_keys_then_set_wins(tmp_path):
         ({"min.insync.replicas": "two"}, "config 'min.insync.replicas': expected an integer"),
         ({"min.insync.replicas": "0"}, "below the minimum 1"),
         ({"faults.enable": "yes"}, "expected true or false"),
+        (
+            {"log.segment.bytes": "4096"},
+            "'log.segment.bytes': 4096 is below the minimum 1048576 (allowed: [1048576, 2147483647])",
+        ),
+        (
+            {"log.segment.bytes": "4000000000"},
+            "'log.segment.bytes': 4000000000 is above the maximum 2147483647",
+        ),
         ({"log.format": "xml"}, "not one of console, json"),
         (
             {"broker.session.timeout.ms": "1000"},
