@@ -34,10 +34,15 @@ from broker.quorum import (
     StoreSnapshot,
     TruncateLog,
 )
-from tests.unit.quorum_checker import SafetyChecker, SafetyViolation, decode_snapshot, encode_snapshot
+from tests.unit.quorum_checker import (
+    SafetyChecker,
+    SafetyViolation,
+    decode_snapshot,
+    encode_snapshot,
+)
 
 CONFIG = QuorumConfig(request_timeout_ms=700)  # < fetch timeout: one lost fetch is retried
-FAULT_PHASE_MS = 8_000
+FAULT_PHASE_MS = 20_000
 LIVENESS_BOUND_MS = 15_000  # after healing: elect, then commit a fresh append everywhere
 NEVER = 1 << 62
 
@@ -221,7 +226,9 @@ class Simulation:
         if live:
             node = self.rng.choice(live)
             if node.applied > node.log.start_offset:
-                effects = node.core.create_snapshot(node.applied, encode_snapshot(node.applied, node.digest))
+                effects = node.core.create_snapshot(
+                    node.applied, encode_snapshot(node.applied, node.digest)
+                )
                 self._apply(node, effects)
 
     def random_fault(self) -> None:
@@ -298,7 +305,10 @@ class Simulation:
         if len(leaders) != 1:
             return None
         leader = leaders[0]
-        if all(c is not None and c.epoch == leader.epoch and c.leader_id == leader.node_id for c in cores):
+        if all(
+            c is not None and c.epoch == leader.epoch and c.leader_id == leader.node_id
+            for c in cores
+        ):
             return leader.node_id
         return None
 
@@ -307,3 +317,27 @@ class Simulation:
             n.id: "down" if n.core is None else f"{n.core.role}@{n.core.epoch} hw={n.hw}"
             for n in self.nodes.values()
         }
+
+
+def reproduce_command(seed: int, voters: int) -> str:
+    return (
+        f"QUORUM_SIM_SEED={seed} QUORUM_SIM_VOTERS={voters} .venv/bin/python -m pytest "
+        f"-q tests/unit/test_quorum_simulation.py -k many_seeds"
+    )
+
+
+def run_seed(
+    seed: int, voters: int, client_class: type[KafkaRaftClient] = KafkaRaftClient
+) -> Simulation:
+    """Run one seed; on any failure raise SafetyViolation naming the seed and how to replay it."""
+    sim = Simulation(seed, voters, client_class)
+    try:
+        sim.run()
+    except Exception as exc:
+        trace = "\n  ".join(sim.trace)
+        raise SafetyViolation(
+            f"seed {seed}, {voters} voters, at {sim.clock.now_ms()} ms: "
+            f"{type(exc).__name__}: {exc}\nreproduce: {reproduce_command(seed, voters)}\n"
+            f"last events:\n  {trace}"
+        ) from exc
+    return sim
