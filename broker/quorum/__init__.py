@@ -30,7 +30,7 @@ Not modelled: observers (non-voter brokers that follow the log), voter set chang
 (KIP-853), pre-vote (KIP-996), chunked snapshot transfer.
 """
 
-from .client import IllegalStateError, KafkaRaftClient
+from .client import KafkaRaftClient
 from .config import CHECK_QUORUM_TIMEOUT_FACTOR, QuorumConfig
 from .effects import (
     DURABLE,
@@ -61,6 +61,7 @@ from .messages import (
     VoteRequest,
     VoteResponse,
 )
+from .state import IllegalStateError
 
 __all__ = [
     "CHECK_QUORUM_TIMEOUT_FACTOR",

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from broker.purgatory.clock import Clock
 from protocol.errors import ErrorCode, NotLeaderOrFollower
 
+from . import follower as following
 from . import leader as leading
 from .config import QuorumConfig
 from .effects import (
@@ -25,7 +26,6 @@ from .effects import (
     QuorumStateData,
     Send,
     StoreSnapshot,
-    TruncateLog,
 )
 from .log import RaftLog
 from .messages import (
@@ -47,15 +47,12 @@ from .state import (
     CandidateState,
     EpochState,
     FollowerState,
+    IllegalStateError,
     LeaderState,
     ReplicaState,
     ResignedState,
     UnattachedState,
 )
-
-
-class IllegalStateError(Exception):
-    """A Raft invariant broke (Kafka's IllegalStateException): a bug, or a misconfigured peer."""
 
 
 class KafkaRaftClient:
@@ -107,18 +104,18 @@ class KafkaRaftClient:
         now = self.clock.now_ms()
         s = self.state
         if isinstance(s, FollowerState):
-            self._poll_follower(s, now)
+            following.poll(self, s, now)
         elif isinstance(s, LeaderState):
             leading.poll(self, s, now)
         elif isinstance(s, CandidateState):
             if now >= s.election_deadline:
-                self._to_candidate()
+                self.to_candidate()
             else:
                 for voter, at in list(s.resend_at.items()):
                     if now >= at:
                         self._send_vote_request(voter, s)
         elif now >= s.election_deadline:
-            self._to_candidate()
+            self.to_candidate()
         return self._drain()
 
     def next_deadline_ms(self) -> int:
@@ -162,13 +159,13 @@ class KafkaRaftClient:
         if end_offset <= self.log.start_offset:
             return []
         snapshot = Snapshot(OffsetAndEpoch(end_offset, self.log.epoch_at(end_offset)), data)
-        self._store_snapshot(snapshot)
+        self.store_snapshot(snapshot)
         return self._drain()
 
     def resign(self) -> list[Effect]:
         """Graceful shutdown of a leader: EndQuorumEpoch lets the others elect at once."""
         if isinstance(self.state, LeaderState):
-            self._to_resigned()
+            self.to_resigned()
         return self._drain()
 
     # ------------------------------------------------------------------ plumbing
@@ -203,7 +200,7 @@ class KafkaRaftClient:
         self.emit(AppendLog(entries))
         self.log.append(entries)
 
-    def _store_snapshot(self, snapshot: Snapshot) -> None:
+    def store_snapshot(self, snapshot: Snapshot) -> None:
         self.emit(StoreSnapshot(snapshot))
         self.log.store_snapshot(snapshot)
 
@@ -261,9 +258,9 @@ class KafkaRaftClient:
         now = self.now()
         deadline = now + self.config.fetch_timeout_ms
         self._set_state(FollowerState(epoch, leader_id, deadline, voted_id=voted))
-        self._send_fetch(self.state, now)
+        following.send_fetch(self, self.state, now)
 
-    def _to_candidate(self) -> None:
+    def to_candidate(self) -> None:
         epoch = self.epoch + 1
         self._persist(epoch, None, self.node_id)  # our own vote, durable before we ask for any
         s = CandidateState(epoch, self.random_election_deadline(), granting={self.node_id})
@@ -289,7 +286,7 @@ class KafkaRaftClient:
         self._set_state(s)
         leading.begin_epoch(self, s)
 
-    def _to_resigned(self) -> None:
+    def to_resigned(self) -> None:
         s = self.state
         assert isinstance(s, LeaderState)
         successors = leading.preferred_successors(s)
@@ -393,89 +390,6 @@ class KafkaRaftClient:
     def _on_end_epoch_response(self, source: int, resp: EndQuorumEpochResponse) -> None:
         self.maybe_transition(resp.leader_epoch, resp.leader_id)
 
-    # ------------------------------------------------------------------ follower side of fetch
-
-    def _poll_follower(self, s: FollowerState, now: int) -> None:
-        if now >= s.fetch_deadline:
-            self._to_candidate()  # the leader is gone or cut off: Kafka's fetch timeout
-            return
-        if s.in_flight_until is not None and now >= s.in_flight_until:
-            s.in_flight_until = None  # lost request or answer: ask again
-        if s.in_flight_until is None and now >= s.next_fetch_at:
-            self._send_fetch(s, now)
-
-    def _send_fetch(self, s: FollowerState, now: int) -> None:
-        s.correlation_id = self.next_correlation_id()
-        if s.pending_snapshot is not None:
-            message: Message = FetchSnapshotRequest(
-                s.correlation_id, self.node_id, s.epoch, s.pending_snapshot
-            )
-        else:
-            end = self.log.end_offset_and_epoch()
-            message = FetchRequest(
-                s.correlation_id,
-                self.node_id,
-                s.epoch,
-                end.offset,
-                end.epoch,
-                self.config.fetch_max_wait_ms,
-            )
-        self.send(s.leader_id, message)
-        s.in_flight_until = now + self.config.request_timeout_ms
-
-    def _accept_answer(
-        self, source: int, resp: FetchResponse | FetchSnapshotResponse
-    ) -> FollowerState | None:
-        """The follower state if ``resp`` answers our outstanding fetch, else None (stale)."""
-        self.maybe_transition(resp.leader_epoch, resp.leader_id)
-        s = self.state
-        if (
-            not isinstance(s, FollowerState)
-            or resp.leader_epoch != s.epoch
-            or source != s.leader_id
-            or resp.correlation_id != s.correlation_id
-            or s.in_flight_until is None
-        ):
-            return None
-        s.in_flight_until = None
-        if resp.error != ErrorCode.NONE:
-            s.next_fetch_at = self.now() + self.config.retry_backoff_ms
-            return None
-        s.fetch_deadline = self.now() + self.config.fetch_timeout_ms
-        return s
-
-    def _on_fetch_response(self, source: int, resp: FetchResponse) -> None:
-        s = self._accept_answer(source, resp)
-        if s is None:
-            return
-        if resp.diverging_epoch is not None:
-            offset = self.log.truncation_offset(resp.diverging_epoch)
-            if offset < self.high_watermark:
-                raise IllegalStateError(
-                    f"truncate to {offset} below the high watermark {self.high_watermark}"
-                )
-            self.emit(TruncateLog(offset))
-            self.log.truncate(offset)
-        elif resp.snapshot_id is not None:
-            s.pending_snapshot = resp.snapshot_id
-        else:
-            if resp.records and resp.records[0].offset == self.log.end_offset:
-                self.append_entries(resp.records)
-            if resp.high_watermark is not None:
-                self.advance_high_watermark(min(resp.high_watermark, self.log.end_offset))
-        self._send_fetch(s, self.now())
-
-    def _on_fetch_snapshot_response(self, source: int, resp: FetchSnapshotResponse) -> None:
-        s = self._accept_answer(source, resp)
-        if s is None:
-            return
-        s.pending_snapshot = None
-        snap = resp.snapshot
-        if snap is not None and snap.snapshot_id.offset > self.log.start_offset:
-            self._store_snapshot(snap)
-            self.advance_high_watermark(snap.snapshot_id.offset)
-        self._send_fetch(s, self.now())
-
 
 _HANDLERS = {
     VoteRequest: KafkaRaftClient._on_vote_request,
@@ -485,7 +399,7 @@ _HANDLERS = {
     EndQuorumEpochRequest: KafkaRaftClient._on_end_epoch,
     EndQuorumEpochResponse: KafkaRaftClient._on_end_epoch_response,
     FetchRequest: leading.on_fetch,
-    FetchResponse: KafkaRaftClient._on_fetch_response,
+    FetchResponse: following.on_fetch_response,
     FetchSnapshotRequest: leading.on_fetch_snapshot,
-    FetchSnapshotResponse: KafkaRaftClient._on_fetch_snapshot_response,
+    FetchSnapshotResponse: following.on_fetch_snapshot_response,
 }

@@ -166,7 +166,7 @@ def answer_parked(client: KafkaRaftClient, s: LeaderState, error: ErrorCode) -> 
 
 def poll(client: KafkaRaftClient, s: LeaderState, now: int) -> None:
     if now >= _check_quorum_deadline(client, s):
-        client._to_resigned()  # no majority has fetched lately: stop acting as leader
+        client.to_resigned()  # no majority has fetched lately: stop acting as leader
         return
     for voter, replica in s.voters.items():
         if not replica.acknowledged and now >= replica.begin_resend_at:

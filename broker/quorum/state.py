@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from .messages import FetchRequest, OffsetAndEpoch
 
 
+class IllegalStateError(Exception):
+    """A Raft invariant broke (Kafka's IllegalStateException): a bug, or a misconfigured peer."""
+
+
 @dataclass(slots=True)
 class UnattachedState:
     """No leader known in ``epoch``; ``voted_id`` set once we granted our vote (Kafka's Voted)."""
