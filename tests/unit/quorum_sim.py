@@ -117,6 +117,11 @@ class Simulation:
         self.stats["crash"] += 1
         self.trace.append(f"{self.clock.now_ms()} crash {node.id}")
 
+    def _bounce(self, node: Voter) -> None:
+        """Crash now and come back soon: a restart inside one election is where lost votes bite."""
+        self._crash(node)
+        self.schedule(self.rng.randint(1, 500), lambda: node.core is None and self._start(node))
+
     def _apply(self, node: Voter, effects: list[Effect]) -> None:
         """Carry out effects in order, as a driver must; maybe crash between two of them."""
         crash_at = -1
@@ -124,7 +129,7 @@ class Simulation:
             crash_at = self.rng.randrange(len(effects))
         for i, effect in enumerate(effects):
             if i == crash_at:
-                self._crash(node)
+                self._bounce(node)
                 return
             kind = type(effect)
             if kind is Send:
@@ -233,11 +238,14 @@ class Simulation:
 
     def random_fault(self) -> None:
         rng, net, now = self.rng, self.net, self.clock.now_ms()
-        choice = rng.randrange(8)
+        choice = rng.randrange(9)
+        live = [n for n in self.nodes.values() if n.core is not None]
         if choice == 0:
-            live = [n for n in self.nodes.values() if n.core is not None]
             if live:
                 self._crash(rng.choice(live))
+        elif choice == 8:
+            if live:
+                self._bounce(rng.choice(live))
         elif choice == 1:
             dead = [n for n in self.nodes.values() if n.core is None]
             if dead:
@@ -255,8 +263,8 @@ class Simulation:
             net.duplicate = rng.choice((0.0, 0.05, 0.2))
         elif choice == 6:
             net.max_delay_ms = rng.choice((5, 20, 100, 400))
-        else:
-            self.crash_mid_step = rng.choice((0.0, 0.0, 0.01))
+        elif choice == 7:
+            self.crash_mid_step = rng.choice((0.0, 0.0, 0.01, 0.05))
         self.trace.append(f"{now} fault {choice}: blocked={sorted(net.blocked)} drop={net.drop}")
 
     def _repeat(self, low: int, high: int, action: Callable[[], None], until_ms: int) -> None:
