@@ -341,3 +341,17 @@ def test_every_durable_effect_precedes_the_sends_after_it_in_an_election():
 def test_a_node_not_among_the_voters_is_refused():
     with pytest.raises(ValueError, match="not one of the voters"):
         make(node_id=9)
+
+
+def test_graceful_resign_hands_over_to_the_most_caught_up_voter_first():
+    core = leader_with_log()
+    fetch_from(core, 2, 1, 1)  # voter 2 is caught up, voter 1 has fetched nothing
+    effects = core.resign()
+    assert core.role == "resigned"
+    ends = sends(effects, EndQuorumEpochRequest)
+    assert [s.destination for s in ends] == [2, 1]
+    assert ends[0].message.preferred_successors == (2, 1)
+    assert of(effects, LeaderChanged)[-1] == LeaderChanged("resigned", core.epoch, 0)
+    core.clock.advance(2 * T)
+    core.poll()
+    assert core.role == "candidate" and core.epoch == 2
