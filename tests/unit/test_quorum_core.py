@@ -1,0 +1,357 @@
+"""KafkaRaftClient state transitions, one at a time, on a manual clock (no network at all)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from broker.purgatory.clock import ManualClock
+from broker.quorum import (
+    DURABLE,
+    AppendLog,
+    BeginQuorumEpochRequest,
+    EndQuorumEpochRequest,
+    Entry,
+    FetchRequest,
+    FetchResponse,
+    FetchSnapshotRequest,
+    FetchSnapshotResponse,
+    HighWatermarkUpdated,
+    KafkaRaftClient,
+    LeaderChanged,
+    OffsetAndEpoch,
+    PersistQuorumState,
+    QuorumConfig,
+    QuorumStateData,
+    RaftLog,
+    Send,
+    Snapshot,
+    StoreSnapshot,
+    TruncateLog,
+    VoteRequest,
+    VoteResponse,
+)
+from protocol.errors import ErrorCode, NotLeaderOrFollower
+
+CONFIG = QuorumConfig()
+T = CONFIG.election_timeout_ms
+
+
+def make(node_id=0, voters=(0, 1, 2), clock=None, **kw) -> KafkaRaftClient:
+    return KafkaRaftClient(
+        node_id, voters, clock or ManualClock(), random.Random(7), config=CONFIG, **kw
+    )
+
+
+def sends(effects, kind=None) -> list[Send]:
+    return [
+        e for e in effects if isinstance(e, Send) and (kind is None or isinstance(e.message, kind))
+    ]
+
+
+def of(effects, kind) -> list:
+    return [e for e in effects if isinstance(e, kind)]
+
+
+def elect(core: KafkaRaftClient) -> list:
+    """Drive ``core`` (voters 0,1,2) to leader with votes from everyone; return its effects."""
+    core.clock.advance(2 * T)
+    core.poll()
+    effects = []
+    for voter in sorted(core.voters - {core.node_id}):
+        effects += core.handle(voter, VoteResponse(ErrorCode.NONE, core.epoch, None, True))
+    return effects
+
+
+def test_unattached_voter_stands_for_election_within_a_randomized_timeout():
+    core = make()
+    assert core.role == "unattached" and core.epoch == 0
+    assert T <= core.next_deadline_ms() < 2 * T
+    core.clock.advance(core.next_deadline_ms() - 1)
+    assert core.poll() == [LeaderChanged("unattached", 0, None)]  # the start is announced
+    assert core.poll() == []
+    core.clock.advance(1)
+    effects = core.poll()
+    assert core.role == "candidate" and core.epoch == 1
+    # its own vote is durable before any VoteRequest leaves
+    first_send = next(i for i, e in enumerate(effects) if isinstance(e, Send))
+    assert effects[0] == PersistQuorumState(QuorumStateData(1, None, 0))
+    assert first_send > 0
+    assert {s.destination for s in sends(effects, VoteRequest)} == {1, 2}
+
+
+def test_the_timeout_is_seeded_so_runs_reproduce():
+    a, b = make(), make()
+    assert a.next_deadline_ms() == b.next_deadline_ms()
+
+
+def test_vote_is_persisted_before_it_is_granted_and_given_once_per_epoch():
+    core = make(node_id=1)
+    effects = core.handle(
+        0, VoteRequest(candidate_epoch=3, candidate_id=0, last_offset_epoch=0, last_offset=0)
+    )
+    persists = of(effects, PersistQuorumState)
+    assert persists[-1].state == QuorumStateData(3, None, 0)
+    reply = sends(effects, VoteResponse)[0]
+    assert effects.index(persists[-1]) < effects.index(reply)
+    assert reply.message.vote_granted and reply.message.leader_epoch == 3
+    again = core.handle(2, VoteRequest(3, 2, 0, 0))
+    assert not sends(again, VoteResponse)[0].message.vote_granted
+    dup = core.handle(0, VoteRequest(3, 0, 0, 0))
+    assert sends(dup, VoteResponse)[0].message.vote_granted  # the same candidate asking again
+
+
+def test_vote_refused_to_a_candidate_whose_log_is_behind():
+    log = RaftLog(entries=[Entry(0, 2, b"a"), Entry(1, 2, b"b")])
+    core = make(node_id=1, log=log, quorum_state=QuorumStateData(2, None, None))
+    shorter = core.handle(0, VoteRequest(3, 0, last_offset_epoch=2, last_offset=1))
+    assert not sends(shorter, VoteResponse)[0].message.vote_granted
+    older_epoch = core.handle(2, VoteRequest(4, 2, last_offset_epoch=1, last_offset=9))
+    assert not sends(older_epoch, VoteResponse)[0].message.vote_granted
+    equal = core.handle(0, VoteRequest(5, 0, last_offset_epoch=2, last_offset=2))
+    assert sends(equal, VoteResponse)[0].message.vote_granted
+
+
+def test_stale_candidate_is_fenced():
+    core = make(node_id=1, quorum_state=QuorumStateData(5, None, None))
+    reply = sends(core.handle(0, VoteRequest(4, 0, 0, 0)))[0].message
+    assert reply.error == ErrorCode.FENCED_LEADER_EPOCH and reply.leader_epoch == 5
+    assert core.epoch == 5
+
+
+def test_majority_makes_a_leader_that_writes_leader_change_and_begins_the_epoch():
+    core = make()
+    core.clock.advance(2 * T)
+    core.poll()
+    assert core.handle(1, VoteResponse(ErrorCode.NONE, 1, None, False)) == []
+    effects = core.handle(2, VoteResponse(ErrorCode.NONE, 1, None, True))
+    assert core.role == "leader"
+    assert of(effects, LeaderChanged)[-1] == LeaderChanged("leader", 1, 0)
+    (append,) = of(effects, AppendLog)
+    assert append.entries[0].control and append.entries[0].offset == 0
+    assert {s.destination for s in sends(effects, BeginQuorumEpochRequest)} == {1, 2}
+
+
+def test_candidate_that_times_out_tries_again_in_a_new_epoch():
+    core = make()
+    core.clock.advance(2 * T)
+    core.poll()
+    core.clock.advance(2 * T)
+    core.poll()
+    assert core.role == "candidate" and core.epoch == 2
+
+
+def test_follower_fetches_and_starts_an_election_after_the_fetch_timeout():
+    core = make(node_id=1)
+    effects = core.handle(0, BeginQuorumEpochRequest(leader_epoch=2, leader_id=0))
+    assert core.role == "follower" and core.leader_id == 0
+    assert of(effects, PersistQuorumState)[-1].state == QuorumStateData(2, 0, None)
+    fetch = sends(effects, FetchRequest)[0].message
+    assert (fetch.fetch_offset, fetch.last_fetched_epoch, fetch.current_leader_epoch) == (0, 0, 2)
+    core.clock.advance(CONFIG.fetch_timeout_ms - 1)
+    core.poll()
+    assert core.role == "follower"
+    core.clock.advance(1)
+    core.poll()
+    assert core.role == "candidate" and core.epoch == 3
+
+
+def test_follower_appends_fetched_records_and_learns_the_high_watermark():
+    core = make(node_id=1)
+    fetch = sends(core.handle(0, BeginQuorumEpochRequest(1, 0)), FetchRequest)[0].message
+    records = (Entry(0, 1, b"lc", True), Entry(1, 1, b"a"))
+    answer = FetchResponse(fetch.correlation_id, ErrorCode.NONE, 1, 0, 1, records)
+    effects = core.handle(0, answer)
+    assert of(effects, AppendLog)[0].entries == records
+    assert of(effects, HighWatermarkUpdated) == [HighWatermarkUpdated(1, 1)]
+    # the append precedes the next fetch, which acknowledges it
+    assert effects.index(of(effects, AppendLog)[0]) < effects.index(sends(effects, FetchRequest)[0])
+    assert sends(effects, FetchRequest)[0].message.fetch_offset == 2
+    assert core.handle(0, answer) == []  # a duplicate of an answered fetch is ignored
+
+
+def test_follower_truncates_on_a_diverging_epoch():
+    log = RaftLog(entries=[Entry(0, 1, b"a"), Entry(1, 1, b"b"), Entry(2, 1, b"c")])
+    core = make(node_id=1, log=log, quorum_state=QuorumStateData(1, None, None))
+    fetch = sends(core.handle(0, BeginQuorumEpochRequest(3, 0)), FetchRequest)[0].message
+    diverging = FetchResponse(
+        fetch.correlation_id, ErrorCode.NONE, 3, 0, None, diverging_epoch=OffsetAndEpoch(1, 1)
+    )
+    effects = core.handle(0, diverging)
+    assert of(effects, TruncateLog) == [TruncateLog(1)]
+    assert core.log.end_offset == 1
+    assert sends(effects, FetchRequest)[0].message.fetch_offset == 1
+
+
+def test_follower_behind_the_log_start_fetches_and_installs_the_snapshot():
+    core = make(node_id=1)
+    fetch = sends(core.handle(0, BeginQuorumEpochRequest(2, 0)), FetchRequest)[0].message
+    sid = OffsetAndEpoch(5, 2)
+    effects = core.handle(
+        0, FetchResponse(fetch.correlation_id, ErrorCode.NONE, 2, 0, 5, snapshot_id=sid)
+    )
+    ask = sends(effects, FetchSnapshotRequest)[0].message
+    assert ask.snapshot_id == sid
+    snap = Snapshot(sid, b"state")
+    effects = core.handle(0, FetchSnapshotResponse(ask.correlation_id, ErrorCode.NONE, 2, 0, snap))
+    assert of(effects, StoreSnapshot) == [StoreSnapshot(snap)]
+    assert core.log.start_offset == 5 and core.high_watermark == 5
+    assert sends(effects, FetchRequest)[0].message.fetch_offset == 5
+
+
+def leader_with_log() -> KafkaRaftClient:
+    core = make()
+    elect(core)
+    assert core.role == "leader" and core.log.end_offset == 1
+    return core
+
+
+def fetch_from(core, voter, offset, epoch, corr=1, wait=500):
+    return core.handle(voter, FetchRequest(corr, voter, core.epoch, offset, epoch, wait))
+
+
+def test_high_watermark_needs_a_majority_and_an_entry_of_the_leaders_epoch():
+    core = leader_with_log()
+    assert of(fetch_from(core, 1, 0, 0), HighWatermarkUpdated) == []
+    effects = fetch_from(core, 1, 1, 1)
+    assert of(effects, HighWatermarkUpdated) == [HighWatermarkUpdated(1, 1)]
+
+
+def test_old_epoch_entries_do_not_commit_by_counting_alone():
+    log = RaftLog(entries=[Entry(0, 1, b"old")])
+    core = make(log=log, quorum_state=QuorumStateData(1, None, None))
+    elect(core)  # epoch 2 starts at offset 1 with its LeaderChange record
+    effects = fetch_from(core, 1, 1, 1)  # a majority has the old entry, not ours
+    assert of(effects, HighWatermarkUpdated) == []
+    assert of(fetch_from(core, 1, 2, 2, corr=2), HighWatermarkUpdated) == [
+        HighWatermarkUpdated(2, 2)
+    ]
+
+
+def test_caught_up_fetch_parks_until_an_append_or_its_max_wait():
+    core = leader_with_log()
+    fetch_from(core, 1, 1, 1, corr=1)
+    parked = fetch_from(core, 2, 1, 1, corr=9)
+    assert sends(parked, FetchResponse) == []  # parked: nothing to say yet
+    assert core.next_deadline_ms() == core.clock.now_ms() + 500
+    last, effects = core.append([b"x"])
+    assert last == 1
+    answers = {s.destination: s.message for s in sends(effects, FetchResponse)}
+    assert set(answers) == {1, 2}  # both caught-up followers were parked
+    answer = answers[2]
+    assert answer.correlation_id == 9
+    assert [e.data for e in answer.records] == [b"x"]
+    fetch_from(core, 2, 2, 1, corr=10)
+    core.clock.advance(499)
+    assert sends(core.poll(), FetchResponse) == []
+    core.clock.advance(1)
+    (expired,) = sends(core.poll(), FetchResponse)
+    assert expired.message.correlation_id == 10 and expired.message.records == ()
+
+
+def test_leader_answers_a_diverging_fetch_with_the_epoch_end():
+    log = RaftLog(entries=[Entry(0, 1, b"a")])
+    core = make(log=log, quorum_state=QuorumStateData(1, None, None))
+    elect(core)
+    effects = fetch_from(core, 1, 3, 1)  # follower has 3 entries of epoch 1, we have 1
+    answer = sends(effects, FetchResponse)[0].message
+    assert answer.diverging_epoch == OffsetAndEpoch(1, 1)
+
+
+def test_only_the_leader_answers_fetches_and_stale_epochs_are_fenced():
+    follower = make(node_id=1)
+    follower.handle(0, BeginQuorumEpochRequest(2, 0))
+    reply = sends(follower.handle(2, FetchRequest(1, 2, 2, 0, 0, 500)))[0].message
+    assert reply.error == ErrorCode.NOT_LEADER_OR_FOLLOWER and reply.leader_id == 0
+    core = leader_with_log()
+    reply = sends(core.handle(1, FetchRequest(1, 1, 0, 0, 0, 500)))[0].message
+    assert reply.error == ErrorCode.FENCED_LEADER_EPOCH
+
+
+def test_leader_without_a_majority_fetching_resigns_and_stops_appending():
+    core = leader_with_log()
+    timeout = CONFIG.check_quorum_timeout_ms
+    core.clock.advance(timeout - 1)
+    fetch_from(core, 1, 1, 1)  # one follower keeps fetching: with us, a majority of 3
+    core.clock.advance(timeout - 1)
+    core.poll()
+    assert core.role == "leader"
+    core.clock.advance(timeout)  # nobody fetched for the whole timeout
+    effects = core.poll()
+    assert core.role == "resigned"
+    assert {s.destination for s in sends(effects, EndQuorumEpochRequest)} == {1, 2}
+    with pytest.raises(NotLeaderOrFollower):
+        core.append([b"late"])
+    # and a resigned leader votes for nobody in its epoch
+    assert not sends(core.handle(1, VoteRequest(core.epoch, 1, 9, 99)))[0].message.vote_granted
+
+
+def test_end_quorum_epoch_hurries_the_most_caught_up_successor():
+    core = make(node_id=1)
+    core.handle(0, BeginQuorumEpochRequest(2, 0))
+    core.handle(0, EndQuorumEpochRequest(2, 0, preferred_successors=(1, 2)))
+    assert core.next_deadline_ms() < CONFIG.election_backoff_max_ms // 3
+    core.clock.advance(CONFIG.election_backoff_max_ms)
+    core.poll()
+    assert core.role == "candidate" and core.epoch == 3
+
+
+def test_restart_from_persisted_state():
+    leader = make(quorum_state=QuorumStateData(4, 0, 0))
+    assert leader.role == "resigned" and leader.epoch == 4  # never resumes as leader
+    follower = make(quorum_state=QuorumStateData(4, 2, None))
+    assert follower.role == "follower" and follower.leader_id == 2
+    voted = make(quorum_state=QuorumStateData(4, None, 1))
+    assert not sends(voted.handle(2, VoteRequest(4, 2, 9, 99)))[0].message.vote_granted
+    behind = make(
+        quorum_state=QuorumStateData(1, None, None), log=RaftLog(entries=[Entry(0, 3, b"a")])
+    )
+    assert behind.epoch == 3  # the log knows a later epoch than the quorum-state
+
+
+def test_snapshot_only_of_committed_state_and_it_drops_the_prefix():
+    core = leader_with_log()
+    core.append([b"a", b"b"])
+    with pytest.raises(ValueError, match="beyond the high watermark"):
+        core.create_snapshot(2, b"s")
+    fetch_from(core, 1, 3, 1)
+    effects = core.create_snapshot(2, b"s")
+    assert of(effects, StoreSnapshot)[0].snapshot.snapshot_id == OffsetAndEpoch(2, 1)
+    assert core.log.start_offset == 2
+    answer = sends(fetch_from(core, 2, 1, 1, corr=5), FetchResponse)[0].message
+    assert answer.snapshot_id == OffsetAndEpoch(2, 1)
+
+
+def test_single_voter_quorum_leads_and_commits_alone():
+    core = make(voters=(0,))
+    core.clock.advance(2 * T)
+    effects = core.poll()
+    assert core.role == "leader"
+    assert of(effects, HighWatermarkUpdated) == [HighWatermarkUpdated(1, 1)]
+
+
+def test_every_durable_effect_precedes_the_sends_after_it_in_an_election():
+    core = make()
+    effects = elect(core)
+    kinds = [isinstance(e, DURABLE) for e in effects]
+    assert kinds.index(True) < [isinstance(e, Send) for e in effects].index(True)
+
+
+def test_a_node_not_among_the_voters_is_refused():
+    with pytest.raises(ValueError, match="not one of the voters"):
+        make(node_id=9)
+
+
+def test_graceful_resign_hands_over_to_the_most_caught_up_voter_first():
+    core = leader_with_log()
+    fetch_from(core, 2, 1, 1)  # voter 2 is caught up, voter 1 has fetched nothing
+    effects = core.resign()
+    assert core.role == "resigned"
+    ends = sends(effects, EndQuorumEpochRequest)
+    assert [s.destination for s in ends] == [2, 1]
+    assert ends[0].message.preferred_successors == (2, 1)
+    assert of(effects, LeaderChanged)[-1] == LeaderChanged("resigned", core.epoch, 0)
+    core.clock.advance(2 * T)
+    core.poll()
+    assert core.role == "candidate" and core.epoch == 2
