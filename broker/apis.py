@@ -19,7 +19,7 @@ from .session import ConnectionSession
 if TYPE_CHECKING:
     from .server import Broker
 
-Handler = Callable[[RequestHeader, dict], "dict | PendingResponse | None"]
+Handler = Callable[[RequestHeader, dict, ConnectionSession], "dict | PendingResponse | None"]
 
 
 class RequestHandler:
@@ -42,7 +42,7 @@ class RequestHandler:
         }
 
     def controller_only(self, method: Callable[[dict], dict]) -> Handler:
-        def handler(header: RequestHeader, body: dict) -> dict:
+        def handler(header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
             if not self.broker.is_controller:
                 return {
                     "error_code": int(ErrorCode.NOT_CONTROLLER),
@@ -62,10 +62,12 @@ class RequestHandler:
                 return {"error_code": code, "error_message": "injected by fault fail-api"}
             delay = faults.api_delay(header.api_key)
             if delay:
-                return self.broker.delayed(delay, self.handlers[header.api_key](header, body))
-        return self.handlers[header.api_key](header, body)
+                return self.broker.delayed(
+                    delay, self.handlers[header.api_key](header, body, session)
+                )
+        return self.handlers[header.api_key](header, body, session)
 
-    def faults(self, header: RequestHeader, body: dict) -> dict:
+    def faults(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         if not self.broker.config["faults.enable"]:
             return {
                 "error_code": int(ErrorCode.INVALID_REQUEST),
@@ -86,10 +88,10 @@ class RequestHandler:
 
     # --- APIs -----------------------------------------------------------------------------
 
-    def api_versions(self, header: RequestHeader, body: dict) -> dict:
+    def api_versions(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         return {"error_code": 0, "api_versions": supported_versions()}
 
-    def metadata(self, header: RequestHeader, body: dict) -> dict:
+    def metadata(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         broker = self.broker
         md = broker.metadata
         wanted = body["topics"]
@@ -137,33 +139,43 @@ class RequestHandler:
         ]
         return {"brokers": brokers, "controller_id": md.controller_id, "topics": topics}
 
-    def create_topics(self, header: RequestHeader, body: dict) -> dict | PendingResponse:
+    def create_topics(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse:
         result = self.broker.create_topics(body["topics"], body["validate_only"])
         return result if isinstance(result, PendingResponse) else {"topics": result}
 
     def alter_partition(self, body: dict) -> dict:
         return self.broker.controller.alter_partition(body)
 
-    def offset_for_leader_epoch(self, header: RequestHeader, body: dict) -> dict:
+    def offset_for_leader_epoch(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict:
         return self.broker.replica_manager.offsets_for_leader_epoch(body)
 
-    def update_metadata(self, header: RequestHeader, body: dict) -> dict:
+    def update_metadata(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict:
         self.broker.receive_metadata(body["metadata"])
         return {"error_code": 0, "error_message": None}
 
-    def produce(self, header: RequestHeader, body: dict) -> dict | PendingResponse | None:
+    def produce(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse | None:
         broker = self.broker
         if broker.config["auto.create.topics.enable"]:
             missing = [t["name"] for t in body["topics"] if t["name"] not in broker.metadata.topics]
             if missing:
                 broker.auto_create(missing)
-        return broker.replica_manager.produce(body)
+        return broker.replica_manager.produce(body, session)
 
-    def fetch(self, header: RequestHeader, body: dict) -> dict | PendingResponse:
-        return self.broker.replica_manager.fetch(body)
+    def fetch(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse:
+        return self.broker.replica_manager.fetch(body, session)
 
-    def list_offsets(self, header: RequestHeader, body: dict) -> dict:
+    def list_offsets(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         return self.broker.replica_manager.list_offsets(body)
 
-    def broker_stats(self, header: RequestHeader, body: dict) -> dict:
+    def broker_stats(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         return {"error_code": 0, "broker_id": self.broker.broker_id, "stats": self.broker.stats()}
