@@ -115,7 +115,7 @@ class DelayedFetch(_Parked):
         self.fetch = fetch
         self.manager = manager
         # Its connection budgets the largest answer it may give (broker/outbox.py).
-        self.response = PendingResponse(fetch.max_bytes)
+        self.response = PendingResponse(fetch.response_bound)
         self.parked_in: set | None = None
 
     def try_complete(self) -> bool:

@@ -64,6 +64,11 @@ class FetchRequest:
             for p in t["partitions"]
         ]
 
+    @property
+    def response_bound(self) -> int:
+        """The most bytes of records the answer carries (a first batch may overshoot)."""
+        return min(self.max_bytes, sum(cap for _, _, cap in self.targets))
+
 
 def duplicate_partition(topics: list[dict]) -> str | None:
     """The first topic-partition named twice in a request's topics, or None.
