@@ -37,6 +37,7 @@ from .pending import PendingResponse
 from .session import ConnectionSession
 
 _RECV_BYTES = 1 << 18
+_FRAMES_PER_TURN = 32
 # What a parked request costs besides its answer (its task, operation and pending
 # response): charged to the connection's budget, so a client cannot park without bound.
 _PARKED_BYTES = 4096
@@ -203,7 +204,8 @@ class ConnectionHandler:
     async def _read_loop(self, stream, decoder, outbox: Outbox, nursery, session, log) -> None:
         while True:
             # Backpressure: take no more requests while this connection's answers pile up.
-            await outbox.wait_room()
+            if outbox.full:
+                await outbox.wait_room()
             with trio.move_on_after(self.idle_s) as idle:
                 data = await stream.receive_some(_RECV_BYTES)
             if idle.cancelled_caught:
@@ -216,10 +218,15 @@ class ConnectionHandler:
             except ProtocolError as exc:
                 log.warning("connection_closed_bad_frame", error=str(exc))
                 return
-            for payload in frames:
-                await outbox.wait_room()
+            for n, payload in enumerate(frames, 1):
+                if outbox.full:  # checked first: the common case costs no coroutine call
+                    await outbox.wait_room()
                 if not self._one(payload, outbox, nursery, session, log):
                     return
+                if not n % _FRAMES_PER_TURN:
+                    # A 256 KiB read can hold thousands of small requests: let the others
+                    # (and expired operations) run in between.
+                    await trio.lowlevel.checkpoint()
             # Let writers and parked requests run between bursts from a fast client.
             await trio.lowlevel.checkpoint()
 
