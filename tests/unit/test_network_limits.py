@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import pytest
+import structlog
 import trio
 import trio.testing
 
 import protocol as p
+from broker.config import BrokerConfig
+from broker.metadata import PartitionState
 from broker.outbox import Outbox
-from broker.replica_manager import FetchRequest, duplicate_partition
+from broker.pending import PendingResponse
+from broker.purgatory import ManualClock, ManualTimer, Purgatory
+from broker.replica_manager import (
+    MAX_FETCH_WAIT_MS,
+    FetchRequest,
+    ReplicaManager,
+    duplicate_partition,
+)
+from broker.session import ConnectionSession
 from protocol.errors import InvalidRequestError
 from protocol.schema import MAX_ERROR_CHARS, bounded
 
@@ -90,3 +101,34 @@ async def test_outbox_writer_gives_up_when_nothing_is_read(autojump_clock):
     with trio.fail_after(100):
         await outbox.run_writer(send)  # returns: the client stopped reading
     assert trio.current_time() >= 30
+
+
+async def test_a_parked_fetch_is_clamped_and_dies_with_its_connection(tmp_path):
+    clock = ManualClock()
+    timer = ManualTimer(clock)
+    fetches, produces = Purgatory("Fetch", timer), Purgatory("Produce", timer)
+    manager = ReplicaManager(
+        0, tmp_path, BrokerConfig(), structlog.get_logger(), fetches, produces, clock.now_ms
+    )
+    manager.host_partition("t", 0, PartitionState(0, 0, [0], [0]))
+    raw = {
+        "max_wait_ms": 2**31 - 1,
+        "min_bytes": 1,
+        "topics": [{"name": "t", "partitions": [{"partition": 0, "fetch_offset": 0}]}],
+    }
+    body = p.validate_request(p.RequestHeader(p.ApiKey.FETCH, 0, 1, None), raw)
+    session = ConnectionSession("127.0.0.1:1")
+    try:
+        pending = manager.fetch(body, session)
+        assert isinstance(pending, PendingResponse)
+        assert pending.max_bytes == 1048576  # the partition's cap: what its connection budgets
+        (op,) = manager._parked[session]
+        assert op.delay_ms == MAX_FETCH_WAIT_MS  # 2^31-1 ms clamped
+        assert fetches.pending == 1 and timer.size == 1
+        session.close()
+        assert fetches.pending == 0 and timer.size == 0
+        assert pending.body is None and op.fetch is None  # nobody answered, nothing held
+        clock.advance(MAX_FETCH_WAIT_MS)
+        assert fetches.stats()["expired"] == 0
+    finally:
+        manager.close()
