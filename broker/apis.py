@@ -236,7 +236,7 @@ class RequestHandler:
             missing = [t["name"] for t in body["topics"] if t["name"] not in broker.metadata.topics]
             if missing:
                 broker.auto_create(missing)
-        return broker.replica_manager.produce(body)
+        return broker.replica_manager.produce(body, session)
 
     def fetch(
         self, header: RequestHeader, body: dict, session: ConnectionSession
@@ -246,7 +246,7 @@ class RequestHandler:
             refusal = self.refuse_unless_member(session, header.api_key, body["replica_id"])
             if refusal is not None:
                 return refusal
-        return self.broker.replica_manager.fetch(body)
+        return self.broker.replica_manager.fetch(body, session)
 
     def list_offsets(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         return self.broker.replica_manager.list_offsets(body)

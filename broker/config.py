@@ -73,6 +73,39 @@ DEFS: dict[str, ConfigDef] = {
     "connections.max.idle.ms": ConfigDef(
         int, 600000, "Close connections that send nothing for this long.", 1
     ),
+    "max.connections": ConfigDef(
+        int,
+        -1,
+        "Connections the broker holds at once; at the limit it stops accepting until one "
+        "closes, as Kafka's acceptor does (-1: the open-file limit minus a reserve for log files).",
+        -1,
+    ),
+    "max.connections.per.ip": ConfigDef(
+        int,
+        2147483647,
+        "Connections from one IP address; one over it is closed at once.",
+        1,
+    ),
+    "fetch.max.bytes": ConfigDef(
+        int,
+        57671680,
+        "Most bytes of records one fetch response carries (and one partition within it), "
+        "whatever the client asks; the first batch still goes out whole so a consumer progresses.",
+        1024,
+    ),
+    "queued.max.response.bytes": ConfigDef(
+        int,
+        33554432,
+        "Per connection: bytes of responses waiting to be sent, plus the most its parked fetches "
+        "may answer; past it the broker reads no more of that connection's requests until it drains.",
+        1024,
+    ),
+    "connections.max.send.stall.ms": ConfigDef(
+        int,
+        60000,
+        "Close a connection whose responses make no progress for this long (the client stopped reading).",
+        1,
+    ),
     # topics
     "num.partitions": ConfigDef(int, 1, "Partitions of a topic created without a count.", 1),
     "default.replication.factor": ConfigDef(
@@ -224,6 +257,10 @@ class BrokerConfig(Mapping[str, Any]):
                 f"config 'broker.heartbeat.interval.ms' ({values['broker.heartbeat.interval.ms']}) must be "
                 f"less than 'broker.session.timeout.ms' ({values['broker.session.timeout.ms']}), or live "
                 "brokers get fenced between heartbeats"
+            )
+        if values["max.connections"] == 0:
+            raise ConfigError(
+                "config 'max.connections': 0 would refuse every client; use -1 (derived) or >= 1"
             )
         self._values = values
         self.explicit = frozenset(explicit)

@@ -2,6 +2,8 @@
 
 Both complete on the trio thread: triggers call ``check_and_complete`` from request
 handlers, and the timer thread hands expired operations to the loop in batches.
+When the connection that asked closes, ``abandon`` completes them at once without
+building an answer (ReplicaManager tracks which connection parked what).
 """
 
 from __future__ import annotations
@@ -33,10 +35,31 @@ class ProducePartitionStatus:
             self.error = ErrorCode.REQUEST_TIMED_OUT
 
 
-class DelayedProduce(DelayedOperation):
+class _Parked(DelayedOperation):
+    """A request parked on behalf of one connection; ``parked_in`` is that connection's set."""
+
+    __slots__ = ("parked_in", "response")
+
+    def abandon(self) -> None:
+        """The connection went away: complete now (leaving the timer), answer nobody.
+
+        A completed op is skipped by every trigger and dropped from the watcher lists by
+        the purgatory's purge; ``on_complete`` frees what it holds.
+        """
+        self.response = None
+        self.force_complete()
+
+    def _release(self) -> None:
+        parked = self.parked_in
+        if parked is not None:
+            parked.discard(self)
+            self.parked_in = None
+
+
+class DelayedProduce(_Parked):
     """Completes when every appended partition's HW reaches its last offset + 1."""
 
-    __slots__ = ("manager", "response", "statuses")
+    __slots__ = ("manager", "statuses")
 
     def __init__(
         self,
@@ -48,6 +71,7 @@ class DelayedProduce(DelayedOperation):
         self.statuses = statuses
         self.manager = manager
         self.response = PendingResponse()
+        self.parked_in: set | None = None
 
     def try_complete(self) -> bool:
         manager = self.manager
@@ -73,7 +97,9 @@ class DelayedProduce(DelayedOperation):
         return self.force_complete()
 
     def on_complete(self) -> None:
-        self.response.set(self.manager.produce_response(self.statuses))
+        if self.response is not None:  # None: abandoned, nobody to answer
+            self.response.set(self.manager.produce_response(self.statuses))
+        self._release()
         # The op may linger on other keys' watch lists until a purge: keep nothing heavy
         # alive through it (KAFKA-19389). The waiting handler holds its own reference.
         self.manager = self.statuses = self.response = None
@@ -82,16 +108,18 @@ class DelayedProduce(DelayedOperation):
         pass
 
 
-class DelayedFetch(DelayedOperation):
+class DelayedFetch(_Parked):
     """Completes when ``min_bytes`` are readable, on an error or a leadership change."""
 
-    __slots__ = ("fetch", "manager", "response")
+    __slots__ = ("fetch", "manager")
 
     def __init__(self, delay_ms: int, fetch: FetchRequest, manager: ReplicaManager) -> None:
         super().__init__(delay_ms)
         self.fetch = fetch
         self.manager = manager
-        self.response = PendingResponse()
+        # Its connection budgets the largest answer it may give (broker/outbox.py).
+        self.response = PendingResponse(fetch.response_bound)
+        self.parked_in: set | None = None
 
     def try_complete(self) -> bool:
         fetch = self.fetch
@@ -114,7 +142,9 @@ class DelayedFetch(DelayedOperation):
         return False
 
     def on_complete(self) -> None:
-        self.response.set(self.manager.read_fetch(self.fetch, update_follower_state=False))
+        if self.response is not None:  # None: abandoned, no read for nobody
+            self.response.set(self.manager.read_fetch(self.fetch, update_follower_state=False))
+        self._release()
         self.manager = self.fetch = self.response = None
 
     def on_expiration(self) -> None:

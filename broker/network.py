@@ -3,12 +3,20 @@
 Requests on a connection are *dispatched* in arrival order (so two produces on one
 connection append in order), but a request that parks in a purgatory answers
 later from its own task; clients match responses by correlation id. A writer
-task batches ready responses into one send. Only an unparseable frame or an
-idle timeout closes the connection; everything else gets an error response.
+task batches ready responses into one send. Only an unparseable frame, an idle
+timeout or a client that stops reading its responses closes the connection;
+everything else gets an error response.
+
+Limits (Kafka's SocketServer): at ``max.connections`` the acceptor stops accepting
+until a connection closes; a connection over ``max.connections.per.ip`` is closed at
+once; each connection's queued answers are bounded (broker/outbox.py).
 """
 
 from __future__ import annotations
 
+import errno
+import resource
+from collections import defaultdict
 from typing import Any
 
 import trio
@@ -24,29 +32,42 @@ from protocol import (
 )
 from protocol.errors import ErrorCode
 
+from .outbox import Outbox
 from .pending import PendingResponse
 from .session import ConnectionSession
 
 _RECV_BYTES = 1 << 18
-_MAX_COALESCE = 64
+_FRAMES_PER_TURN = 32
+# What a parked request costs besides its answer (its task, operation and pending
+# response): charged to the connection's budget, so a client cannot park without bound.
+_PARKED_BYTES = 4096
+# accept(2) errors that mean "no capacity now": retry after a pause (as trio.serve_listeners).
+_ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
 
-async def _writer(stream: trio.abc.Stream, responses: trio.MemoryReceiveChannel) -> None:
-    async for first in responses:
-        chunks = [first]
-        while len(chunks) < _MAX_COALESCE:
-            try:
-                chunks.append(responses.receive_nowait())
-            except trio.WouldBlock:
-                break
-        await stream.send_all(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+def max_connections_for(configured: int) -> int:
+    """``max.connections``, with -1 derived from the open-file limit.
+
+    Every connection is a file descriptor, and so is every open segment and index: keep a
+    fifth of the soft RLIMIT_NOFILE (at least 256) for files, so accepting never starves
+    storage of descriptors (EMFILE) and the broker keeps serving the connections it has.
+    """
+    if configured > 0:
+        return configured
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 2**31 - 1
+    return max(16, soft - max(256, soft // 5))
 
 
 async def _answer_later(
-    correlation_id: int, pending: PendingResponse, responses: trio.MemorySendChannel
+    correlation_id: int, pending: PendingResponse, outbox: Outbox, reserved: int
 ) -> None:
-    body = await pending.wait()
-    await responses.send(encode_response(correlation_id, body))
+    try:
+        body = await pending.wait()
+    finally:
+        outbox.release(reserved)
+    outbox.put(encode_response(correlation_id, body))
 
 
 _DISCONNECTS = (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError)
@@ -60,21 +81,94 @@ def is_disconnect(exc: BaseException) -> bool:
 
 
 class ConnectionHandler:
-    def __init__(self, dispatcher: Any, *, max_frame_bytes: int, idle_ms: int, logger: Any) -> None:
+    """Accepts connections within the limits and serves each one (the broker's SocketServer)."""
+
+    def __init__(
+        self,
+        dispatcher: Any,
+        *,
+        max_frame_bytes: int,
+        idle_ms: int,
+        logger: Any,
+        max_connections: int = 2**31 - 1,
+        max_connections_per_ip: int = 2**31 - 1,
+        queued_response_bytes: int = 1 << 25,
+        send_stall_ms: int = 60000,
+    ) -> None:
         self.dispatcher = dispatcher
         self.max_frame_bytes = max_frame_bytes
         self.idle_s = idle_ms / 1000
         self.log = logger
+        self.max_connections = max_connections
+        self.max_connections_per_ip = max_connections_per_ip
+        self.queued_response_bytes = queued_response_bytes
+        self.send_stall_s = send_stall_ms / 1000
         self.open_connections = 0
+        self.refused_connections = 0
+        self._per_ip: defaultdict[str, int] = defaultdict(int)
+        self._slot_free = trio.lowlevel.ParkingLot()
 
-    async def __call__(self, stream: trio.SocketStream) -> None:
+    # --- accepting --------------------------------------------------------------------------
+
+    async def serve(self, listeners: list[trio.SocketListener]) -> None:
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(self._accept_loop, listener, nursery)
+
+    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        async with listener:
+            while True:
+                if self.open_connections >= self.max_connections:
+                    # Kafka's acceptor: at max.connections, stop accepting until one closes.
+                    # New clients wait in the listen backlog; served ones are not disturbed.
+                    self.log.warning("max_connections_reached", limit=self.max_connections)
+                    while self.open_connections >= self.max_connections:
+                        await self._slot_free.park()
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    self.log.error("accept_failed", error=errno.errorcode[exc.errno])
+                    await trio.sleep(0.1)
+                    continue
+                try:
+                    host, port = stream.socket.getpeername()[:2]
+                except OSError:  # gone already
+                    await trio.aclose_forcefully(stream)
+                    continue
+                if self._per_ip[host] >= self.max_connections_per_ip:
+                    # Kafka's TooManyConnectionsException: closed at once, before any request.
+                    self.refused_connections += 1
+                    self.log.info(
+                        "connection_refused_too_many_from_ip",
+                        ip=host,
+                        limit=self.max_connections_per_ip,
+                    )
+                    await trio.aclose_forcefully(stream)
+                    continue
+                # Counted here, not in the task: the next accept must see this connection.
+                self._per_ip[host] += 1
+                self.open_connections += 1
+                nursery.start_soon(self._run, stream, host, f"{host}:{port}")
+
+    async def _run(self, stream: trio.SocketStream, host: str, peer: str) -> None:
         try:
-            peer = "{}:{}".format(*stream.socket.getpeername()[:2])
-        except OSError:
-            peer = "?"
+            await self(stream, peer)
+        finally:
+            self.open_connections -= 1
+            left = self._per_ip[host] - 1
+            if left:
+                self._per_ip[host] = left
+            else:
+                del self._per_ip[host]
+            self._slot_free.unpark()
+
+    # --- one connection ---------------------------------------------------------------------
+
+    async def __call__(self, stream: trio.SocketStream, peer: str = "?") -> None:
         log = self.log.bind(peer=peer)
         session = ConnectionSession(peer)
-        self.open_connections += 1
         try:
             async with stream:
                 await self._serve(stream, session, log)
@@ -84,21 +178,34 @@ class ConnectionHandler:
             if not is_disconnect(exc):
                 log.error("connection_failed", exc_info=exc)
         finally:
-            self.open_connections -= 1
+            # Parked requests die with their connection (ReplicaManager registers them).
             session.close()
 
     async def _serve(self, stream: trio.SocketStream, session: ConnectionSession, log: Any) -> None:
         decoder = FrameDecoder(self.max_frame_bytes)
-        send, receive = trio.open_memory_channel(_MAX_COALESCE * 4)
+        outbox = Outbox(self.queued_response_bytes, self.send_stall_s)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_writer, stream, receive)
+            nursery.start_soon(self._write, stream, outbox, nursery.cancel_scope, log)
             try:
-                await self._read_loop(stream, decoder, send, nursery, session, log)
+                await self._read_loop(stream, decoder, outbox, nursery, session, log)
             finally:
                 nursery.cancel_scope.cancel()
 
-    async def _read_loop(self, stream, decoder, send, nursery, session, log) -> None:
+    async def _write(self, stream, outbox: Outbox, scope: trio.CancelScope, log: Any) -> None:
+        await outbox.run_writer(stream)
+        # Returned: nothing was accepted by the client's socket for send_stall_s.
+        log.warning(
+            "connection_closed_send_stalled",
+            stall_ms=int(self.send_stall_s * 1000),
+            queued_bytes=outbox.queued,
+        )
+        scope.cancel()
+
+    async def _read_loop(self, stream, decoder, outbox: Outbox, nursery, session, log) -> None:
         while True:
+            # Backpressure: take no more requests while this connection's answers pile up.
+            if outbox.full:
+                await outbox.wait_room()
             with trio.move_on_after(self.idle_s) as idle:
                 data = await stream.receive_some(_RECV_BYTES)
             if idle.cancelled_caught:
@@ -111,13 +218,19 @@ class ConnectionHandler:
             except ProtocolError as exc:
                 log.warning("connection_closed_bad_frame", error=str(exc))
                 return
-            for payload in frames:
-                if not await self._one(payload, send, nursery, session, log):
+            for n, payload in enumerate(frames, 1):
+                if outbox.full:  # checked first: the common case costs no coroutine call
+                    await outbox.wait_room()
+                if not self._one(payload, outbox, nursery, session, log):
                     return
+                if not n % _FRAMES_PER_TURN:
+                    # A 256 KiB read can hold thousands of small requests: let the others
+                    # (and expired operations) run in between.
+                    await trio.lowlevel.checkpoint()
             # Let writers and parked requests run between bursts from a fast client.
             await trio.lowlevel.checkpoint()
 
-    async def _one(self, payload: bytes, send, nursery, session, log) -> bool:
+    def _one(self, payload: bytes, outbox: Outbox, nursery, session, log) -> bool:
         try:
             header, raw = decode_request_envelope(payload)
         except ProtocolError as exc:
@@ -134,7 +247,7 @@ class ConnectionHandler:
                 error=code.name,
                 reason=str(exc),
             )
-            await send.send(encode_response(header.correlation_id, error_body(code, str(exc))))
+            outbox.put(encode_response(header.correlation_id, error_body(code, str(exc))))
             return True
         try:
             result = self.dispatcher.handle(header, body, session)
@@ -144,7 +257,11 @@ class ConnectionHandler:
         if result is None:
             return True
         if isinstance(result, PendingResponse):
-            nursery.start_soon(_answer_later, header.correlation_id, result, send)
+            # Charge the most it may answer now, so many parked fetches completing at once
+            # cannot overshoot the budget.
+            reserved = max(result.max_bytes, _PARKED_BYTES)
+            outbox.reserve(reserved)
+            nursery.start_soon(_answer_later, header.correlation_id, result, outbox, reserved)
         else:
-            await send.send(encode_response(header.correlation_id, result))
+            outbox.put(encode_response(header.correlation_id, result))
         return True

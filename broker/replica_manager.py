@@ -22,19 +22,31 @@ from .metadata import PartitionState
 from .metadata_check import topic_name_error
 from .partition import Partition
 from .pending import PendingResponse
-from .purgatory import Purgatory
+from .purgatory import DelayedOperation, Purgatory
+from .session import ConnectionSession
 from .storage import Log, LogConfig
 from .topic_config import log_config_values
 
 Key = tuple[str, int]
 
+# A fetch's max_wait_ms is clamped, not refused: answering early with what there is is
+# always a correct fetch answer (the consumer simply polls again), while refusing would
+# break clients that ask for a long poll. Past a few minutes a parked fetch is only a
+# resource held for a client that may be gone (issue 11 parked 73,000 for 2^31-1 ms);
+# 5 minutes stays well below connections.max.idle.ms's default.
+MAX_FETCH_WAIT_MS = 300_000
+
 
 class FetchRequest:
-    """A decoded fetch, kept by a DelayedFetch until it completes."""
+    """A decoded fetch, kept by a DelayedFetch until it completes.
+
+    ``fetch_max_bytes`` is the broker's cap (Kafka's broker-side ``fetch.max.bytes``): it
+    bounds the whole response and each partition within it, whatever the client asks.
+    """
 
     __slots__ = ("epochs", "for_follower", "max_bytes", "min_bytes", "replica_id", "targets")
 
-    def __init__(self, body: dict) -> None:
+    def __init__(self, body: dict, fetch_max_bytes: int = 2**31 - 1) -> None:
         self.replica_id = body["replica_id"]
         self.for_follower = self.replica_id >= 0
         self.epochs = {
@@ -43,12 +55,42 @@ class FetchRequest:
             for p in t["partitions"]
         }
         self.min_bytes = body["min_bytes"]
-        self.max_bytes = body["max_bytes"]
+        self.max_bytes = min(body["max_bytes"], fetch_max_bytes)
         self.targets: list[tuple[Key, int, int]] = [
-            ((t["name"], p["partition"]), p["fetch_offset"], p["partition_max_bytes"])
+            (
+                (t["name"], p["partition"]),
+                p["fetch_offset"],
+                min(p["partition_max_bytes"], fetch_max_bytes),
+            )
             for t in body["topics"]
             for p in t["partitions"]
         ]
+
+    @property
+    def response_bound(self) -> int:
+        """The most bytes of records the answer carries (a first batch may overshoot)."""
+        return min(self.max_bytes, sum(cap for _, _, cap in self.targets))
+
+
+def duplicate_partition(topics: list[dict]) -> str | None:
+    """The first topic-partition named twice in a request's topics, or None.
+
+    Kafka refuses these (INVALID_REQUEST): a produce naming one partition three times
+    stored three batches and answered once; a fetch would read it twice.
+    """
+    seen: set[Key] = set()
+    for t in topics:
+        for p in t["partitions"]:
+            key = (t["name"], p["partition"])
+            if key in seen:
+                name = t["name"] if len(t["name"]) <= 100 else t["name"][:100] + "..."
+                return f"{name}-{p['partition']}"
+            seen.add(key)
+    return None
+
+
+def _invalid_request(message: str) -> dict:
+    return {"error_code": int(ErrorCode.INVALID_REQUEST), "error_message": message}
 
 
 def log_config_from(config: BrokerConfig, overrides: dict[str, str] | None = None) -> LogConfig:
@@ -75,6 +117,9 @@ class ReplicaManager:
         self.produce_purgatory = produce_purgatory
         self.now_ms = now_ms
         self.partitions: dict[Key, Partition] = {}
+        self.fetch_max_bytes: int = config["fetch.max.bytes"]
+        # Parked operations by the connection that asked: they die with it.
+        self._parked: dict[ConnectionSession, set[DelayedOperation]] = {}
         self.topic_configs: dict[str, dict[str, str]] = {}
         # Called with a Partition whose ISR this leader wants changed (cluster mode).
         self.on_isr_change: Callable[[Partition, list[int]], None] | None = None
@@ -136,9 +181,55 @@ class ReplicaManager:
         self.produce_purgatory.check_and_complete(key)
         self.fetch_purgatory.check_and_complete(key)
 
+    # --- parked operations and their connections --------------------------------------
+
+    def _park(
+        self,
+        purgatory: Purgatory,
+        op: DelayedFetch | DelayedProduce,
+        keys: list[Key],
+        session: ConnectionSession | None,
+    ) -> dict | PendingResponse:
+        pending = op.response
+        purgatory.try_complete_else_watch(op, keys)
+        if pending.body is not None:
+            return pending.body
+        if session is not None:
+            parked = self._parked.get(session)
+            if parked is None:
+                parked = self._parked[session] = set()
+                session.on_close(lambda: self._connection_closed(session))
+            parked.add(op)
+            op.parked_in = parked  # the op leaves this set when it completes
+        return pending
+
+    def _connection_closed(self, session: ConnectionSession) -> None:
+        """Nobody is left to answer: complete its parked ops now, leave the timer, free them.
+
+        Completed ops are skipped by triggers and dropped by the purgatory's purge. A
+        produce's records stay appended (they were written); only the waiting stops.
+        """
+        parked = self._parked.pop(session, None)
+        if not parked:
+            return
+        ops = list(parked)
+        for op in ops:
+            op.abandon()
+        self.log.debug("parked_requests_abandoned", peer=session.peer, count=len(ops))
+
     # --- produce --------------------------------------------------------------------------
 
-    def produce(self, body: dict) -> dict | PendingResponse | None:
+    def produce(
+        self, body: dict, session: ConnectionSession | None = None
+    ) -> dict | PendingResponse | None:
+        duplicate = duplicate_partition(body["topics"])
+        if duplicate is not None:
+            # Before anything is appended. acks=0 expects no answer: log it instead.
+            message = f"partition {duplicate} appears more than once in one produce request"
+            if body["acks"] == 0:
+                self.log.info("produce_refused", error="INVALID_REQUEST", reason=message)
+                return None
+            return _invalid_request(message)
         acks = body["acks"]
         statuses: dict[Key, ProducePartitionStatus] = {}
         if acks not in (-1, 0, 1):
@@ -165,9 +256,7 @@ class ReplicaManager:
                     status.error = ErrorCode.NONE
             return self.produce_response(statuses)
         op = DelayedProduce(body["timeout_ms"], statuses, self)
-        pending = op.response
-        self.produce_purgatory.try_complete_else_watch(op, appended)
-        return pending.body if pending.body is not None else pending
+        return self._park(self.produce_purgatory, op, appended, session)
 
     def _append(self, key: Key, records: bytes, acks: int) -> ProducePartitionStatus:
         partition = self.partitions.get(key)
@@ -203,15 +292,19 @@ class ReplicaManager:
 
     # --- fetch ----------------------------------------------------------------------------
 
-    def fetch(self, body: dict) -> dict | PendingResponse:
-        fetch = FetchRequest(body)
+    def fetch(self, body: dict, session: ConnectionSession | None = None) -> dict | PendingResponse:
+        duplicate = duplicate_partition(body["topics"])
+        if duplicate is not None:
+            return _invalid_request(
+                f"partition {duplicate} appears more than once in one fetch request"
+            )
+        fetch = FetchRequest(body, self.fetch_max_bytes)
         response, total, stop_now = self._read(fetch, update_follower_state=True)
-        if body["max_wait_ms"] <= 0 or stop_now or total >= fetch.min_bytes or not fetch.targets:
+        max_wait = min(body["max_wait_ms"], MAX_FETCH_WAIT_MS)
+        if max_wait <= 0 or stop_now or total >= fetch.min_bytes or not fetch.targets:
             return response
-        op = DelayedFetch(body["max_wait_ms"], fetch, self)
-        pending = op.response
-        self.fetch_purgatory.try_complete_else_watch(op, [key for key, _, _ in fetch.targets])
-        return pending.body if pending.body is not None else pending
+        op = DelayedFetch(max_wait, fetch, self)
+        return self._park(self.fetch_purgatory, op, [key for key, _, _ in fetch.targets], session)
 
     def read_fetch(self, fetch: FetchRequest, *, update_follower_state: bool) -> dict:
         return self._read(fetch, update_follower_state=update_follower_state)[0]

@@ -28,7 +28,7 @@ from .faults import FaultInjector
 from .membership import ControllerLink, MetadataPusher, VotersError, parse_voters
 from .metadata import BrokerInfo, ClusterMetadata, epoch_regression
 from .metadata_check import MetadataError
-from .network import ConnectionHandler
+from .network import ConnectionHandler, max_connections_for
 from .partition import Partition
 from .pending import PendingResponse
 from .purgatory import MonotonicClock, Purgatory, SystemTimer, switch_interval_for
@@ -420,12 +420,16 @@ class Broker:
                 max_frame_bytes=config["socket.request.max.bytes"],
                 idle_ms=config["connections.max.idle.ms"],
                 logger=self.log,
+                max_connections=max_connections_for(config["max.connections"]),
+                max_connections_per_ip=config["max.connections.per.ip"],
+                queued_response_bytes=config["queued.max.response.bytes"],
+                send_stall_ms=config["connections.max.send.stall.ms"],
             )
             # Bind before any task starts, so "address in use" surfaces as a plain OSError.
             listeners = await trio.open_tcp_listeners(self.port, host=self.host)
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
-                nursery.start_soon(trio.serve_listeners, self.connections, listeners)
+                nursery.start_soon(self.connections.serve, listeners)
                 if self.is_controller:
                     self.load_state()
                     self.apply_metadata(self.controller.metadata)

@@ -1,0 +1,134 @@
+"""Pure pieces of issue 11's limits: bounded messages, duplicates, fetch caps, the outbox."""
+
+from __future__ import annotations
+
+import pytest
+import structlog
+import trio
+import trio.testing
+
+import protocol as p
+from broker.config import BrokerConfig
+from broker.metadata import PartitionState
+from broker.outbox import Outbox
+from broker.pending import PendingResponse
+from broker.purgatory import ManualClock, ManualTimer, Purgatory
+from broker.replica_manager import (
+    MAX_FETCH_WAIT_MS,
+    FetchRequest,
+    ReplicaManager,
+    duplicate_partition,
+)
+from broker.session import ConnectionSession
+from protocol.errors import InvalidRequestError
+from protocol.schema import MAX_ERROR_CHARS, bounded
+
+
+def test_bounded_cuts_long_messages_and_says_how_much():
+    assert bounded("short") == "short"
+    cut = bounded("x" * 1000)
+    assert cut == "x" * MAX_ERROR_CHARS + f"... ({1000 - MAX_ERROR_CHARS} more)"
+
+
+def test_every_schema_error_is_bounded():
+    body = {"acks": 1, "timeout_ms": 1, "topics": [], **{f"k{i}": 0 for i in range(10_000)}}
+    with pytest.raises(InvalidRequestError) as caught:
+        p.validate_request(p.RequestHeader(p.ApiKey.PRODUCE, 0, 1, None), body)
+    assert len(str(caught.value)) < MAX_ERROR_CHARS + 30
+    assert str(caught.value).endswith(" more)")
+
+
+_epoch = {"current_leader_epoch": -1}
+
+
+def _topics(*pairs: tuple[str, int]) -> list[dict]:
+    return [{"name": name, "partitions": [{"partition": index}]} for name, index in pairs]
+
+
+def test_duplicate_partition_names_the_first_repeat():
+    assert duplicate_partition(_topics(("a", 0), ("a", 1), ("b", 0))) is None
+    assert duplicate_partition(_topics(("a", 0), ("b", 0), ("a", 0))) == "a-0"
+    long = "t" * 500
+    assert duplicate_partition(_topics((long, 3), (long, 3))) == "t" * 100 + "...-3"
+
+
+def test_fetch_request_is_capped_by_the_broker():
+    body = {
+        "replica_id": -1,
+        "min_bytes": 1,
+        "max_bytes": 2**31 - 1,
+        "topics": [
+            {
+                "name": "t",
+                "partitions": [
+                    {"partition": i, "fetch_offset": 0, "partition_max_bytes": size, **_epoch}
+                    for i, size in enumerate((2**31 - 1, 100))
+                ],
+            }
+        ],
+    }
+    fetch = FetchRequest(body, fetch_max_bytes=5000)
+    assert fetch.max_bytes == 5000
+    assert [cap for _, _, cap in fetch.targets] == [5000, 100]
+    assert fetch.response_bound == 5000
+    body["topics"][0]["partitions"] = body["topics"][0]["partitions"][1:]
+    assert FetchRequest(body, fetch_max_bytes=5000).response_bound == 100
+
+
+async def test_outbox_stops_taking_requests_until_the_client_reads(autojump_clock):
+    outbox = Outbox(limit=1000, stall_s=60)
+    send, receive = trio.testing.lockstep_stream_pair()
+    outbox.reserve(600)  # a parked fetch that may answer 600 bytes
+    outbox.put(b"x" * 500)
+    assert outbox.full
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run_writer, send)
+        with trio.move_on_after(5) as blocked:
+            await outbox.wait_room()
+        assert blocked.cancelled_caught  # nobody reads: no room
+        assert await receive.receive_some(500) == b"x" * 500
+        with trio.fail_after(5):
+            await outbox.wait_room()  # drained: 600 reserved < 1000
+        outbox.release(600)
+        assert outbox.queued == outbox.reserved == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_outbox_writer_gives_up_when_nothing_is_read(autojump_clock):
+    outbox = Outbox(limit=1 << 20, stall_s=30)
+    send, _receive = trio.testing.lockstep_stream_pair()
+    outbox.put(b"y" * 100)
+    with trio.fail_after(100):
+        await outbox.run_writer(send)  # returns: the client stopped reading
+    assert trio.current_time() >= 30
+
+
+async def test_a_parked_fetch_is_clamped_and_dies_with_its_connection(tmp_path):
+    clock = ManualClock()
+    timer = ManualTimer(clock)
+    fetches, produces = Purgatory("Fetch", timer), Purgatory("Produce", timer)
+    manager = ReplicaManager(
+        0, tmp_path, BrokerConfig(), structlog.get_logger(), fetches, produces, clock.now_ms
+    )
+    manager.host_partition("t", 0, PartitionState(0, 0, [0], [0]))
+    raw = {
+        "max_wait_ms": 2**31 - 1,
+        "min_bytes": 1,
+        "topics": [{"name": "t", "partitions": [{"partition": 0, "fetch_offset": 0}]}],
+    }
+    body = p.validate_request(p.RequestHeader(p.ApiKey.FETCH, 0, 1, None), raw)
+    session = ConnectionSession("127.0.0.1:1")
+    try:
+        pending = manager.fetch(body, session)
+        assert isinstance(pending, PendingResponse)
+        assert pending.max_bytes == 1048576  # the partition's cap: what its connection budgets
+        (op,) = manager._parked[session]
+        assert op.delay_ms == MAX_FETCH_WAIT_MS  # 2^31-1 ms clamped
+        assert fetches.pending == 1 and timer.size == 1
+        session.close()
+        assert fetches.pending == 0 and timer.size == 0
+        assert pending.body is None and op.fetch is None  # nobody answered, nothing held
+        clock.advance(MAX_FETCH_WAIT_MS)
+        assert fetches.stats()["expired"] == 0
+    finally:
+        manager.close()
