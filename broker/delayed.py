@@ -18,8 +18,8 @@ from .pending import PendingResponse
 from .purgatory import DelayedOperation
 
 if TYPE_CHECKING:
+    from .fetch_request import FetchRequest
     from .partition import Partition
-    from .replica_manager import FetchRequest
 
 Key = tuple[str, int]
 

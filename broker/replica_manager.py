@@ -1,4 +1,4 @@
-"""Partitions hosted by this broker and the produce/fetch/list-offsets paths over them.
+"""Partitions hosted by this broker, their roles, and the produce and fetch paths over them.
 
 Mirrors Kafka's ReplicaManager: appends, reads bounded by HW or LEO, the two
 purgatories, and "which triggers complete which purgatories" (kafka-semantics §5):
@@ -12,14 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from protocol.errors import ErrorCode, KafkaError
 
 from .config import BrokerConfig
 from .delayed import DelayedFetch, DelayedProduce, ProducePartitionStatus, produce_response
 from .epoch_cache import LeaderEpochCache
+from .fetch_request import MAX_FETCH_WAIT_MS, FetchRequest
 from .metadata import PartitionState
 from .metadata_check import topic_name_error
+from .offset_queries import list_offsets, offsets_for_leader_epoch
 from .partition import Partition
 from .pending import PendingResponse
 from .purgatory import DelayedOperation, Purgatory
@@ -28,48 +29,6 @@ from .storage import Log, LogConfig
 from .topic_config import log_config_values
 
 Key = tuple[str, int]
-
-# A fetch's max_wait_ms is clamped, not refused: answering early with what there is is
-# always a correct fetch answer (the consumer simply polls again), while refusing would
-# break clients that ask for a long poll. Past a few minutes a parked fetch is only a
-# resource held for a client that may be gone (issue 11 parked 73,000 for 2^31-1 ms);
-# 5 minutes stays well below connections.max.idle.ms's default.
-MAX_FETCH_WAIT_MS = 300_000
-
-
-class FetchRequest:
-    """A decoded fetch, kept by a DelayedFetch until it completes.
-
-    ``fetch_max_bytes`` is the broker's cap (Kafka's broker-side ``fetch.max.bytes``): it
-    bounds the whole response and each partition within it, whatever the client asks.
-    """
-
-    __slots__ = ("epochs", "for_follower", "max_bytes", "min_bytes", "replica_id", "targets")
-
-    def __init__(self, body: dict, fetch_max_bytes: int = 2**31 - 1) -> None:
-        self.replica_id = body["replica_id"]
-        self.for_follower = self.replica_id >= 0
-        self.epochs = {
-            (t["name"], p["partition"]): p["current_leader_epoch"]
-            for t in body["topics"]
-            for p in t["partitions"]
-        }
-        self.min_bytes = body["min_bytes"]
-        self.max_bytes = min(body["max_bytes"], fetch_max_bytes)
-        self.targets: list[tuple[Key, int, int]] = [
-            (
-                (t["name"], p["partition"]),
-                p["fetch_offset"],
-                min(p["partition_max_bytes"], fetch_max_bytes),
-            )
-            for t in body["topics"]
-            for p in t["partitions"]
-        ]
-
-    @property
-    def response_bound(self) -> int:
-        """The most bytes of records the answer carries (a first batch may overshoot)."""
-        return min(self.max_bytes, sum(cap for _, _, cap in self.targets))
 
 
 def duplicate_partition(topics: list[dict]) -> str | None:
@@ -383,60 +342,10 @@ class ReplicaManager:
                     out_of_sync=out,
                 )
 
-    # --- leader epochs -----------------------------------------------------------------------
+    # --- offset lookups (read-only, broker/offset_queries.py) -----------------------------
 
     def offsets_for_leader_epoch(self, body: dict) -> dict:
-        """Where each requested epoch ends on this leader (Kafka's OffsetsForLeaderEpoch)."""
-        topics = []
-        for t in body["topics"]:
-            parts = []
-            for p in t["partitions"]:
-                entry = {
-                    "partition": p["partition"],
-                    "error_code": 0,
-                    "leader_epoch": -1,
-                    "end_offset": -1,
-                }
-                partition = self.partitions.get((t["name"], p["partition"]))
-                if partition is None:
-                    entry["error_code"] = int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-                elif not partition.is_leader:
-                    entry["error_code"] = int(ErrorCode.NOT_LEADER_OR_FOLLOWER)
-                else:
-                    epoch, end = partition.last_offset_for_leader_epoch(p["leader_epoch"])
-                    entry["leader_epoch"], entry["end_offset"] = epoch, end
-                parts.append(entry)
-            topics.append({"name": t["name"], "partitions": parts})
-        return {"topics": topics}
-
-    # --- list offsets ---------------------------------------------------------------------
+        return offsets_for_leader_epoch(self._lookup, body)
 
     def list_offsets(self, body: dict) -> dict:
-        topics = []
-        for t in body["topics"]:
-            parts = []
-            for p in t["partitions"]:
-                parts.append(self._list_offset((t["name"], p["partition"]), p["timestamp"], body))
-            topics.append({"name": t["name"], "partitions": parts})
-        return {"topics": topics}
-
-    def _list_offset(self, key: Key, timestamp: int, body: dict) -> dict:
-        out = {"partition": key[1], "error_code": 0, "timestamp": -1, "offset": -1}
-        partition = self.partitions.get(key)
-        if partition is None:
-            out["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        elif not partition.is_leader:
-            out["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER
-        elif timestamp == EARLIEST_TIMESTAMP:
-            out["offset"] = partition.log.log_start_offset
-        elif timestamp == LATEST_TIMESTAMP:
-            consumer = body["replica_id"] < 0
-            out["offset"] = partition.high_watermark if consumer else partition.log.log_end_offset
-        elif timestamp < 0:
-            out["error_code"] = ErrorCode.INVALID_REQUEST
-            out["error_message"] = f"timestamp {timestamp}: use -2 (earliest), -1 (latest) or >= 0"
-        else:
-            found = partition.log.offset_for_timestamp(timestamp)
-            if found is not None and found[0] < partition.high_watermark:
-                out["offset"], out["timestamp"] = found
-        return out
+        return list_offsets(self._lookup, body)

@@ -107,3 +107,37 @@ def test_a_follower_fetch_at_the_leo_proposes_it_back_into_the_isr(manager):
     fetch(manager, 2, 3)
     fetch(manager, 2, 3)
     assert manager.proposals == [[0, 1, 2], [0, 1, 2]]  # every fetch, until accepted
+
+
+def test_offset_lookups_see_the_hw_as_consumers_and_the_leo_as_replicas(manager):
+    produce(manager, n=4)
+    fetch(manager, 1, 4)  # follower 2 has not fetched: HW 0, LEO 4
+
+    def latest(replica_id: int) -> int:
+        raw = {
+            "replica_id": replica_id,
+            "topics": [{"name": "t", "partitions": [{"partition": 0, "timestamp": -1}]}],
+        }
+        body = p.validate_request(p.RequestHeader(p.ApiKey.LIST_OFFSETS, 0, 1, None), raw)
+        return only_partition(manager.list_offsets(body))["offset"]
+
+    assert (latest(-1), latest(1)) == (0, 4)
+    raw = {
+        "replica_id": 1,
+        "topics": [
+            {
+                "name": "t",
+                "partitions": [
+                    {"partition": 0, "leader_epoch": 0},
+                    {"partition": 5, "leader_epoch": 1},
+                ],
+            }
+        ],
+    }
+    body = p.validate_request(p.RequestHeader(p.ApiKey.OFFSET_FOR_LEADER_EPOCH, 0, 1, None), raw)
+    known, unknown = manager.offsets_for_leader_epoch(body)["topics"][0]["partitions"]
+    assert (known["leader_epoch"], known["end_offset"]) == (-1, -1)  # epoch 0 predates us
+    assert unknown["error_code"] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    raw["topics"][0]["partitions"] = [{"partition": 0, "leader_epoch": 1}]
+    body = p.validate_request(p.RequestHeader(p.ApiKey.OFFSET_FOR_LEADER_EPOCH, 0, 1, None), raw)
+    assert only_partition(manager.offsets_for_leader_epoch(body))["end_offset"] == 4
