@@ -64,26 +64,26 @@ class _Parked(DelayedOperation):
 class DelayedProduce(_Parked):
     """Completes when every appended partition's HW reaches its last offset + 1.
 
-    ``partition`` looks a partition up by key (the manager's registry, passed in): a
+    ``get_partition`` looks a partition up by key (the manager's registry, passed in): a
     partition that is gone answers UNKNOWN_TOPIC_OR_PARTITION, as Kafka's does.
     """
 
-    __slots__ = ("partition", "statuses")
+    __slots__ = ("get_partition", "statuses")
 
     def __init__(
         self,
         delay_ms: int,
         statuses: dict[Key, ProducePartitionStatus],
-        partition: Callable[[Key], Partition | None],
+        get_partition: Callable[[Key], Partition | None],
     ) -> None:
         super().__init__(delay_ms)
         self.statuses = statuses
-        self.partition = partition
+        self.get_partition = get_partition
         self.response = PendingResponse()
         self.parked_in: set | None = None
 
     def try_complete(self) -> bool:
-        lookup = self.partition
+        lookup = self.get_partition
         pending = False
         for key, status in self.statuses.items():
             if not status.acks_pending:
@@ -109,7 +109,7 @@ class DelayedProduce(_Parked):
         self._release()
         # The op may linger on other keys' watch lists until a purge: keep nothing heavy
         # alive through it (KAFKA-19389). The waiting handler holds its own reference.
-        self.partition = self.statuses = self.response = None
+        self.get_partition = self.statuses = self.response = None
 
     def on_expiration(self) -> None:
         pass
@@ -118,23 +118,23 @@ class DelayedProduce(_Parked):
 class DelayedFetch(_Parked):
     """Completes when ``min_bytes`` are readable, on an error or a leadership change.
 
-    ``partition`` looks a partition up by key; ``read`` builds the answer when it
+    ``get_partition`` looks a partition up by key; ``read`` builds the answer when it
     completes (a read that does not count as a follower fetch: Kafka's
     readFromPurgatory). Both come from the manager, which the op never sees.
     """
 
-    __slots__ = ("fetch", "partition", "read")
+    __slots__ = ("fetch", "get_partition", "read")
 
     def __init__(
         self,
         delay_ms: int,
         fetch: FetchRequest,
-        partition: Callable[[Key], Partition | None],
+        get_partition: Callable[[Key], Partition | None],
         read: Callable[[FetchRequest], dict],
     ) -> None:
         super().__init__(delay_ms)
         self.fetch = fetch
-        self.partition = partition
+        self.get_partition = get_partition
         self.read = read
         # Its connection budgets the largest answer it may give (broker/outbox.py).
         self.response = PendingResponse(fetch.response_bound)
@@ -142,7 +142,7 @@ class DelayedFetch(_Parked):
 
     def try_complete(self) -> bool:
         fetch = self.fetch
-        lookup = self.partition
+        lookup = self.get_partition
         for_follower = fetch.for_follower
         min_bytes = fetch.min_bytes
         accumulated = 0
@@ -165,7 +165,7 @@ class DelayedFetch(_Parked):
         if self.response is not None:  # None: abandoned, no read for nobody
             self.response.set(self.read(self.fetch))
         self._release()
-        self.partition = self.read = self.fetch = self.response = None
+        self.get_partition = self.read = self.fetch = self.response = None
 
     def on_expiration(self) -> None:
         pass
