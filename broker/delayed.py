@@ -3,11 +3,13 @@
 Both complete on the trio thread: triggers call ``check_and_complete`` from request
 handlers, and the timer thread hands expired operations to the loop in batches.
 When the connection that asked closes, ``abandon`` completes them at once without
-building an answer (ReplicaManager tracks which connection parked what).
+building an answer (ReplicaManager tracks which connection parked what). They see
+partitions only through a lookup passed in, and change no replication state.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from protocol.errors import ErrorCode
@@ -16,7 +18,10 @@ from .pending import PendingResponse
 from .purgatory import DelayedOperation
 
 if TYPE_CHECKING:
-    from .replica_manager import FetchRequest, ReplicaManager
+    from .fetch_request import FetchRequest
+    from .partition import Partition
+
+Key = tuple[str, int]
 
 
 class ProducePartitionStatus:
@@ -57,39 +62,41 @@ class _Parked(DelayedOperation):
 
 
 class DelayedProduce(_Parked):
-    """Completes when every appended partition's HW reaches its last offset + 1."""
+    """Completes when every appended partition's HW reaches its last offset + 1.
 
-    __slots__ = ("manager", "statuses")
+    ``get_partition`` looks a partition up by key (the manager's registry, passed in): a
+    partition that is gone answers UNKNOWN_TOPIC_OR_PARTITION, as Kafka's does.
+    """
+
+    __slots__ = ("get_partition", "statuses")
 
     def __init__(
         self,
         delay_ms: int,
-        statuses: dict[tuple[str, int], ProducePartitionStatus],
-        manager: ReplicaManager,
+        statuses: dict[Key, ProducePartitionStatus],
+        get_partition: Callable[[Key], Partition | None],
     ) -> None:
         super().__init__(delay_ms)
         self.statuses = statuses
-        self.manager = manager
+        self.get_partition = get_partition
         self.response = PendingResponse()
         self.parked_in: set | None = None
 
     def try_complete(self) -> bool:
-        manager = self.manager
+        lookup = self.get_partition
         pending = False
         for key, status in self.statuses.items():
             if not status.acks_pending:
                 continue
-            partition = manager.partitions.get(key)
+            partition = lookup(key)
             if partition is None:
                 status.acks_pending = False
                 status.error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 continue
-            done, error = partition.check_enough_replicas_reach_offset(
-                status.required_offset, manager.min_insync_replicas(key[0])
-            )
+            done, error = partition.check_enough_replicas_reach_offset(status.required_offset)
             if done:
                 status.acks_pending = False
-                status.error = ErrorCode[error]
+                status.error = error
             else:
                 pending = True
         if pending:
@@ -98,54 +105,82 @@ class DelayedProduce(_Parked):
 
     def on_complete(self) -> None:
         if self.response is not None:  # None: abandoned, nobody to answer
-            self.response.set(self.manager.produce_response(self.statuses))
+            self.response.set(produce_response(self.statuses))
         self._release()
         # The op may linger on other keys' watch lists until a purge: keep nothing heavy
         # alive through it (KAFKA-19389). The waiting handler holds its own reference.
-        self.manager = self.statuses = self.response = None
+        self.get_partition = self.statuses = self.response = None
 
     def on_expiration(self) -> None:
         pass
 
 
 class DelayedFetch(_Parked):
-    """Completes when ``min_bytes`` are readable, on an error or a leadership change."""
+    """Completes when ``min_bytes`` are readable, on an error or a leadership change.
 
-    __slots__ = ("fetch", "manager")
+    ``get_partition`` looks a partition up by key; ``read`` builds the answer when it
+    completes (a read that does not count as a follower fetch: Kafka's
+    readFromPurgatory). Both come from the manager, which the op never sees.
+    """
 
-    def __init__(self, delay_ms: int, fetch: FetchRequest, manager: ReplicaManager) -> None:
+    __slots__ = ("fetch", "get_partition", "read")
+
+    def __init__(
+        self,
+        delay_ms: int,
+        fetch: FetchRequest,
+        get_partition: Callable[[Key], Partition | None],
+        read: Callable[[FetchRequest], dict],
+    ) -> None:
         super().__init__(delay_ms)
         self.fetch = fetch
-        self.manager = manager
+        self.get_partition = get_partition
+        self.read = read
         # Its connection budgets the largest answer it may give (broker/outbox.py).
         self.response = PendingResponse(fetch.response_bound)
         self.parked_in: set | None = None
 
     def try_complete(self) -> bool:
         fetch = self.fetch
-        partitions = self.manager.partitions
+        lookup = self.get_partition
+        for_follower = fetch.for_follower
+        min_bytes = fetch.min_bytes
         accumulated = 0
         for key, offset, max_bytes in fetch.targets:
-            partition = partitions.get(key)
+            partition = lookup(key)
             if partition is None or not partition.is_leader:
                 return self.force_complete()
-            log = partition.log
-            end = log.log_end_offset if fetch.for_follower else partition.high_watermark
-            if offset > end or offset < log.log_start_offset:
-                return self.force_complete()  # truncated leader or retention: answer now
-            if offset < end:
-                accumulated += partition.available_bytes(
-                    offset, fetch.for_follower, min(max_bytes, fetch.min_bytes - accumulated)
-                )
-                if accumulated >= fetch.min_bytes:
+            available = partition.available_bytes(
+                offset, for_follower, min(max_bytes, min_bytes - accumulated)
+            )
+            if available:
+                if available < 0:
+                    return self.force_complete()  # truncated leader or retention: answer now
+                accumulated += available
+                if accumulated >= min_bytes:
                     return self.force_complete()
         return False
 
     def on_complete(self) -> None:
         if self.response is not None:  # None: abandoned, no read for nobody
-            self.response.set(self.manager.read_fetch(self.fetch, update_follower_state=False))
+            self.response.set(self.read(self.fetch))
         self._release()
-        self.manager = self.fetch = self.response = None
+        self.get_partition = self.read = self.fetch = self.response = None
 
     def on_expiration(self) -> None:
         pass
+
+
+def produce_response(statuses: dict[Key, ProducePartitionStatus]) -> dict:
+    """The Produce answer from per-partition statuses (at once, or when the op completes)."""
+    topics: dict[str, list] = {}
+    for (topic, index), status in statuses.items():
+        topics.setdefault(topic, []).append(
+            {
+                "partition": index,
+                "error_code": int(status.error),
+                "base_offset": status.base_offset if status.error is ErrorCode.NONE else -1,
+                "error_message": status.message,
+            }
+        )
+    return {"topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}

@@ -2,16 +2,19 @@
 
 The fetch goes through the leader's fetch purgatory (``replica.fetch.wait.max.ms``,
 ``replica.fetch.min.bytes``), so an idle follower costs one parked request, not a
-busy loop. Batches are appended verbatim; the follower's HW is min(leader HW, own LEO).
+busy loop. This module is the I/O half of a follower: requests, timeouts, backoff and
+injected faults. Every change to the replica (append, HW, truncation, epoch cache) is
+a Partition method, so the rules live in one place and are tested without sockets.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from protocol import ApiKey, iter_batches
+from protocol import ApiKey
 from protocol.errors import ErrorCode, KafkaError
 
 from .cluster_auth import ClusterCredentials
@@ -30,7 +33,7 @@ class ReplicaFetcher:
         broker_id: int,
         config: Any,
         logger: Any,
-        on_hw_change: Any,
+        on_hw_change: Callable[[Partition], None],
         faults: Any,
         credentials: ClusterCredentials | None = None,
     ) -> None:
@@ -39,7 +42,7 @@ class ReplicaFetcher:
         self.leader_epoch = partition.leader_epoch
         self.broker_id = broker_id
         self.config = config
-        self.log = logger.bind(
+        self.logger = logger.bind(
             topic=partition.topic, partition=partition.index, leader=leader.node_id
         )
         self.on_hw_change = on_hw_change
@@ -75,7 +78,7 @@ class ReplicaFetcher:
                     "partitions": [
                         {
                             "partition": p.index,
-                            "fetch_offset": p.log.log_end_offset,
+                            "fetch_offset": p.log_end_offset,
                             "partition_max_bytes": cfg["replica.fetch.max.bytes"],
                             "current_leader_epoch": self.leader_epoch,
                         }
@@ -89,14 +92,12 @@ class ReplicaFetcher:
 
         Without this, a follower that was once leader (or missed the end of an old epoch)
         could keep records the new leader never had, and two replicas would hold two
-        different records at one offset.
+        different records at one offset. The fetcher asks; the partition decides and cuts.
         """
         p = self.partition
-        log = p.log
-        cache = p.epoch_cache
-        epoch = cache.latest_epoch
+        epoch = p.latest_epoch
         if epoch < 0:
-            target = min(p.high_watermark, log.log_end_offset) if log.log_end_offset else 0
+            target = p.high_watermark  # no epochs known: keep what is committed
         else:
             body = await self.conn.request(
                 ApiKey.OFFSET_FOR_LEADER_EPOCH,
@@ -117,25 +118,15 @@ class ReplicaFetcher:
                 raise KafkaError(
                     f"{error.name} from leader {self.leader.node_id} for OffsetsForLeaderEpoch"
                 )
-            leader_epoch, leader_end = answer["leader_epoch"], answer["end_offset"]
-            if leader_epoch < 0:
-                target = (
-                    p.high_watermark
-                )  # the leader knows nothing of our epochs: keep what is committed
-            elif leader_epoch == epoch:
-                target = leader_end
-            else:
-                target = min(leader_end, cache.end_offset_for(leader_epoch, log.log_end_offset)[1])
-        if target < log.log_end_offset:
-            self.log.warning(
+            target = p.offset_for_truncation(answer["leader_epoch"], answer["end_offset"])
+        leo = p.log_end_offset
+        if p.truncate_to(target):
+            self.logger.warning(
                 "follower_truncating_to_leader",
-                from_offset=log.log_end_offset,
+                from_offset=leo,
                 to_offset=target,
                 leader_epoch=self.leader_epoch,
             )
-            log.truncate_to(target)
-            cache.truncate_from_end(log.log_end_offset)
-            p.high_watermark = min(p.high_watermark, log.log_end_offset)
 
     async def _loop(self) -> None:
         cfg = self.config
@@ -146,10 +137,10 @@ class ReplicaFetcher:
                 await self._truncate()
                 break
             except KafkaError as exc:
-                log_peer_failure(self.log, "truncation_check_failed", exc)
+                log_peer_failure(self.logger, "truncation_check_failed", exc)
                 await trio.sleep(backoff)
             except Exception:
-                self.log.exception("truncation_error")
+                self.logger.exception("truncation_error")
                 await trio.sleep(backoff)
         while True:
             try:
@@ -164,16 +155,15 @@ class ReplicaFetcher:
                     continue
                 self._process(body["topics"][0]["partitions"][0])
             except KafkaError as exc:
-                log_peer_failure(self.log, "replica_fetch_failed", exc)
+                log_peer_failure(self.logger, "replica_fetch_failed", exc)
                 await trio.sleep(backoff)
             except Exception:
                 # A bug or a bad answer must cost this partition a retry, not the broker.
-                self.log.exception("replica_fetch_error")
+                self.logger.exception("replica_fetch_error")
                 await trio.sleep(backoff)
 
     def _process(self, data: dict) -> None:
         p = self.partition
-        log = p.log
         error = ErrorCode.parse(data["error_code"])
         if error is ErrorCode.OFFSET_OUT_OF_RANGE:
             self._handle_out_of_range(data)
@@ -182,31 +172,22 @@ class ReplicaFetcher:
             raise KafkaError(f"{error.name} from leader {self.leader.node_id}")
         records = data["records"]
         if records:
-            log.append_as_follower(records)
-            cache = p.epoch_cache
-            for _, header in iter_batches(records, verify=False):
-                if header.leader_epoch > cache.latest_epoch:
-                    cache.assign(header.leader_epoch, header.base_offset)
-        new_hw = min(data["high_watermark"], log.log_end_offset)
-        if new_hw > p.high_watermark:
-            p.high_watermark = new_hw
+            p.append_records_to_follower(records)
+        if p.maybe_update_follower_hw(data["high_watermark"]):
             self.on_hw_change(p)
 
     def _handle_out_of_range(self, data: dict) -> None:
+        """Kafka's handleOutOfRangeError: follow the leader's end, or restart at its start."""
         p = self.partition
-        log = p.log
+        leo = p.log_end_offset
         leader_leo = data.get("log_end_offset", -1)
         leader_start = data.get("log_start_offset", -1)
-        if 0 <= leader_leo < log.log_end_offset:
+        if 0 <= leader_leo < leo:
             # The leader is behind us: drop our unreplicated suffix.
-            self.log.warning(
-                "follower_truncating", from_offset=log.log_end_offset, to_offset=leader_leo
-            )
-            log.truncate_to(leader_leo)
-            p.high_watermark = min(p.high_watermark, leader_leo)
-        elif leader_start > log.log_end_offset:
-            self.log.warning("follower_reset_to_leader_start", offset=leader_start)
-            log.truncate_fully_and_start_at(leader_start)
-            p.high_watermark = leader_start
+            self.logger.warning("follower_truncating", from_offset=leo, to_offset=leader_leo)
+            p.truncate_to(leader_leo)
+        elif leader_start > leo:
+            self.logger.warning("follower_reset_to_leader_start", offset=leader_start)
+            p.truncate_fully_and_start_at(leader_start)
         else:
             raise KafkaError(f"OFFSET_OUT_OF_RANGE from leader {self.leader.node_id}")

@@ -1,4 +1,4 @@
-"""Partitions hosted by this broker and the produce/fetch/list-offsets paths over them.
+"""Partitions hosted by this broker, their roles, and the produce and fetch paths over them.
 
 Mirrors Kafka's ReplicaManager: appends, reads bounded by HW or LEO, the two
 purgatories, and "which triggers complete which purgatories" (kafka-semantics §5):
@@ -12,14 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from protocol.errors import ErrorCode, KafkaError
 
 from .config import BrokerConfig
-from .delayed import DelayedFetch, DelayedProduce, ProducePartitionStatus
+from .delayed import DelayedFetch, DelayedProduce, ProducePartitionStatus, produce_response
 from .epoch_cache import LeaderEpochCache
+from .fetch_request import MAX_FETCH_WAIT_MS, FetchRequest
 from .metadata import PartitionState
 from .metadata_check import topic_name_error
+from .offset_queries import list_offsets, offsets_for_leader_epoch
 from .partition import Partition
 from .pending import PendingResponse
 from .purgatory import DelayedOperation, Purgatory
@@ -28,48 +29,6 @@ from .storage import Log, LogConfig
 from .topic_config import log_config_values
 
 Key = tuple[str, int]
-
-# A fetch's max_wait_ms is clamped, not refused: answering early with what there is is
-# always a correct fetch answer (the consumer simply polls again), while refusing would
-# break clients that ask for a long poll. Past a few minutes a parked fetch is only a
-# resource held for a client that may be gone (issue 11 parked 73,000 for 2^31-1 ms);
-# 5 minutes stays well below connections.max.idle.ms's default.
-MAX_FETCH_WAIT_MS = 300_000
-
-
-class FetchRequest:
-    """A decoded fetch, kept by a DelayedFetch until it completes.
-
-    ``fetch_max_bytes`` is the broker's cap (Kafka's broker-side ``fetch.max.bytes``): it
-    bounds the whole response and each partition within it, whatever the client asks.
-    """
-
-    __slots__ = ("epochs", "for_follower", "max_bytes", "min_bytes", "replica_id", "targets")
-
-    def __init__(self, body: dict, fetch_max_bytes: int = 2**31 - 1) -> None:
-        self.replica_id = body["replica_id"]
-        self.for_follower = self.replica_id >= 0
-        self.epochs = {
-            (t["name"], p["partition"]): p["current_leader_epoch"]
-            for t in body["topics"]
-            for p in t["partitions"]
-        }
-        self.min_bytes = body["min_bytes"]
-        self.max_bytes = min(body["max_bytes"], fetch_max_bytes)
-        self.targets: list[tuple[Key, int, int]] = [
-            (
-                (t["name"], p["partition"]),
-                p["fetch_offset"],
-                min(p["partition_max_bytes"], fetch_max_bytes),
-            )
-            for t in body["topics"]
-            for p in t["partitions"]
-        ]
-
-    @property
-    def response_bound(self) -> int:
-        """The most bytes of records the answer carries (a first batch may overshoot)."""
-        return min(self.max_bytes, sum(cap for _, _, cap in self.targets))
 
 
 def duplicate_partition(topics: list[dict]) -> str | None:
@@ -112,16 +71,19 @@ class ReplicaManager:
         self.broker_id = broker_id
         self.data_dir = data_dir
         self.config = config
-        self.log = logger
+        self.logger = logger
         self.fetch_purgatory = fetch_purgatory
         self.produce_purgatory = produce_purgatory
         self.now_ms = now_ms
         self.partitions: dict[Key, Partition] = {}
+        # What delayed operations get instead of this manager: bound once, shared by all.
+        self._lookup = self.partitions.get
+        self._read_for_purgatory = self._read_completed_fetch
         self.fetch_max_bytes: int = config["fetch.max.bytes"]
         # Parked operations by the connection that asked: they die with it.
         self._parked: dict[ConnectionSession, set[DelayedOperation]] = {}
         self.topic_configs: dict[str, dict[str, str]] = {}
-        # Called with a Partition whose ISR this leader wants changed (cluster mode).
+        # Sends a Partition's proposed ISR to the controller (cluster mode; set by the server).
         self.on_isr_change: Callable[[Partition, list[int]], None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -142,21 +104,19 @@ class ReplicaManager:
                 self.partition_dir(topic, index),
                 log_config_from(self.config, self.topic_configs.get(topic)),
                 now_ms=lambda: int(time.time() * 1000),
-                logger=self.log.bind(topic=topic, partition=index),
+                logger=self.logger.bind(topic=topic, partition=index),
             )
             cache = LeaderEpochCache(self.partition_dir(topic, index))
-            partition = Partition(topic, index, log, self.broker_id, cache)
+            partition = Partition(topic, index, log, self.broker_id, cache, self._propose_isr)
             self.partitions[key] = partition
         partition.min_insync_replicas = self.min_insync_replicas(topic)
         if state.leader == self.broker_id:
             if partition.make_leader(state, self.now_ms()):
                 self._hw_increased(key)
-        else:
-            was_leader = partition.is_leader
-            partition.make_follower(state)
-            if was_leader:
-                # Pending acks=all produces and fetches now answer NOT_LEADER_OR_FOLLOWER.
-                self._hw_increased(key)
+        elif partition.make_follower(state):
+            # Leadership lost: pending acks=all produces and fetches now answer
+            # NOT_LEADER_OR_FOLLOWER (Kafka's completeDelayedOperationsWhenNotPartitionLeader).
+            self._hw_increased(key)
         return partition
 
     def min_insync_replicas(self, topic: str) -> int:
@@ -168,7 +128,7 @@ class ReplicaManager:
             try:
                 partition.log.close()
             except Exception:
-                self.log.exception(
+                self.logger.exception(
                     "log_close_failed", topic=partition.topic, partition=partition.index
                 )
 
@@ -215,7 +175,7 @@ class ReplicaManager:
         ops = list(parked)
         for op in ops:
             op.abandon()
-        self.log.debug("parked_requests_abandoned", peer=session.peer, count=len(ops))
+        self.logger.debug("parked_requests_abandoned", peer=session.peer, count=len(ops))
 
     # --- produce --------------------------------------------------------------------------
 
@@ -227,7 +187,7 @@ class ReplicaManager:
             # Before anything is appended. acks=0 expects no answer: log it instead.
             message = f"partition {duplicate} appears more than once in one produce request"
             if body["acks"] == 0:
-                self.log.info("produce_refused", error="INVALID_REQUEST", reason=message)
+                self.logger.info("produce_refused", error="INVALID_REQUEST", reason=message)
                 return None
             return _invalid_request(message)
         acks = body["acks"]
@@ -238,7 +198,7 @@ class ReplicaManager:
                     statuses[(t["name"], p["partition"])] = ProducePartitionStatus(
                         ErrorCode.INVALID_REQUIRED_ACKS, -1, -1
                     )
-            return self.produce_response(statuses)
+            return produce_response(statuses)
         appended = []
         for t in body["topics"]:
             topic = t["name"]
@@ -254,8 +214,8 @@ class ReplicaManager:
                 if status.acks_pending:
                     status.acks_pending = False
                     status.error = ErrorCode.NONE
-            return self.produce_response(statuses)
-        op = DelayedProduce(body["timeout_ms"], statuses, self)
+            return produce_response(statuses)
+        op = DelayedProduce(body["timeout_ms"], statuses, self._lookup)
         return self._park(self.produce_purgatory, op, appended, session)
 
     def _append(self, key: Key, records: bytes, acks: int) -> ProducePartitionStatus:
@@ -264,11 +224,11 @@ class ReplicaManager:
             return ProducePartitionStatus(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, -1)
         try:
             hw_before = partition.high_watermark
-            info = partition.append_as_leader(records, acks, self.min_insync_replicas(key[0]))
+            info = partition.append_records_to_leader(records, acks)
         except KafkaError as exc:
             return ProducePartitionStatus(exc.code, -1, -1, exc.message or None)
         except Exception:
-            self.log.exception("append_failed", topic=key[0], partition=key[1])
+            self.logger.exception("append_failed", topic=key[0], partition=key[1])
             return ProducePartitionStatus(ErrorCode.KAFKA_STORAGE_ERROR, -1, -1)
         if partition.high_watermark > hw_before:
             self._hw_increased(key)
@@ -276,19 +236,6 @@ class ReplicaManager:
             # Followers long-poll on the LEO: new data may complete their fetches.
             self.fetch_purgatory.check_and_complete(key)
         return ProducePartitionStatus(ErrorCode.NONE, info.first_offset, info.last_offset + 1)
-
-    def produce_response(self, statuses: dict[Key, ProducePartitionStatus]) -> dict:
-        topics: dict[str, list] = {}
-        for (topic, index), status in statuses.items():
-            topics.setdefault(topic, []).append(
-                {
-                    "partition": index,
-                    "error_code": int(status.error),
-                    "base_offset": status.base_offset if status.error is ErrorCode.NONE else -1,
-                    "error_message": status.message,
-                }
-            )
-        return {"topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}
 
     # --- fetch ----------------------------------------------------------------------------
 
@@ -303,11 +250,12 @@ class ReplicaManager:
         max_wait = min(body["max_wait_ms"], MAX_FETCH_WAIT_MS)
         if max_wait <= 0 or stop_now or total >= fetch.min_bytes or not fetch.targets:
             return response
-        op = DelayedFetch(max_wait, fetch, self)
+        op = DelayedFetch(max_wait, fetch, self._lookup, self._read_for_purgatory)
         return self._park(self.fetch_purgatory, op, [key for key, _, _ in fetch.targets], session)
 
-    def read_fetch(self, fetch: FetchRequest, *, update_follower_state: bool) -> dict:
-        return self._read(fetch, update_follower_state=update_follower_state)[0]
+    def _read_completed_fetch(self, fetch: FetchRequest) -> dict:
+        """A DelayedFetch's answer: read again, not a follower fetch (readFromPurgatory)."""
+        return self._read(fetch, update_follower_state=False)[0]
 
     def _read(self, fetch: FetchRequest, *, update_follower_state: bool) -> tuple[dict, int, bool]:
         """Read every partition; returns (response body, bytes, whether to answer at once)."""
@@ -357,88 +305,47 @@ class ReplicaManager:
             entry["records"] = data
             total += len(data)
             budget = max(0, budget - len(data))
-            if fetch.for_follower and update_follower_state:
-                self._update_follower(partition, fetch.replica_id, offset)
+            if (
+                fetch.for_follower
+                and update_follower_state
+                and partition.update_follower_fetch_state(fetch.replica_id, offset, self.now_ms())
+            ):
+                self._hw_increased(key)
         body = {"topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}
         return body, total, stop_now
 
-    def _update_follower(self, partition: Partition, replica_id: int, offset: int) -> None:
-        moved = partition.update_follower_fetch_state(replica_id, offset, self.now_ms())
-        # Kafka's maybeExpandIsr runs on every follower fetch, not only when the offset
-        # moved: a follower that caught up in one fetch on an idle partition, while another
-        # proposal was in flight or was rejected as stale, must still get back in.
-        if partition.follower_can_join_isr(replica_id) and self.on_isr_change is not None:
-            self.on_isr_change(partition, [*partition.isr, replica_id])
-        if moved and partition.maybe_increment_hw():
-            self._hw_increased(partition.key)
+    # --- ISR changes -----------------------------------------------------------------------
+
+    def _propose_isr(self, partition: Partition, new_isr: list[int]) -> None:
+        """Partitions propose ISR changes here; the server sends them (AlterPartition)."""
+        if self.on_isr_change is not None:
+            self.on_isr_change(partition, new_isr)
 
     def isr_update_accepted(
         self, partition: Partition, leader_epoch: int, isr: list[int], partition_epoch: int
     ) -> None:
         """The controller accepted this leader's ISR proposal (AlterPartition answer)."""
         # A shrink can let the HW move, and with it pending acks=all produces.
-        if (
-            partition.apply_isr_update(leader_epoch, isr, partition_epoch)
-            and partition.maybe_increment_hw()
-        ):
+        if partition.apply_isr_update(leader_epoch, isr, partition_epoch):
             self._hw_increased(partition.key)
 
-    # --- leader epochs -----------------------------------------------------------------------
+    def maybe_shrink_isr(self, now_ms: int, lag_ms: int) -> None:
+        """Kafka's isr-expiration task: each leader proposes its ISR without laggards."""
+        # A copy: on the controller a proposal applies new metadata before it returns.
+        for partition in list(self.partitions.values()):
+            out = partition.maybe_shrink_isr(now_ms, lag_ms)
+            if out:
+                self.logger.info(
+                    "isr_shrink_proposed",
+                    topic=partition.topic,
+                    partition=partition.index,
+                    out_of_sync=out,
+                )
+
+    # --- offset lookups (read-only, broker/offset_queries.py) -----------------------------
 
     def offsets_for_leader_epoch(self, body: dict) -> dict:
-        """Where each requested epoch ends on this leader (Kafka's OffsetsForLeaderEpoch)."""
-        topics = []
-        for t in body["topics"]:
-            parts = []
-            for p in t["partitions"]:
-                entry = {
-                    "partition": p["partition"],
-                    "error_code": 0,
-                    "leader_epoch": -1,
-                    "end_offset": -1,
-                }
-                partition = self.partitions.get((t["name"], p["partition"]))
-                if partition is None:
-                    entry["error_code"] = int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-                elif not partition.is_leader:
-                    entry["error_code"] = int(ErrorCode.NOT_LEADER_OR_FOLLOWER)
-                else:
-                    epoch, end = partition.epoch_cache.end_offset_for(
-                        p["leader_epoch"], partition.log.log_end_offset
-                    )
-                    entry["leader_epoch"], entry["end_offset"] = epoch, end
-                parts.append(entry)
-            topics.append({"name": t["name"], "partitions": parts})
-        return {"topics": topics}
-
-    # --- list offsets ---------------------------------------------------------------------
+        return offsets_for_leader_epoch(self._lookup, body)
 
     def list_offsets(self, body: dict) -> dict:
-        topics = []
-        for t in body["topics"]:
-            parts = []
-            for p in t["partitions"]:
-                parts.append(self._list_offset((t["name"], p["partition"]), p["timestamp"], body))
-            topics.append({"name": t["name"], "partitions": parts})
-        return {"topics": topics}
-
-    def _list_offset(self, key: Key, timestamp: int, body: dict) -> dict:
-        out = {"partition": key[1], "error_code": 0, "timestamp": -1, "offset": -1}
-        partition = self.partitions.get(key)
-        if partition is None:
-            out["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        elif not partition.is_leader:
-            out["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER
-        elif timestamp == EARLIEST_TIMESTAMP:
-            out["offset"] = partition.log.log_start_offset
-        elif timestamp == LATEST_TIMESTAMP:
-            consumer = body["replica_id"] < 0
-            out["offset"] = partition.high_watermark if consumer else partition.log.log_end_offset
-        elif timestamp < 0:
-            out["error_code"] = ErrorCode.INVALID_REQUEST
-            out["error_message"] = f"timestamp {timestamp}: use -2 (earliest), -1 (latest) or >= 0"
-        else:
-            found = partition.log.offset_for_timestamp(timestamp)
-            if found is not None and found[0] < partition.high_watermark:
-                out["offset"], out["timestamp"] = found
-        return out
+        return list_offsets(self._lookup, body)

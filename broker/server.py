@@ -295,19 +295,7 @@ class Broker:
         lag = self.config["replica.lag.time.max.ms"]
         while True:
             await trio.sleep(max(lag / 2, 10) / 1000)
-            now = self.clock.now_ms()
-            for partition in list(self.replica_manager.partitions.values()):
-                if not partition.is_leader:
-                    continue
-                out = partition.out_of_sync_replicas(now, lag)
-                if out:
-                    self.log.info(
-                        "isr_shrink_proposed",
-                        topic=partition.topic,
-                        partition=partition.index,
-                        out_of_sync=out,
-                    )
-                    self.propose_isr(partition, [r for r in partition.isr if r not in out])
+            self.replica_manager.maybe_shrink_isr(self.clock.now_ms(), lag)
 
     def register_broker(self, body: dict) -> dict:
         if not body["host"] or body["port"] < 1:

@@ -9,16 +9,12 @@ import trio.testing
 
 import protocol as p
 from broker.config import BrokerConfig
+from broker.fetch_request import MAX_FETCH_WAIT_MS, FetchRequest
 from broker.metadata import PartitionState
 from broker.outbox import Outbox
 from broker.pending import PendingResponse
 from broker.purgatory import ManualClock, ManualTimer, Purgatory
-from broker.replica_manager import (
-    MAX_FETCH_WAIT_MS,
-    FetchRequest,
-    ReplicaManager,
-    duplicate_partition,
-)
+from broker.replica_manager import ReplicaManager, duplicate_partition
 from broker.session import ConnectionSession
 from protocol.errors import InvalidRequestError
 from protocol.schema import MAX_ERROR_CHARS, bounded

@@ -1,0 +1,47 @@
+"""A decoded Fetch request: what a read needs, and what a DelayedFetch keeps until it answers."""
+
+from __future__ import annotations
+
+Key = tuple[str, int]
+
+# A fetch's max_wait_ms is clamped, not refused: answering early with what there is is
+# always a correct fetch answer (the consumer simply polls again), while refusing would
+# break clients that ask for a long poll. Past a few minutes a parked fetch is only a
+# resource held for a client that may be gone (issue 11 parked 73,000 for 2^31-1 ms);
+# 5 minutes stays well below connections.max.idle.ms's default.
+MAX_FETCH_WAIT_MS = 300_000
+
+
+class FetchRequest:
+    """A decoded fetch, kept by a DelayedFetch until it completes.
+
+    ``fetch_max_bytes`` is the broker's cap (Kafka's broker-side ``fetch.max.bytes``): it
+    bounds the whole response and each partition within it, whatever the client asks.
+    """
+
+    __slots__ = ("epochs", "for_follower", "max_bytes", "min_bytes", "replica_id", "targets")
+
+    def __init__(self, body: dict, fetch_max_bytes: int = 2**31 - 1) -> None:
+        self.replica_id = body["replica_id"]
+        self.for_follower = self.replica_id >= 0
+        self.epochs = {
+            (t["name"], p["partition"]): p["current_leader_epoch"]
+            for t in body["topics"]
+            for p in t["partitions"]
+        }
+        self.min_bytes = body["min_bytes"]
+        self.max_bytes = min(body["max_bytes"], fetch_max_bytes)
+        self.targets: list[tuple[Key, int, int]] = [
+            (
+                (t["name"], p["partition"]),
+                p["fetch_offset"],
+                min(p["partition_max_bytes"], fetch_max_bytes),
+            )
+            for t in body["topics"]
+            for p in t["partitions"]
+        ]
+
+    @property
+    def response_bound(self) -> int:
+        """The most bytes of records the answer carries (a first batch may overshoot)."""
+        return min(self.max_bytes, sum(cap for _, _, cap in self.targets))

@@ -1,0 +1,143 @@
+"""ReplicaManager's triggers: which Partition change completes which delayed operation.
+
+No sockets and no sleeping: a manual clock and timer, requests validated by the real
+schema, a leader for partition t-0 with followers 1 and 2 (kafka-semantics.md §3-§5).
+"""
+
+from __future__ import annotations
+
+import pytest
+import structlog
+
+import protocol as p
+from broker.config import BrokerConfig
+from broker.metadata import PartitionState
+from broker.pending import PendingResponse
+from broker.purgatory import ManualClock, ManualTimer, Purgatory
+from broker.replica_manager import ReplicaManager
+from protocol import encode_batch
+from protocol.errors import ErrorCode
+
+
+@pytest.fixture
+def manager(tmp_path):
+    clock = ManualClock()
+    timer = ManualTimer(clock)
+    manager = ReplicaManager(
+        0,
+        tmp_path,
+        BrokerConfig(),
+        structlog.get_logger(),
+        Purgatory("Fetch", timer),
+        Purgatory("Produce", timer),
+        clock.now_ms,
+    )
+    manager.proposals = []
+    manager.on_isr_change = lambda partition, isr: manager.proposals.append(sorted(isr))
+    manager.host_partition("t", 0, PartitionState(0, 1, [0, 1, 2], [0, 1, 2], 1))
+    yield manager
+    manager.close()
+
+
+def produce(manager: ReplicaManager, n: int = 3, acks: int = -1):
+    rows = [(1000 + i, None, b"v", []) for i in range(n)]
+    raw = {
+        "acks": acks,
+        "timeout_ms": 30_000,
+        "topics": [{"name": "t", "partitions": [{"partition": 0, "records": encode_batch(rows)}]}],
+    }
+    return manager.produce(p.validate_request(p.RequestHeader(p.ApiKey.PRODUCE, 0, 1, None), raw))
+
+
+def fetch(manager: ReplicaManager, replica_id: int, offset: int, max_wait_ms: int = 0):
+    raw = {
+        "replica_id": replica_id,
+        "max_wait_ms": max_wait_ms,
+        "min_bytes": 1,
+        "topics": [{"name": "t", "partitions": [{"partition": 0, "fetch_offset": offset}]}],
+    }
+    return manager.fetch(p.validate_request(p.RequestHeader(p.ApiKey.FETCH, 0, 1, None), raw))
+
+
+def only_partition(body: dict) -> dict:
+    return body["topics"][0]["partitions"][0]
+
+
+def test_acks_all_completes_when_the_last_follower_fetch_moves_the_hw(manager):
+    pending = produce(manager)
+    assert isinstance(pending, PendingResponse)
+    fetch(manager, 1, 3)
+    assert pending.body is None  # follower 2 still holds the HW
+    fetch(manager, 2, 3)
+    assert only_partition(pending.body)["error_code"] == ErrorCode.NONE
+    assert manager.partitions[("t", 0)].high_watermark == 3
+
+
+def test_a_consumer_long_poll_completes_when_the_hw_moves(manager):
+    produce(manager)
+    parked = fetch(manager, -1, 0, max_wait_ms=10_000)
+    assert isinstance(parked, PendingResponse) and parked.body is None  # HW is 0
+    fetch(manager, 1, 3)
+    fetch(manager, 2, 3)
+    answer = only_partition(parked.body)
+    assert answer["high_watermark"] == 3 and answer["records"]
+
+
+def test_losing_leadership_completes_pending_produces_with_not_leader(manager):
+    pending = produce(manager)
+    manager.host_partition("t", 0, PartitionState(1, 2, [0, 1, 2], [1, 2], 2))
+    assert only_partition(pending.body)["error_code"] == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+def test_an_accepted_isr_shrink_completes_the_produce_it_held(manager):
+    pending = produce(manager)
+    fetch(manager, 1, 3)
+    manager.maybe_shrink_isr(manager.now_ms() + 60_000, 30_000)
+    assert manager.proposals == [[0, 1]]  # replica 2 fell behind; 1 is caught up
+    assert pending.body is None  # proposed, not yet accepted
+    manager.isr_update_accepted(manager.partitions[("t", 0)], 1, [0, 1], 2)
+    assert only_partition(pending.body)["error_code"] == ErrorCode.NONE
+
+
+def test_a_follower_fetch_at_the_leo_proposes_it_back_into_the_isr(manager):
+    partition = manager.partitions[("t", 0)]
+    manager.isr_update_accepted(partition, 1, [0, 1], 2)
+    produce(manager, acks=1)
+    fetch(manager, 1, 3)
+    fetch(manager, 2, 3)
+    fetch(manager, 2, 3)
+    assert manager.proposals == [[0, 1, 2], [0, 1, 2]]  # every fetch, until accepted
+
+
+def test_offset_lookups_see_the_hw_as_consumers_and_the_leo_as_replicas(manager):
+    produce(manager, n=4)
+    fetch(manager, 1, 4)  # follower 2 has not fetched: HW 0, LEO 4
+
+    def latest(replica_id: int) -> int:
+        raw = {
+            "replica_id": replica_id,
+            "topics": [{"name": "t", "partitions": [{"partition": 0, "timestamp": -1}]}],
+        }
+        body = p.validate_request(p.RequestHeader(p.ApiKey.LIST_OFFSETS, 0, 1, None), raw)
+        return only_partition(manager.list_offsets(body))["offset"]
+
+    assert (latest(-1), latest(1)) == (0, 4)
+    raw = {
+        "replica_id": 1,
+        "topics": [
+            {
+                "name": "t",
+                "partitions": [
+                    {"partition": 0, "leader_epoch": 0},
+                    {"partition": 5, "leader_epoch": 1},
+                ],
+            }
+        ],
+    }
+    body = p.validate_request(p.RequestHeader(p.ApiKey.OFFSET_FOR_LEADER_EPOCH, 0, 1, None), raw)
+    known, unknown = manager.offsets_for_leader_epoch(body)["topics"][0]["partitions"]
+    assert (known["leader_epoch"], known["end_offset"]) == (-1, -1)  # epoch 0 predates us
+    assert unknown["error_code"] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    raw["topics"][0]["partitions"] = [{"partition": 0, "leader_epoch": 1}]
+    body = p.validate_request(p.RequestHeader(p.ApiKey.OFFSET_FOR_LEADER_EPOCH, 0, 1, None), raw)
+    assert only_partition(manager.offsets_for_leader_epoch(body))["end_offset"] == 4
