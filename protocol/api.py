@@ -364,11 +364,6 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
 ERROR_RESPONSE = _ERROR_ONLY
 
 
-def register(key: int, version: int, request: Validator, response: Validator) -> None:
-    """Add an API version; used by layers that own an API's semantics (e.g. cluster APIs)."""
-    SCHEMAS.setdefault(int(key), {})[version] = (request, response)
-
-
 def supported_versions() -> list[list[int]]:
     """``[[api_key, min_version, max_version], ...]`` for ApiVersions."""
     return [[int(k), min(v), max(v)] for k, v in sorted(SCHEMAS.items())]
@@ -390,6 +385,5 @@ __all__ = [
     "SCHEMAS",
     "ApiKey",
     "api_name",
-    "register",
     "supported_versions",
 ]
