@@ -19,7 +19,7 @@ this same object, so both follow one set of rules:
   a topic of metadata or create-topics) sit inside that item and are the caller's to
   read; the top-level code of those APIs is non-zero only when the request as a whole
   failed (unsupported version, invalid body, not the controller, an injected fault).
-  The one exception is listed in :data:`ITEM_VERDICT_APIS`: AlterPartition proposes
+  The exceptions are listed in ``protocol.api.ITEM_VERDICT_APIS``: AlterPartition proposes
   the ISR of one partition, so its ``error_code`` is that partition's (per partition,
   as in Kafka's AlterPartition), and a stale proposal is answered INVALID_REQUEST
   *with* the current ISR and partition epoch for the leader to catch up from; the
@@ -31,14 +31,12 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from .api import ApiKey
+from .api import ITEM_VERDICT_APIS
 from .codec import decode_response_envelope, encode_request, validate_response
 from .errors import ProtocolError, raise_for
 from .framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
 
-# APIs whose answer is about a single item, so a non-zero error_code is that item's
-# result (returned with the rest of the body), not a failure of the request.
-ITEM_VERDICT_APIS = frozenset({int(ApiKey.ALTER_PARTITION)})
+__all__ = ["ITEM_VERDICT_APIS", "Connection", "Response", "check_error"]
 
 
 def check_error(api_key: int, body: dict) -> dict:
