@@ -114,7 +114,8 @@ class BrokerConnection:
     ) -> dict:
         """Send one request and return its validated response body.
 
-        A top-level ``error_code`` raises the exception named after it; no response within
+        A top-level ``error_code`` raises the exception named after it (the rule, and its
+        one exception, are protocol.connection.check_error's); no response within
         ``timeout`` seconds is RequestTimedOut; a dead socket is NetworkException.
         With ``expect_response=False`` (acks=0 produce) it returns ``{}`` once written.
         """
