@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from protocol.api import METADATA_SNAPSHOT
-from protocol.errors import InvalidRequestError
+from protocol.errors import InvalidRequest
 
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 
@@ -42,8 +42,8 @@ def check_document(data: Any) -> dict:
     """The validated document (optional fields filled in); MetadataError otherwise."""
     try:
         doc = METADATA_SNAPSHOT(data, "")
-    except InvalidRequestError as exc:
-        raise MetadataError(str(exc)) from None
+    except InvalidRequest as exc:
+        raise MetadataError(exc.message) from None
     if doc["epoch"] < 0:
         raise MetadataError(f"epoch: {doc['epoch']} is negative")
     brokers = [b["node_id"] for b in doc["brokers"]]

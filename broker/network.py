@@ -27,10 +27,9 @@ from protocol import (
     decode_request_envelope,
     encode_response,
     error_body,
-    error_for_exception,
     validate_request,
 )
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, InvalidRequest, UnsupportedVersion
 
 from .outbox import Outbox
 from .pending import PendingResponse
@@ -238,16 +237,15 @@ class ConnectionHandler:
             return False
         try:
             body = validate_request(header, raw)
-        except ProtocolError as exc:
-            code = error_for_exception(exc)
+        except (InvalidRequest, UnsupportedVersion) as exc:
             log.info(
                 "request_rejected",
                 api_key=header.api_key,
                 api_version=header.api_version,
-                error=code.name,
-                reason=str(exc),
+                error=exc.code.name,
+                reason=exc.message,
             )
-            outbox.put(encode_response(header.correlation_id, error_body(code, str(exc))))
+            outbox.put(encode_response(header.correlation_id, error_body(exc.code, exc.message)))
             return True
         try:
             result = self.dispatcher.handle(header, body, session)

@@ -2,7 +2,8 @@
 
 Replica fetchers and controller pushes talk to other brokers with this. (The broker
 never imports ``client``; this is the small part of a client a broker needs.)
-Every failure surfaces as ``NetworkException`` naming the peer. With cluster
+Every failure surfaces as ``NetworkException`` naming the peer; correlation ids, framing
+and the rule for a top-level error are protocol.connection's (shared with the client). With cluster
 credentials, each new connection first proves membership (and checks the peer's proof)
 before it carries any request, so every broker-to-broker link is authenticated.
 """
@@ -10,22 +11,12 @@ before it carries any request, so every broker-to-broker link is authenticated.
 from __future__ import annotations
 
 import hmac
-import itertools
 from typing import Any
 
 import trio
 
-from protocol import (
-    DEFAULT_MAX_FRAME_BYTES,
-    ApiKey,
-    FrameDecoder,
-    ProtocolError,
-    api_name,
-    decode_response_envelope,
-    encode_request,
-    raise_for,
-    validate_response,
-)
+from protocol import DEFAULT_MAX_FRAME_BYTES, ApiKey, ProtocolError, api_name, raise_for
+from protocol.connection import Connection, check_error
 from protocol.errors import (
     ClusterAuthorizationFailed,
     KafkaError,
@@ -63,9 +54,8 @@ class PeerConnection:
         # The broker id we expect to answer; its proof must be for that id.
         self.peer_id = peer_id
         self._stream: trio.SocketStream | None = None
-        self._decoder = FrameDecoder(max_frame_bytes)
+        self._conn = Connection(client_id, max_frame_bytes)
         self._lock = trio.Lock()
-        self._ids = itertools.count(1)
 
     @property
     def address(self) -> str:
@@ -73,15 +63,19 @@ class PeerConnection:
 
     async def close(self) -> None:
         stream, self._stream = self._stream, None
+        self._conn = Connection(self.client_id, self.max_frame_bytes)
         if stream is not None:
             await stream.aclose()
 
     async def request(self, api_key: int, body: dict, *, timeout: float, version: int = 0) -> dict:
-        """Send one request and return its validated body; top-level errors raise their class."""
+        """Send one request and return its validated body; a top-level error raises its
+        class (protocol.connection.check_error has the rule)."""
         async with self._lock:
             try:
                 with trio.fail_after(timeout):
                     body = await self._round_trip(api_key, version, body)
+            except KafkaError:
+                raise  # a refusal while authenticating (the stream is already reset)
             except trio.TooSlowError:
                 await self._reset()
                 raise NetworkException(
@@ -97,13 +91,11 @@ class PeerConnection:
                 raise NetworkException(
                     f"{api_name(api_key)} to {self.address} failed: {exc}"
                 ) from None
-        if set(body) <= {"error_code", "error_message"}:
-            raise_for(body["error_code"], body.get("error_message") or "")
-        return body
+        return check_error(api_key, body)
 
     async def _reset(self) -> None:
         stream, self._stream = self._stream, None
-        self._decoder = FrameDecoder(self.max_frame_bytes)
+        self._conn = Connection(self.client_id, self.max_frame_bytes)
         if stream is not None:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
@@ -153,19 +145,16 @@ class PeerConnection:
             raise_for(body["error_code"], f"authenticating to {self.address}: {message}")
 
     async def _exchange(self, api_key: int, version: int, body: dict) -> dict:
-        correlation_id = next(self._ids) & 0x7FFFFFFF
-        await self._stream.send_all(
-            encode_request(api_key, version, correlation_id, self.client_id, body)
-        )
+        """One round trip; the body unchecked for a top-level error (the caller decides)."""
+        _, frame = self._conn.send_request(api_key, body, version)
+        await self._stream.send_all(frame)
         while True:
             data = await self._stream.receive_some(1 << 20)
             if not data:
                 raise ProtocolError("connection closed by peer")
-            frames = self._decoder.feed(data)
-            if frames:
-                if len(frames) > 1:
-                    raise ProtocolError("unexpected extra response")
-                corr, raw = decode_response_envelope(frames[0])
-                if corr != correlation_id:
-                    raise ProtocolError(f"correlation id {corr} does not match {correlation_id}")
-                return validate_response(api_key, version, raw)
+            # Ours is the only request waiting (one at a time; a timeout resets the
+            # connection), so an answer is ours; anything else was dropped as unasked.
+            for response in self._conn.receive_data(data):
+                if response.problem is not None:
+                    raise response.problem
+                return response.body

@@ -171,7 +171,16 @@ class RecordAccumulator:
         self.delivery_timeout_ms = delivery_timeout_ms
         self.batches: dict[tuple[str, int], deque[ProducerBatch]] = {}
         self.buffered_bytes = 0
-        self.flushing = 0
+        # Callers waiting for delivery now (flush, a send awaiting its ack): while any
+        # is, no batch lingers for company.
+        self._flushers = 0
+
+    def begin_flush(self) -> None:
+        """Make every batch ready at once until the matching :meth:`end_flush`."""
+        self._flushers += 1
+
+    def end_flush(self) -> None:
+        self._flushers -= 1
 
     def append(
         self,
@@ -212,7 +221,7 @@ class RecordAccumulator:
         next_ms = float("inf")
         linger = self.linger_ms
         full = self.batch_size
-        flushing = self.flushing > 0
+        flushing = self._flushers > 0
         for key, dq in self.batches.items():
             if not dq:
                 continue
@@ -253,6 +262,10 @@ class RecordAccumulator:
     def release(self, batch: ProducerBatch) -> None:
         """A batch is finished (acked or failed): its bytes no longer count against the buffer."""
         self.buffered_bytes -= batch.size
+
+    def waiting_batches(self) -> list[ProducerBatch]:
+        """Every batch not yet handed to the sender (oldest first per partition)."""
+        return [b for dq in self.batches.values() for b in dq]
 
     def drain_all(self) -> list[ProducerBatch]:
         out = [b for dq in self.batches.values() for b in dq]

@@ -130,8 +130,7 @@ class Admin(ClusterClient):
         out = {}
         for name in wanted:
             if name not in cluster.topics:
-                code, message = cluster.topic_errors.get(name, (3, None))
-                raise error_class(code)(message or f"topic '{name}' does not exist")
+                raise cluster.topic_error(name, f"topic '{name}' does not exist")
             out[name] = TopicDescription(name, list(cluster.topics[name]))
         return out
 

@@ -39,10 +39,11 @@ class Background:
 
 
 class ClusterClient:
-    """What Admin and Consumer share: config by role, a Cluster living in a Background.
+    """What Producer, Admin and Consumer share: config by role, a Cluster in a Background.
 
     ``async with`` opens the nursery, connects and reads metadata once (so a wrong
-    bootstrap fails here, not on first use); closing shuts connections, then tasks.
+    bootstrap fails here, not on first use), then runs :meth:`_started` for a subclass's
+    own background tasks; closing shuts connections, then tasks.
     """
 
     ROLE = ""
@@ -59,10 +60,14 @@ class ClusterClient:
         try:
             self._cluster = Cluster(self.config, nursery)
             await self._cluster.refresh(())
+            await self._started(nursery)
         except BaseException:
             await self.aclose()
             raise
         return self
+
+    async def _started(self, nursery: trio.Nursery) -> None:
+        """Hook: start the subclass's background tasks (metadata is known by now)."""
 
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.aclose()

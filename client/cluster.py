@@ -8,16 +8,27 @@ and reopened after they die, so callers just say "node 2" and retry on errors.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
 from protocol import ApiKey
-from protocol.errors import BrokerNotAvailable, KafkaError, LeaderNotAvailable
+from protocol.errors import (
+    BrokerNotAvailable,
+    ErrorCode,
+    KafkaError,
+    LeaderNotAvailable,
+    UnknownTopicOrPartition,
+    error_class,
+)
 
 from .connection import BrokerConnection
+
+# What a metadata answer says about a topic that is on its way: not created yet (it
+# may be being created, or auto-created by this very request) or no leader elected yet.
+NOT_YET = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.LEADER_NOT_AVAILABLE})
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,12 @@ class Cluster:
         leader = parts[partition].leader
         return leader if leader >= 0 and leader in self.brokers else None
 
+    def topic_error(self, topic: str, message: str) -> KafkaError:
+        """Why ``topic`` is not in the metadata: the broker's error for it, its message after
+        ours; UNKNOWN_TOPIC_OR_PARTITION when the metadata does not mention the topic."""
+        code, said = self.topic_errors.get(topic, (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, None))
+        return error_class(code)(f"{message} ({said})" if said else message)
+
     @property
     def stale(self) -> bool:
         return time.monotonic() > self.expires_at
@@ -117,6 +134,32 @@ class Cluster:
             if self._refreshing is event:
                 self._refreshing = None
             event.set()
+
+    async def wait_for_topic(
+        self, topic: str, timeout: float, backoff: float, keep_waiting: Container[int] = NOT_YET
+    ) -> None:
+        """Refresh until ``topic`` is in the metadata, as Kafka's send waits (max.block.ms).
+
+        A retriable failure to get metadata is retried; a topic error in ``keep_waiting``
+        means "not yet" and is waited out; any other topic error raises at once. After
+        ``timeout`` seconds it raises UnknownTopicOrPartition.
+        """
+        with trio.move_on_after(timeout):
+            while True:
+                try:
+                    await self.refresh([topic])
+                except KafkaError as exc:
+                    if not exc.retriable:
+                        raise
+                if self.partition_count(topic) is not None:
+                    return
+                code = self.topic_errors.get(topic, (ErrorCode.NONE, None))[0]
+                if code and code not in keep_waiting:
+                    raise self.topic_error(topic, f"topic '{topic}'")
+                await trio.sleep(backoff)
+        raise UnknownTopicOrPartition(
+            f"topic '{topic}' not in the cluster metadata after {round(timeout * 1000)} ms"
+        )
 
     def _apply(self, body: dict) -> None:
         self.brokers = {

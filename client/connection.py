@@ -3,27 +3,27 @@
 Requests are written as they come (a lock keeps frames whole) and a reader task
 matches responses to callers by correlation id, so a slow long-poll fetch never
 holds up a produce on the same socket. When the socket dies every caller still
-waiting gets a NetworkException instead of hanging.
+waiting gets a NetworkException instead of hanging. Correlation ids, framing and the
+rule for a top-level error are protocol.connection's (the broker's peer links share
+them); this module adds the socket, the reader task and the waiting.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 from typing import Any
 
 import trio
 
-from protocol import FrameDecoder, api_name, decode_response_envelope, encode_request
-from protocol.codec import validate_response
+from protocol import api_name
+from protocol.connection import Connection, check_error
 from protocol.errors import (
     BrokerNotAvailable,
     KafkaError,
     NetworkException,
     ProtocolError,
     RequestTimedOut,
-    raise_for,
 )
 
 _RECEIVE_BYTES = 1 << 20
@@ -40,14 +40,12 @@ def describe_os_error(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-class _Pending:
+class _Waiter:
     """A caller waiting for one response: one Event per request, never per record."""
 
-    __slots__ = ("api_key", "body", "done", "error", "version")
+    __slots__ = ("body", "done", "error")
 
-    def __init__(self, api_key: int, version: int) -> None:
-        self.api_key = api_key
-        self.version = version
+    def __init__(self) -> None:
         self.done = trio.Event()
         self.body: dict | None = None
         self.error: BaseException | None = None
@@ -64,8 +62,7 @@ class BrokerConnection:
         self.client_id = client_id
         self._stream = stream
         self._send_lock = trio.Lock()
-        self._pending: dict[int, _Pending] = {}
-        self._ids = itertools.count(1)
+        self._conn = Connection(client_id)
         self._error: KafkaError | None = None
         self._closed = trio.Event()
 
@@ -105,7 +102,7 @@ class BrokerConnection:
 
     @property
     def in_flight(self) -> int:
-        return len(self._pending)
+        return self._conn.in_flight
 
     async def request(
         self,
@@ -117,36 +114,33 @@ class BrokerConnection:
     ) -> dict:
         """Send one request and return its validated response body.
 
-        A top-level ``error_code`` raises the exception named after it; no response within
+        A top-level ``error_code`` raises the exception named after it (the rule, and its
+        one exception, are protocol.connection.check_error's); no response within
         ``timeout`` seconds is RequestTimedOut; a dead socket is NetworkException.
         With ``expect_response=False`` (acks=0 produce) it returns ``{}`` once written.
         """
         if self._error is not None:
             raise self._error
-        corr = next(self._ids) & 0x7FFFFFFF
-        frame = encode_request(api_key, version, corr, self.client_id, body)
-        pending = None
-        if expect_response:
-            pending = self._pending[corr] = _Pending(api_key, version)
+        waiter = _Waiter() if expect_response else None
+        corr, frame = self._conn.send_request(
+            api_key, body, version, waiter=waiter, expect_response=expect_response
+        )
         try:
             await self._send(frame)
-            if pending is None:
+            if waiter is None:
                 return {}
             with trio.move_on_after(math.inf if timeout is None else timeout):
-                await pending.done.wait()
+                await waiter.done.wait()
         finally:
-            if pending is not None and not pending.done.is_set():
-                self._pending.pop(corr, None)
-        if pending.error is not None:
-            raise pending.error
-        if pending.body is None:
+            if waiter is not None and not waiter.done.is_set():
+                self._conn.forget(corr)
+        if waiter.error is not None:
+            raise waiter.error
+        if waiter.body is None:
             raise RequestTimedOut(
                 f"no {api_name(api_key)} response from {self.address} within {timeout:g}s"
             )
-        body = pending.body
-        if body.get("error_code"):
-            raise_for(body["error_code"], body.get("error_message") or "")
-        return body
+        return check_error(api_key, waiter.body)
 
     async def _send(self, frame: bytes) -> None:
         async with self._send_lock:
@@ -159,15 +153,22 @@ class BrokerConnection:
                 raise self._error from None
 
     async def _read_loop(self) -> None:
-        decoder = FrameDecoder()
+        conn = self._conn
         try:
             while True:
                 data = await self._stream.receive_some(_RECEIVE_BYTES)
                 if not data:
                     self._fail(NetworkException(f"broker {self.address} closed the connection"))
                     return
-                for payload in decoder.feed(data):
-                    self._deliver(payload)
+                for response in conn.receive_data(data):
+                    waiter = response.waiter
+                    if response.problem is None:
+                        waiter.body = response.body
+                    else:
+                        waiter.error = NetworkException(
+                            f"bad response from {self.address}: {response.problem}"
+                        )
+                    waiter.done.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._fail(NetworkException(f"connection to {self.address} broke: {exc}"))
         except ProtocolError as exc:
@@ -177,25 +178,13 @@ class BrokerConnection:
             with trio.CancelScope(shield=True):
                 await self._stream.aclose()
 
-    def _deliver(self, payload: bytes) -> None:
-        corr, raw = decode_response_envelope(payload)
-        pending = self._pending.pop(corr, None)
-        if pending is None:
-            return  # the caller gave up (timeout or cancel); drop the late answer
-        try:
-            pending.body = validate_response(pending.api_key, pending.version, raw)
-        except ProtocolError as exc:
-            pending.error = NetworkException(f"bad response from {self.address}: {exc}")
-        pending.done.set()
-
     def _fail(self, error: KafkaError) -> None:
         """Mark the connection dead and wake every waiting caller with ``error``."""
         if self._error is None:
             self._error = error
-        pending, self._pending = self._pending, {}
-        for p in pending.values():
-            p.error = self._error
-            p.done.set()
+        for waiter in self._conn.fail_all():
+            waiter.error = self._error
+            waiter.done.set()
         self._closed.set()
 
     async def aclose(self) -> None:

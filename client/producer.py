@@ -14,18 +14,15 @@ from typing import Any
 
 import trio
 
-from protocol.errors import MessageTooLarge, RequestTimedOut, UnknownTopicOrPartition, error_class
+from protocol.errors import MessageTooLarge, RequestTimedOut
 
 from .accumulator import (
     RECORD_OVERHEAD,
     DeliveryHandle,
-    ProducerBatch,
     RecordAccumulator,
     record_size,
 )
-from .background import Background
-from .cluster import Cluster
-from .config import load_client_config
+from .background import ClusterClient
 from .partitioner import StickyPartitioner
 from .records import RecordMetadata, normalize_headers, to_bytes
 from .sender import Sender
@@ -41,17 +38,19 @@ class ProducerClosed(RuntimeError):
     """The producer is not open (use ``async with Producer(...)``)."""
 
 
-class Producer:
+class Producer(ClusterClient):
     """``async with Producer("127.0.0.1:9092", acks=1) as p: await p.send("t", b"v")``.
 
     Settings use Kafka's names: pass ``config={"linger.ms": 5}`` or ``**{"linger.ms": 5}``.
     Closing the producer flushes what was sent before.
     """
 
+    ROLE = "producer"
+
     def __init__(
         self, bootstrap: str | None = None, config: Mapping[str, Any] | None = None, **settings: Any
     ) -> None:
-        self.config = load_client_config("producer", bootstrap, config, settings)
+        super().__init__(bootstrap, config, **settings)
         self._acc = RecordAccumulator(
             self.config["batch.size"], self.config["linger.ms"], self.config["delivery.timeout.ms"]
         )
@@ -59,41 +58,27 @@ class Producer:
         self._max_request_size: int = self.config["max.request.size"]
         self._buffer_memory: int = self.config["buffer.memory"]
         self._max_block_s: float = self.config["max.block.ms"] / 1000
-        self._cluster: Cluster | None = None
         self._sender: Sender | None = None
-        self._background = Background()
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Producer:
-        nursery = await self._background.open()
-        try:
-            self._cluster = Cluster(self.config, nursery)
-            await self._cluster.refresh(())
-            self._sender = Sender(self.config, self._cluster, self._acc)
-            await nursery.start(self._sender.run)
-        except BaseException:
-            await self._shutdown()
-            raise
-        return self
+    async def _started(self, nursery: trio.Nursery) -> None:
+        self._sender = Sender(self.config, self._cluster, self._acc)
+        await nursery.start(self._sender.run)
 
     async def __aexit__(self, *exc_info: Any) -> None:
         try:
             if exc_info[1] is None and self._sender is not None:
                 await self.flush()
         finally:
-            await self._shutdown()
+            await self.aclose()
 
-    async def _shutdown(self) -> None:
+    async def aclose(self) -> None:
+        """Close without flushing: what is still unsent fails with RequestTimedOut."""
         sender, self._sender = self._sender, None
         if sender is not None:
-            reason = RequestTimedOut("the producer was closed before the record was sent")
-            for batch in self._acc.drain_all() + list(sender.in_flight_batches):
-                if not batch.done.is_set():
-                    batch.fail(reason)
-        if self._cluster is not None:
-            await self._cluster.aclose()
-        await self._background.close()
+            sender.abandon(RequestTimedOut("the producer was closed before the record was sent"))
+        await super().aclose()
 
     def _open(self) -> Sender:
         if self._sender is None:
@@ -113,12 +98,7 @@ class Producer:
     ) -> RecordMetadata:
         """Send one record and wait for the broker's ack (per ``acks``)."""
         handle = await self.enqueue(topic, value, key, partition, headers, timestamp)
-        self._acc.flushing += 1  # someone is waiting: do not linger for company
-        self._open().wake()
-        try:
-            return await handle
-        finally:
-            self._acc.flushing -= 1
+        return await self._open().deliver(handle)
 
     async def enqueue(
         self,
@@ -132,7 +112,9 @@ class Producer:
         """Like send_nowait, but waits (up to ``max.block.ms``) for metadata or buffer space."""
         sender = self._open()
         if partition is None and topic not in self._cluster.topics:
-            await self._wait_for_topic(topic)
+            await self._cluster.wait_for_topic(
+                topic, self._max_block_s, self.config["retry.backoff.ms"] / 1000
+            )
         if self._acc.buffered_bytes >= self._buffer_memory:
             with trio.move_on_after(self._max_block_s):
                 while self._acc.buffered_bytes >= self._buffer_memory:
@@ -223,42 +205,9 @@ class Producer:
         batch, index, _ = self._acc.append(topic, partition, record, nbytes)
         handle._bind(batch, index)
 
-    async def _wait_for_topic(self, topic: str) -> None:
-        """Refresh metadata until the topic shows up (``max.block.ms``), as Kafka's send does."""
-        cluster = self._cluster
-        backoff = self.config["retry.backoff.ms"] / 1000
-        with trio.move_on_after(self._max_block_s):
-            while True:
-                try:
-                    await cluster.refresh([topic])
-                except Exception as exc:
-                    if not getattr(exc, "retriable", False):
-                        raise
-                if cluster.partition_count(topic) is not None:
-                    return
-                code = cluster.topic_errors.get(topic, (0, None))[0]
-                if code and code not in (3, 5):  # other than unknown topic / leader not available
-                    raise error_class(code)(f"topic '{topic}'")
-                await trio.sleep(backoff)
-        raise UnknownTopicOrPartition(
-            f"topic '{topic}' not in the cluster metadata after {self.config['max.block.ms']} ms"
-        )
-
     async def flush(self) -> None:
         """Send everything queued so far without lingering, and wait until each is acked or failed."""
-        sender = self._open()
-        self._acc.flushing += 1
-        sender.wake()
-        try:
-            for parked, _ in list(sender.parked.values()):
-                await parked.placed.wait()
-            pending: list[ProducerBatch] = [
-                b for dq in self._acc.batches.values() for b in dq
-            ] + list(sender.in_flight_batches)
-            for batch in pending:
-                await batch.done.wait()
-        finally:
-            self._acc.flushing -= 1
+        await self._open().flush()
 
     def partitions_for(self, topic: str) -> int | None:
         """Partition count from the metadata this producer has (None: not known yet)."""

@@ -26,6 +26,7 @@ from protocol.errors import (
 
 from .accumulator import DeliveryHandle, Parked, ProducerBatch, RecordAccumulator
 from .cluster import Cluster
+from .records import RecordMetadata
 
 
 def now_ms() -> float:
@@ -57,6 +58,35 @@ class Sender:
 
     def wake(self) -> None:
         self._wakeup.set()
+
+    # --- what the producer asks of it -----------------------------------------------------
+
+    async def deliver(self, handle: DeliveryHandle) -> RecordMetadata:
+        """Wait for one record's ack; someone is waiting, so nothing lingers meanwhile."""
+        self.acc.begin_flush()
+        self.wake()
+        try:
+            return await handle
+        finally:
+            self.acc.end_flush()
+
+    async def flush(self) -> None:
+        """Send everything queued so far without lingering; wait until each is acked or failed."""
+        self.acc.begin_flush()
+        self.wake()
+        try:
+            for parked, _ in list(self.parked.values()):
+                await parked.placed.wait()
+            for batch in self.acc.waiting_batches() + list(self.in_flight_batches):
+                await batch.done.wait()
+        finally:
+            self.acc.end_flush()
+
+    def abandon(self, reason: BaseException) -> None:
+        """Fail every batch not yet finished (the producer is closing)."""
+        for batch in self.acc.drain_all() + list(self.in_flight_batches):
+            if not batch.done.is_set():
+                batch.fail(reason)
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -245,10 +275,9 @@ class Sender:
             if count is None:
                 if now - since >= self.max_block_ms:
                     del self.parked[topic]
-                    code, message = self.cluster.topic_errors.get(topic, (3, None))
-                    parked.error = error_class(code)(
-                        f"topic '{topic}' not in the cluster metadata after {self.max_block_ms} ms"
-                        + (f" ({message})" if message else "")
+                    parked.error = self.cluster.topic_error(
+                        topic,
+                        f"topic '{topic}' not in the cluster metadata after {self.max_block_ms} ms",
                     )
                     parked.placed.set()
                 else:

@@ -8,26 +8,26 @@ from __future__ import annotations
 
 import argparse
 import errno
-import importlib
 import resource
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 
-BENCHMARKS = {
-    "purgatory": (
-        "deploy.bench.purgatory",
-        "the seed's purgatory experiment (wheel vs heap vs trio tasks)",
-    ),
-    "produce": (
-        "deploy.bench.produce",
-        "producer throughput and ack latency against a running broker",
-    ),
-    "consume": ("deploy.bench.consume", "consumer throughput against a running broker"),
-    "spark-read": (
-        "deploy.bench.spark_read",
-        "records/s read into a Spark DataFrame and written back",
-    ),
+# Every command is imported by name: a module that fails to import stops the CLI with
+# its traceback instead of quietly vanishing from --help.
+from deploy import chaos_cli, client_cli, cluster_cli, faults_cli, stats_cli
+from deploy.bench import consume, produce, purgatory, spark_read
+
+# Each adds its subcommands with add_subcommands(sub).
+COMMAND_GROUPS: Sequence[ModuleType] = (client_cli, cluster_cli, faults_cli, chaos_cli, stats_cli)
+
+# name -> (module with add_arguments(parser) and run(args), help line)
+BENCHMARKS: dict[str, tuple[ModuleType, str]] = {
+    "purgatory": (purgatory, "the seed's purgatory experiment (wheel vs heap vs trio tasks)"),
+    "produce": (produce, "producer throughput and ack latency against a running broker"),
+    "consume": (consume, "consumer throughput against a running broker"),
+    "spark-read": (spark_read, "records/s read into a Spark DataFrame and written back"),
 }
 
 
@@ -125,36 +125,17 @@ def describe_start_error(exc: OSError, host: str, port: int, data_dir: Path) -> 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks; each prints one JSON line of figures")
     benches = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
-    for name, (module_name, doc) in BENCHMARKS.items():
+    for name, (module, doc) in BENCHMARKS.items():
         bp = benches.add_parser(name, help=doc)
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
         module.add_arguments(bp)
         bp.set_defaults(func=module.run)
-
-
-OPTIONAL_GROUPS: Sequence[str] = (
-    "deploy.client_cli",
-    "deploy.cluster_cli",
-    "deploy.faults_cli",
-    "deploy.chaos_cli",
-    "deploy.stats_cli",
-)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minibroker", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_broker(sub)
-    for module_name in OPTIONAL_GROUPS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue
+    for module in COMMAND_GROUPS:
         module.add_subcommands(sub)
     _add_bench(sub)
     return parser

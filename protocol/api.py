@@ -359,14 +359,16 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.SASL_AUTHENTICATE: {0: (SASL_AUTHENTICATE_REQ, SASL_AUTHENTICATE_RESP)},
 }
 
+# APIs whose answer is about one item (one partition), so a non-zero top-level
+# error_code is that item's result, returned with the rest of the body for the caller to
+# read, not a failure of the request that the connection raises (protocol.connection has
+# the rule). AlterPartition: a stale proposal comes back INVALID_REQUEST with the current
+# ISR. A new API answering "no, and here is the current state" at top level belongs here.
+ITEM_VERDICT_APIS = frozenset({int(ApiKey.ALTER_PARTITION)})
+
 # A top-level error body is valid as the response to any API (UNSUPPORTED_VERSION,
 # INVALID_REQUEST, or an error injected for tests).
 ERROR_RESPONSE = _ERROR_ONLY
-
-
-def register(key: int, version: int, request: Validator, response: Validator) -> None:
-    """Add an API version; used by layers that own an API's semantics (e.g. cluster APIs)."""
-    SCHEMAS.setdefault(int(key), {})[version] = (request, response)
 
 
 def supported_versions() -> list[list[int]]:
@@ -386,10 +388,10 @@ __all__ = [
     "EARLIEST_TIMESTAMP",
     "ERROR_RESPONSE",
     "INT64",
+    "ITEM_VERDICT_APIS",
     "LATEST_TIMESTAMP",
     "SCHEMAS",
     "ApiKey",
     "api_name",
-    "register",
     "supported_versions",
 ]

@@ -33,6 +33,13 @@ HEADER = struct.Struct(">qiiIhiqqi")
 HEADER_SIZE = HEADER.size  # 46
 LOG_OVERHEAD = 12  # base_offset + batch_length: what precedes batch_length's count
 CRC_START = 20  # first byte the CRC covers (attributes)
+# Field positions for readers that skip from batch to batch without a full header unpack
+# (storage's offset walks); the layout lives here only, storage imports it.
+LENGTH_AT = 8  # batch_length
+EPOCH_AT = 12  # leader_epoch
+LAST_DELTA_AT = 22  # last_offset_delta
+BASE_AND_LENGTH = struct.Struct(">qi")  # base_offset @0, batch_length @LENGTH_AT
+LAST_DELTA = struct.Struct(">i")  # last_offset_delta @LAST_DELTA_AT
 _BASE_OFFSET = struct.Struct(">q")
 _EPOCH = struct.Struct(">i")
 _LENGTH = struct.Struct(">i")
@@ -140,7 +147,7 @@ def batch_size_at(buf: bytes | bytearray | memoryview, pos: int) -> int | None:
     """Total size of the batch starting at ``pos``, or None if its length field is cut off."""
     if len(buf) - pos < LOG_OVERHEAD:
         return None
-    return _LENGTH.unpack_from(buf, pos + 8)[0] + LOG_OVERHEAD
+    return _LENGTH.unpack_from(buf, pos + LENGTH_AT)[0] + LOG_OVERHEAD
 
 
 # The smallest record the encoder can produce: a 3-element fixarray header, then a
@@ -235,7 +242,7 @@ def patch_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -
 
 
 def patch_leader_epoch(buf: bytearray | memoryview, pos: int, epoch: int) -> None:
-    _EPOCH.pack_into(buf, pos + 12, epoch)
+    _EPOCH.pack_into(buf, pos + EPOCH_AT, epoch)
 
 
 def decode_records(

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 from .api import ERROR_RESPONSE, SCHEMAS, api_name
-from .errors import ErrorCode, InvalidRequestError, ProtocolError, UnsupportedVersionError
+from .errors import ErrorCode, InvalidRequest, ProtocolError, UnsupportedVersion
 from .framing import encode_frame
 
 
@@ -69,10 +69,10 @@ def decode_request_envelope(payload: bytes) -> tuple[RequestHeader, Any]:
 def _schemas(api_key: int, api_version: int) -> tuple:
     versions = SCHEMAS.get(api_key)
     if versions is None:
-        raise UnsupportedVersionError(f"unknown api_key {api_key}")
+        raise UnsupportedVersion(f"unknown api_key {api_key}")
     pair = versions.get(api_version)
     if pair is None:
-        raise UnsupportedVersionError(
+        raise UnsupportedVersion(
             f"{api_name(api_key)} version {api_version} is not supported "
             f"(supported: {min(versions)}..{max(versions)})"
         )
@@ -80,7 +80,7 @@ def _schemas(api_key: int, api_version: int) -> tuple:
 
 
 def validate_request(header: RequestHeader, body: Any) -> dict:
-    """Check the body against its schema; raises UnsupportedVersionError / InvalidRequestError."""
+    """Check the body against its schema; raises UnsupportedVersion / InvalidRequest."""
     request_schema, _ = _schemas(header.api_key, header.api_version)
     return request_schema(body, "")
 
@@ -97,12 +97,6 @@ def encode_response(correlation_id: int, body: dict) -> bytes:
 def error_body(code: ErrorCode, message: str | None = None) -> dict:
     """The top-level error body that is a valid response to any API."""
     return {"error_code": int(code), "error_message": message}
-
-
-def error_for_exception(exc: ProtocolError) -> ErrorCode:
-    if isinstance(exc, UnsupportedVersionError):
-        return ErrorCode.UNSUPPORTED_VERSION
-    return ErrorCode.INVALID_REQUEST
 
 
 def decode_response_envelope(payload: bytes) -> tuple[int, Any]:
@@ -123,5 +117,5 @@ def validate_response(api_key: int, api_version: int, body: Any) -> dict:
     _, response_schema = _schemas(api_key, api_version)
     try:
         return response_schema(body, "")
-    except InvalidRequestError as exc:
-        raise ProtocolError(f"malformed {api_name(api_key)} response: {exc}") from None
+    except InvalidRequest as exc:
+        raise ProtocolError(f"malformed {api_name(api_key)} response: {exc.message}") from None

@@ -92,14 +92,6 @@ class FrameTooLarge(ProtocolError):
     """A frame header announced more bytes than the configured maximum."""
 
 
-class InvalidRequestError(ProtocolError):
-    """A well-formed frame whose body does not match the API's schema."""
-
-
-class UnsupportedVersionError(ProtocolError):
-    """An API key or version this side does not speak."""
-
-
 class KafkaError(Exception):
     """Base of the exceptions named after Kafka error codes."""
 
@@ -126,11 +118,18 @@ def _class_name(code: ErrorCode) -> str:
     return short if any(c.isupper() for c in short[1:]) else name
 
 
+# The decoders' verdicts on a well-framed request are error codes too: a body that does
+# not match its API's schema is InvalidRequest, an unknown key or version is
+# UnsupportedVersion. One class each, so they are also ProtocolErrors (what a decoder
+# raises) and a server answers with ``exc.code`` and ``exc.message``.
+_DECODER_VERDICTS = frozenset({ErrorCode.INVALID_REQUEST, ErrorCode.UNSUPPORTED_VERSION})
+
 _BY_CODE: dict[ErrorCode, type[KafkaError]] = {}
 for _code in ErrorCode:
     if _code is ErrorCode.NONE:
         continue
-    _cls = type(_class_name(_code), (KafkaError,), {"code": _code, "__module__": __name__})
+    _bases = (KafkaError, ProtocolError) if _code in _DECODER_VERDICTS else (KafkaError,)
+    _cls = type(_class_name(_code), _bases, {"code": _code, "__module__": __name__})
     _BY_CODE[_code] = _cls
     globals()[_cls.__name__] = _cls
 

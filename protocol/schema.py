@@ -2,7 +2,7 @@
 
 Decoding validates types and ranges and fills optional fields with their
 defaults, so handlers get complete dicts and never see a wrong type. Failures
-raise ``InvalidRequestError`` naming the path (``topics[0].partitions[2].partition``).
+raise ``InvalidRequest`` naming the path (``topics[0].partitions[2].partition``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .errors import InvalidRequestError
+from .errors import InvalidRequest
 
 Validator = Callable[[Any, str], Any]
 
@@ -35,8 +35,8 @@ def bounded(message: str, limit: int = MAX_ERROR_CHARS) -> str:
     return f"{message[:limit]}... ({len(message) - limit} more)"
 
 
-def _fail(path: str, what: str) -> InvalidRequestError:
-    return InvalidRequestError(bounded(f"{path or 'body'}: {what}"))
+def _fail(path: str, what: str) -> InvalidRequest:
+    return InvalidRequest(bounded(f"{path or 'body'}: {what}"))
 
 
 def integer(kind: str = "int32", *, min: int | None = None, max: int | None = None) -> Validator:

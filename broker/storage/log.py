@@ -9,7 +9,6 @@ tear). Reads are served with pread straight from the files.
 from __future__ import annotations
 
 import os
-import struct
 import time
 from bisect import bisect_right
 from collections.abc import Callable
@@ -20,7 +19,11 @@ from typing import Any
 import structlog
 
 from protocol.batch import (
+    BASE_AND_LENGTH,
     HEADER_SIZE,
+    LAST_DELTA,
+    LAST_DELTA_AT,
+    LENGTH_AT,
     LOG_OVERHEAD,
     CorruptBatch,
     check_batch,
@@ -35,11 +38,6 @@ from protocol.errors import (
 )
 
 from .segment import Segment, scan_segment, walk_to
-
-_LEN_AT = 8
-_BASE_AND_LENGTH = struct.Struct(">qi")
-_LAST_DELTA = struct.Struct(">i")
-_LAST_DELTA_AT = 22
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +226,7 @@ class Log:
                 raise CorruptMessage(f"truncated batch at byte {position}")
             size = (
                 int.from_bytes(
-                    buf[position + _LEN_AT : position + LOG_OVERHEAD], "big", signed=True
+                    buf[position + LENGTH_AT : position + LOG_OVERHEAD], "big", signed=True
                 )
                 + LOG_OVERHEAD
             )
@@ -381,8 +379,8 @@ class Log:
         first = -1
         next_offset = offset
         while end + HEADER_SIZE <= len(data):
-            base, length = _BASE_AND_LENGTH.unpack_from(data, end)
-            batch_next = base + _LAST_DELTA.unpack_from(data, end + _LAST_DELTA_AT)[0] + 1
+            base, length = BASE_AND_LENGTH.unpack_from(data, end)
+            batch_next = base + LAST_DELTA.unpack_from(data, end + LAST_DELTA_AT)[0] + 1
             if batch_next > upper:
                 break
             size = length + LOG_OVERHEAD

@@ -29,13 +29,19 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple
 
-from protocol.batch import HEADER, HEADER_SIZE, CorruptBatch, check_batch
+from protocol.batch import (
+    BASE_AND_LENGTH,
+    HEADER,
+    HEADER_SIZE,
+    LAST_DELTA,
+    LAST_DELTA_AT,
+    LOG_OVERHEAD,
+    CorruptBatch,
+    check_batch,
+)
 
 _INDEX_ENTRY = struct.Struct(">ii")  # relative offset, file position
 # The fields a header walk needs, by their byte positions in the batch header.
-_BASE_AND_LENGTH = struct.Struct(">qi")  # base_offset @0, batch_length @8
-_LAST_DELTA = struct.Struct(">i")  # last_offset_delta @22
-LAST_DELTA_AT = 22
 # Recovery and header scans read the file in chunks this big (a batch larger than a
 # chunk is read on its own), so a scan is a handful of preads, not one per batch.
 SCAN_CHUNK = 1 << 20
@@ -354,12 +360,12 @@ def walk_to(data: bytes | memoryview, offset: int) -> int | None:
     position = 0
     end = len(data)
     while position + HEADER_SIZE <= end:
-        base, length = _BASE_AND_LENGTH.unpack_from(data, position)
-        if base + _LAST_DELTA.unpack_from(data, position + LAST_DELTA_AT)[0] >= offset:
+        base, length = BASE_AND_LENGTH.unpack_from(data, position)
+        if base + LAST_DELTA.unpack_from(data, position + LAST_DELTA_AT)[0] >= offset:
             return position
-        if length + 12 < HEADER_SIZE:  # cannot happen below ``size``; never loop forever
+        if length + LOG_OVERHEAD < HEADER_SIZE:  # cannot happen below ``size``; never loop forever
             raise CorruptBatch(f"batch length {length} at byte {position} of a segment walk")
-        position += length + 12
+        position += length + LOG_OVERHEAD
     return None
 
 
@@ -389,7 +395,7 @@ def scan_segment(segment: Segment, *, verify: bool) -> ScanResult:
             chunk = segment.pread(min(chunk_size, file_size - position), position)
             chunk_start, rel = position, 0
         h = HEADER.unpack_from(chunk, rel)
-        base, size = h[0], h[1] + 12
+        base, size = h[0], h[1] + LOG_OVERHEAD
         if size < HEADER_SIZE:
             problem = f"bad batch length {h[1]}"
             break

@@ -53,8 +53,11 @@ def test_flush_makes_everything_ready():
     acc = RecordAccumulator(batch_size=10000, linger_ms=10_000, delivery_timeout_ms=120000)
     fill(acc, 1, partition=0)
     fill(acc, 1, partition=1)
-    acc.flushing += 1
+    assert acc.ready(0.0)[0] == []  # lingering
+    acc.begin_flush()
     assert sorted(acc.ready(0.0)[0]) == [("t", 0), ("t", 1)]
+    acc.end_flush()
+    assert acc.ready(0.0)[0] == []
 
 
 def test_pop_encodes_one_batch_readable_by_the_consumer_side():

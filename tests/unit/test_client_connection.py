@@ -114,3 +114,70 @@ async def test_unreachable_broker_is_one_clear_error(nursery):
         BrokerNotAvailable, match=f"cannot connect to 127.0.0.1:{port}: connection refused"
     ):
         await BrokerConnection.open(nursery, "127.0.0.1", port)
+
+
+class MetadataScript:
+    """Stands in for the network under Cluster.refresh: one metadata answer per refresh."""
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+
+    def body(self):
+        topic = self.answers.pop(0)
+        return {"brokers": [], "controller_id": -1, "topics": [topic] if topic else []}
+
+
+def missing(code):
+    return {"name": "t", "error_code": code, "partitions": []}
+
+
+PRESENT = {
+    "name": "t",
+    "error_code": 0,
+    "partitions": [
+        {
+            "partition": 0,
+            "error_code": 0,
+            "leader": 0,
+            "leader_epoch": 0,
+            "replicas": [0],
+            "isr": [0],
+        }
+    ],
+}
+
+
+async def scripted_cluster(nursery, answers):
+    from client.cluster import Cluster
+    from client.config import load_config
+
+    script = MetadataScript(answers)
+    cluster = Cluster(load_config("producer", {}), nursery)
+
+    async def any_request(api_key, body, timeout=None):
+        return script.body()
+
+    cluster.any_request = any_request
+    return cluster
+
+
+async def test_wait_for_topic_waits_out_not_yet_answers(nursery, autojump_clock):
+    cluster = await scripted_cluster(nursery, [missing(3), missing(5), None, PRESENT])
+    await cluster.wait_for_topic("t", timeout=60, backoff=1)
+    assert cluster.partition_count("t") == 1
+
+
+async def test_wait_for_topic_raises_another_error_at_once(nursery, autojump_clock):
+    from protocol.errors import InvalidTopic
+
+    cluster = await scripted_cluster(nursery, [missing(3), missing(17)])
+    with pytest.raises(InvalidTopic, match="topic 't'"):
+        await cluster.wait_for_topic("t", timeout=60, backoff=1)
+
+
+async def test_wait_for_topic_gives_up_after_its_timeout(nursery, autojump_clock):
+    from protocol.errors import UnknownTopicOrPartition
+
+    cluster = await scripted_cluster(nursery, [missing(3)] * 100)
+    with pytest.raises(UnknownTopicOrPartition, match="not in the cluster metadata after 5000 ms"):
+        await cluster.wait_for_topic("t", timeout=5, backoff=1)

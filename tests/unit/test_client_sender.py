@@ -107,3 +107,23 @@ async def test_delivery_timeout_ends_the_retries_with_the_last_error():
     assert result.code.name == "NOT_ENOUGH_REPLICAS"
     assert 2 <= len(cluster.requests) < 1000
     assert config["retries"] > len(cluster.requests)
+
+
+async def test_deliver_and_flush_skip_the_linger():
+    """What Producer.send and flush ask of the sender: a caller is waiting, so a batch
+    that would linger for 100 s goes now."""
+    config = load_config("producer", {"linger.ms": 100_000, "delivery.timeout.ms": 200_000})
+    cluster = ScriptedCluster([ok(5), ok(6)])
+    acc = RecordAccumulator(
+        config["batch.size"], config["linger.ms"], config["delivery.timeout.ms"]
+    )
+    sender = Sender(config, cluster, acc)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        with trio.fail_after(10):
+            batch, index, _ = acc.append("t", 0, (1, None, b"v", []), 11)
+            assert (await sender.deliver(DeliveryHandle(batch, index))).offset == 5
+            later, _, _ = acc.append("t", 0, (1, None, b"w", []), 11)
+            await sender.flush()
+        assert later.done.is_set() and acc.ready(0.0)[0] == []
+        nursery.cancel_scope.cancel()

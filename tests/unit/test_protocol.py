@@ -113,18 +113,20 @@ def test_request_round_trip_fills_defaults():
 )
 def test_wrong_shapes_name_the_problem(body, message):
     header = p.RequestHeader(0, 0, 1, None)
-    with pytest.raises(p.InvalidRequestError) as info:
+    with pytest.raises(p.InvalidRequest) as info:
         p.validate_request(header, body)
     assert message in str(info.value)
 
 
 def test_unknown_api_and_version():
-    with pytest.raises(p.UnsupportedVersionError, match="unknown api_key 999"):
+    with pytest.raises(p.UnsupportedVersion, match="unknown api_key 999"):
         p.validate_request(p.RequestHeader(999, 0, 1, None), {})
-    with pytest.raises(p.UnsupportedVersionError, match="PRODUCE version 9 is not supported"):
+    with pytest.raises(p.UnsupportedVersion, match="PRODUCE version 9 is not supported"):
         p.validate_request(p.RequestHeader(0, 9, 1, None), produce_body())
-    assert p.error_for_exception(p.UnsupportedVersionError("x")) is ErrorCode.UNSUPPORTED_VERSION
-    assert p.error_for_exception(p.InvalidRequestError("x")) is ErrorCode.INVALID_REQUEST
+    # One class per error: the decoder's verdicts are the exceptions named after their codes.
+    assert p.UnsupportedVersion("x").code is ErrorCode.UNSUPPORTED_VERSION
+    assert isinstance(p.InvalidRequest("x"), p.ProtocolError)
+    assert p.error_class(ErrorCode.INVALID_REQUEST) is p.InvalidRequest
 
 
 def test_envelope_errors():
