@@ -1,13 +1,21 @@
-"""Timer tasks and the buckets that hold them: a circular doubly linked list.
+"""Timer tasks and the buckets that hold them (Kafka's TimerTask, TimerTaskEntry and
+TimerTaskList): a circular doubly linked list whose sentinel is the bucket itself.
 
 A task carries its own link cells (``_prev``/``_next``/``_bucket``), so it is its own
 timer entry: linking and unlinking are O(1) with no entry object, and cancelling needs
-no search. Only the thread that owns the wheel touches these links.
+no search. This module is the only one that touches the link cells, and only the
+thread that owns the wheel calls into it.
+
+The entry half of a task is a small public contract with the timer that holds it:
+``expiration_ms`` and ``timer`` are set by ``Timer.add``; ``timer`` goes back to None
+when the task leaves (expired, cancelled, completed); ``sink`` names where the timer
+hands the task on expiry (None: the timer's default), set before the add; ``done``
+turns True once the task must never be handed to expiry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 
 class TimerTask:
@@ -15,42 +23,49 @@ class TimerTask:
 
     __slots__ = (
         "_bucket",
-        "_done",
         "_next",
         "_prev",
-        "_sink",
-        "_timer",
         "delay_ms",
+        "done",
         "expiration_ms",
+        "sink",
+        "timer",
     )
 
     def __init__(self, delay_ms: int) -> None:
         self.delay_ms = delay_ms
         self.expiration_ms = -1
-        self._prev: TimerTask | Bucket | None = None
-        self._next: TimerTask | Bucket | None = None
+        # _prev/_next are written before they are ever read (when a bucket links it).
         self._bucket: Bucket | None = None
-        # The timer that may still hold this task; None once expired or cancelled.
-        self._timer = None
-        # Where the timer hands this task when it expires (None: the timer's default).
-        self._sink: Callable[[list], None] | None = None
-        # True once the task must never be handed to expiry (cancelled, run, completed).
-        self._done = False
+        self.timer = None
+        self.sink: Callable[[list], None] | None = None
+        self.done = False
 
     def run(self) -> None:
         """Called once on expiry (on the timer's expiry path)."""
 
     def cancel(self) -> None:
-        """Take the task out of its timer; it will not run. Call from the owner thread."""
-        self._done = True
-        timer = self._timer
+        """Take the task out of its timer; it will not run. Safe from any thread."""
+        self.done = True
+        timer = self.timer
         if timer is not None:
-            self._timer = None
-            timer._cancel(self)
+            self.timer = None
+            timer.remove(self)
 
     @property
     def cancelled(self) -> bool:
-        return self._done
+        return self.done
+
+    def unlink(self) -> None:
+        """Leave the bucket holding it, if any (Kafka's TimerTaskEntry.remove)."""
+        bucket = self._bucket
+        if bucket is not None:
+            prev = self._prev
+            nxt = self._next
+            prev._next = nxt
+            nxt._prev = prev
+            self._prev = self._next = self._bucket = None
+            bucket.counter[0] -= 1
 
 
 class Bucket:
@@ -83,8 +98,9 @@ class Bucket:
         return True
 
     def add(self, task: TimerTask) -> None:
-        if task._bucket is not None:  # re-adding moves a task, never duplicates it
-            task._bucket.remove(task)
+        """Link ``task`` at the tail; re-adding moves a task, never duplicates it."""
+        if task._bucket is not None:
+            task.unlink()
         tail = self._prev
         task._prev = tail
         task._next = self
@@ -94,17 +110,15 @@ class Bucket:
         self.counter[0] += 1
 
     def remove(self, task: TimerTask) -> None:
-        if task._bucket is not self:
-            return
-        prev = task._prev
-        nxt = task._next
-        prev._next = nxt
-        nxt._prev = prev
-        task._prev = task._next = task._bucket = None
-        self.counter[0] -= 1
+        if task._bucket is self:
+            task.unlink()
 
-    def drain(self) -> list[TimerTask]:
-        """Unlink every task and return them in insertion order; reset the expiration."""
+    def take_all(self) -> list[TimerTask]:
+        """Unlink every task and return them in insertion order; reset the expiration.
+
+        The one unlink-all: ``flush`` and the timer's expiry both go through it, and a
+        list costs less than a call per task on the timer thread's hot path.
+        """
         out: list[TimerTask] = []
         append = out.append
         node = self._next
@@ -120,16 +134,5 @@ class Bucket:
 
     def flush(self, f: Callable[[TimerTask], object]) -> None:
         """Kafka's flush: remove every task, apply ``f`` to each."""
-        for task in self.drain():
+        for task in self.take_all():
             f(task)
-
-    def __iter__(self) -> Iterator[TimerTask]:
-        node = self._next
-        while node is not self:
-            nxt = node._next
-            if not node._done:
-                yield node
-            node = nxt
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
