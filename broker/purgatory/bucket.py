@@ -6,6 +6,11 @@ timer entry: linking and unlinking are O(1) with no entry object, and cancelling
 no search. This module is the only one that touches the link cells, and only the
 thread that owns the wheel calls into it.
 
+The timer thread links, unlinks and flushes hundreds of tasks per wake-up, so each of
+the three is written once, for many tasks (``Bucket.add_all``, ``unlink_all``,
+``Bucket.flush``): a Python call per task would cost more than the work. The one-task
+forms (``Bucket.add``, ``TimerTask.unlink``) call them.
+
 The entry half of a task is a small public contract with the timer that holds it:
 ``expiration_ms`` and ``timer`` are set by ``Timer.add``; ``timer`` goes back to None
 when the task leaves (expired, cancelled, completed); ``sink`` names where the timer
@@ -15,7 +20,7 @@ turns True once the task must never be handed to expiry.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 
 
 class TimerTask:
@@ -58,13 +63,19 @@ class TimerTask:
 
     def unlink(self) -> None:
         """Leave the bucket holding it, if any (Kafka's TimerTaskEntry.remove)."""
-        bucket = self._bucket
+        unlink_all((self,))
+
+
+def unlink_all(tasks: Iterable[TimerTask]) -> None:
+    """Take each task out of the bucket holding it; a task in none is left alone."""
+    for task in tasks:
+        bucket = task._bucket
         if bucket is not None:
-            prev = self._prev
-            nxt = self._next
+            prev = task._prev
+            nxt = task._next
             prev._next = nxt
             nxt._prev = prev
-            self._prev = self._next = self._bucket = None
+            task._prev = task._next = task._bucket = None
             bucket.counter[0] -= 1
 
 
@@ -98,27 +109,29 @@ class Bucket:
         return True
 
     def add(self, task: TimerTask) -> None:
-        """Link ``task`` at the tail; re-adding moves a task, never duplicates it."""
-        if task._bucket is not None:
-            task.unlink()
-        tail = self._prev
-        task._prev = tail
-        task._next = self
-        tail._next = task
-        self._prev = task
-        task._bucket = self
-        self.counter[0] += 1
+        """Link ``task`` at the tail (Kafka's TimerTaskList.add)."""
+        self.add_all((task,))
+
+    def add_all(self, tasks: Sequence[TimerTask]) -> None:
+        """Link each task at the tail, in order; re-adding moves a task, never duplicates it."""
+        for task in tasks:
+            if task._bucket is not None:
+                task.unlink()
+            tail = self._prev
+            task._prev = tail
+            task._next = self
+            tail._next = task
+            self._prev = task
+            task._bucket = self
+        self.counter[0] += len(tasks)
 
     def remove(self, task: TimerTask) -> None:
         if task._bucket is self:
             task.unlink()
 
-    def take_all(self) -> list[TimerTask]:
-        """Unlink every task and return them in insertion order; reset the expiration.
-
-        The one unlink-all: ``flush`` and the timer's expiry both go through it, and a
-        list costs less than a call per task on the timer thread's hot path.
-        """
+    def flush(self, f: Callable[[list[TimerTask]], object]) -> None:
+        """Kafka's flush: remove every task and reset the expiration, then apply ``f`` to
+        them: to the whole list in one call (in order), not to each."""
         out: list[TimerTask] = []
         append = out.append
         node = self._next
@@ -130,9 +143,4 @@ class Bucket:
         self._prev = self._next = self
         self.counter[0] -= len(out)
         self.expiration = -1
-        return out
-
-    def flush(self, f: Callable[[TimerTask], object]) -> None:
-        """Kafka's flush: remove every task, apply ``f`` to each."""
-        for task in self.take_all():
-            f(task)
+        f(out)

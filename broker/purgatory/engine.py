@@ -4,12 +4,14 @@ Kafka's addTimerTaskEntry / advanceClock.
 Whoever drives it (the timer thread, or a test's ManualTimer) is its only user, so
 nothing here locks. Tasks that come due collect in ``due`` until the driver takes them
 (``take_due``) and hands them out in one batch. Two choices keep it cheap: the bucket of
-the last deadline is cached (hundreds of adds share a millisecond at high rates), and a
-finest-level bucket that comes due is expired whole rather than re-added task by task.
+the last deadline is cached (hundreds of adds share a millisecond at high rates), so a
+run of them is linked by one ``Bucket.add_all``; and a finest-level bucket that comes
+due is expired whole rather than re-added task by task.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from heapq import heappop
 
 from .bucket import Bucket, TimerTask
@@ -32,20 +34,39 @@ class TimerEngine:
         return self.counter[0]
 
     def add(self, task: TimerTask) -> None:
-        """Kafka's addTimerTaskEntry: link the task, or if it is already due put it in
-        ``due`` (a done task is dropped)."""
-        if task.expiration_ms == self._cache_exp and not task.done:
-            # Same deadline as the last add and the wheel has not moved since: same
-            # bucket, already queued for this rotation.
-            self._cache_bucket.add(task)
-            return
-        bucket = self.wheel.add(task)
-        if bucket is not None:
-            self._cache_exp = task.expiration_ms
-            self._cache_bucket = bucket
-        elif not task.done:
-            task.timer = None  # it has left the timer
-            self.due.append(task)
+        """Kafka's addTimerTaskEntry for one task."""
+        self.add_all((task,))
+
+    def add_all(self, tasks: Iterable[TimerTask]) -> None:
+        """Kafka's addTimerTaskEntry for each task, in order: link it, or if it is already
+        due put it in ``due``; a done task is dropped."""
+        cache_exp = self._cache_exp
+        bucket = self._cache_bucket
+        run: list[TimerTask] = []  # tasks for the cached bucket, linked in one call
+        append = run.append
+        for task in tasks:
+            exp = task.expiration_ms
+            if exp == cache_exp:
+                # Same deadline as the task before, and the wheel has not moved since:
+                # same bucket, already queued for this rotation.
+                if not task.done:
+                    append(task)
+                continue
+            if run:
+                bucket.add_all(run)
+                run = []
+                append = run.append
+            placed = self.wheel.add(task)
+            if placed is not None:
+                cache_exp = exp
+                bucket = placed
+            elif not task.done:
+                task.timer = None  # it has left the timer
+                self.due.append(task)
+        if run:
+            bucket.add_all(run)
+        self._cache_exp = cache_exp
+        self._cache_bucket = bucket
 
     def take_due(self) -> list[TimerTask]:
         due = self.due
@@ -66,10 +87,13 @@ class TimerEngine:
             self.wheel.advance_clock(exp)
             if bucket.whole:
                 # Every task of a due finest-level bucket is due: no need to re-add each.
-                append = self.due.append
-                for task in bucket.take_all():
-                    if not task.done:
-                        task.timer = None
-                        append(task)
+                bucket.flush(self._expire_all)
             else:
-                bucket.flush(self.add)
+                bucket.flush(self.add_all)
+
+    def _expire_all(self, tasks: list[TimerTask]) -> None:
+        append = self.due.append
+        for task in tasks:
+            if not task.done:
+                task.timer = None  # it has left the timer
+                append(task)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from itertools import islice
 from time import monotonic_ns
 
-from .bucket import TimerTask
+from .bucket import TimerTask, unlink_all
 from .clock import Clock, ManualClock, MonotonicClock
 from .delivery import ExpireBatch, deliver, run_inline
 from .engine import TimerEngine
@@ -129,18 +130,17 @@ class SystemTimer:
     # --- timer thread -----------------------------------------------------------------
 
     def _drain(self) -> None:
-        """Link every handed-over task, then unlink every removed one."""
+        """Link every handed-over task, then unlink every removed one.
+
+        Other threads append meanwhile, so each deque is taken as far as its length now
+        (``islice`` over ``popleft``: C calls only); later ones wait for the next pass.
+        """
         adds = self._adds
         if adds:
-            add = self._engine.add
-            pop = adds.popleft
-            while adds:
-                add(pop())
+            self._engine.add_all(islice(iter(adds.popleft, None), len(adds)))
         removes = self._removes
         if removes:
-            pop = removes.popleft
-            while removes:
-                pop().unlink()
+            unlink_all(islice(iter(removes.popleft, None), len(removes)))
 
     def _run(self) -> None:
         engine = self._engine

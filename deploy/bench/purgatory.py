@@ -226,7 +226,7 @@ class WheelImpl:
         return self.purgatory.pending
 
     def close(self) -> None:
-        self.timer.close()
+        self.timer.shutdown()
 
 
 class NullImpl:

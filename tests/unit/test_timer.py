@@ -161,7 +161,8 @@ def test_bucket_expiration_set_once_per_rotation():
 
 
 def test_bucket_flush_applies_to_every_task_in_order_and_empties_it():
-    """Kafka's flush hands over done tasks too: its function (addTimerTaskEntry) drops them."""
+    """Kafka's flush hands over done tasks too: its function (addTimerTaskEntry) drops them.
+    Ours calls the function once, with the whole list."""
     counter = [0]
     bucket = Bucket(counter)
     tasks = [TimerTask(1) for _ in range(3)]
@@ -170,7 +171,7 @@ def test_bucket_flush_applies_to_every_task_in_order_and_empties_it():
     tasks[1].cancel()
     seen = []
     bucket.flush(seen.append)
-    assert seen == tasks and counter[0] == 0 and _members(bucket) == []
+    assert seen == [tasks] and counter[0] == 0 and _members(bucket) == []
     assert all(t._bucket is None and t._prev is None for t in tasks)
     bucket.add(tasks[0])  # the emptied sentinel links again
     assert _members(bucket) == [tasks[0]] and counter[0] == 1
