@@ -12,9 +12,11 @@ from broker.purgatory import (
     ManualClock,
     ManualTimer,
     SystemTimer,
+    Timer,
     TimerTask,
     TimingWheel,
 )
+from broker.purgatory.engine import TimerEngine
 from broker.purgatory.system_timer import DRAIN_BATCH, switch_interval_for
 from tests.waiting import wait_until
 
@@ -308,3 +310,52 @@ def test_switch_interval_is_one_tick_and_never_above_cpythons_default():
     assert switch_interval_for(1) == 0.001
     assert switch_interval_for(2) == 0.002
     assert switch_interval_for(50) == 0.005
+
+
+# --- the Timer protocol and the engine ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["manual", "system"])
+def test_both_timers_serve_the_timer_protocol(kind):
+    """Purgatory uses only add, remove, size (and the broker shutdown): both timers give
+    the same answers through them."""
+    clock = ManualClock(0)
+    out: list[int] = []
+    timer: Timer = ManualTimer(clock) if kind == "manual" else SystemTimer(clock=clock).start()
+    tasks = [Recorder(d, d, out) for d in (5, 5, 50)]
+    for task in tasks:
+        timer.add(task)
+    timer.remove(tasks[1])
+    wait_until(lambda: timer.size == 2, BOUND_S, "the remove", poll=0.002)
+    if kind == "manual":
+        assert timer.advance(4) is False and timer.advance(1) is True
+    else:
+        clock.advance(5)
+        assert timer.advance(0) is True  # the thread runs: this only hurries it
+    wait_until(lambda: out == [5], BOUND_S, "the first expiry", poll=0.002)
+    assert timer.size == 1
+    timer.shutdown()
+    clock.advance(100)
+    assert out == [5] and tasks[2].timer is timer  # shut down: the pending task never ran
+
+
+def test_engine_links_runs_of_a_deadline_and_hands_out_what_is_due():
+    """addTimerTaskEntry for many: tasks sharing a deadline go to one bucket in order;
+    a due task goes to ``due``; a done task is dropped."""
+    engine = TimerEngine(tick_ms=1, wheel_size=4, start_ms=100)
+    tasks = [TimerTask(0) for _ in range(6)]
+    for task, exp in zip(tasks, (102, 102, 100, 102, 130, 102), strict=True):
+        task.expiration_ms = exp
+    tasks[3].cancel()
+    engine.add_all(tasks)
+    assert engine.take_due() == [tasks[2]] and engine.size == 4
+    assert tasks[0]._bucket is tasks[1]._bucket is tasks[5]._bucket
+    assert _members(tasks[0]._bucket) == [tasks[0], tasks[1], tasks[5]]
+    engine.advance(102)
+    assert engine.take_due() == [tasks[0], tasks[1], tasks[5]]
+    # 130 went to an overflow wheel (tick 4): its bucket is due at 128, then cascades.
+    engine.advance(128)
+    assert engine.take_due() == [] and engine.size == 1
+    assert tasks[4]._bucket.whole  # now in the finest wheel
+    engine.advance(130)
+    assert engine.take_due() == [tasks[4]] and engine.size == 0
