@@ -3,8 +3,9 @@
 Threading contract. One *owner* thread (the broker's trio thread) calls
 ``try_complete_else_watch``, ``check_and_complete``, ``cancel_for_key``, ``maybe_purge``
 and runs ``expire_batch``: watcher lists are touched by that thread only, so they are
-plain lists with no lock. ``DelayedOperation.force_complete`` may be called from any
-thread; its one-shot claim keeps completion exactly-once.
+plain lists (``Watchers``) with no lock. ``DelayedOperation.force_complete`` may be
+called from any thread; its one-shot claim keeps completion exactly-once, and it counts
+the completion here through ``count_completion``.
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ class Purgatory:
         self._watched_ops = 0
         self._cancelled = 0
         self._expired = 0
-        # Completions (expiry included), counted by whichever thread completes an op: an
-        # itertools.count's __next__ is one C call, atomic under the GIL, no lock.
+        # Completions (expiry included), counted by whichever thread completes an op
+        # (force_complete calls count_completion): an itertools.count's __next__ is one C
+        # call, atomic under the GIL, so no lock; _completed() reads it.
         self._completions = itertools.count()
         self.count_completion = self._completions.__next__
         self._completion_reads = 0
@@ -127,7 +129,8 @@ class Purgatory:
             op.sink = self._sink
             self.timer.add(op)
             if op.is_completed:
-                # Completed by another thread between the check and the add: take it out.
+                # Completed by another thread between the check and the add: take it out
+                # of the timer (TimerTask.cancel: the op is completed, not cancelled).
                 TimerTask.cancel(op)
         if self._purging:
             if not watched & PURGE_STEP_MASK:
