@@ -50,16 +50,12 @@ class TimerTask:
         """Called once on expiry (on the timer's expiry path)."""
 
     def cancel(self) -> None:
-        """Take the task out of its timer; it will not run. Safe from any thread."""
+        """Take the task out of its timer; it will not run. Call from the owner thread."""
         self.done = True
         timer = self.timer
         if timer is not None:
             self.timer = None
             timer.remove(self)
-
-    @property
-    def cancelled(self) -> bool:
-        return self.done
 
     def unlink(self) -> None:
         """Leave the bucket holding it, if any (Kafka's TimerTaskEntry.remove)."""
