@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from itertools import islice
+from itertools import repeat, starmap
 from time import monotonic_ns
 
 from .bucket import TimerTask, unlink_all
@@ -132,15 +132,16 @@ class SystemTimer:
     def _drain(self) -> None:
         """Link every handed-over task, then unlink every removed one.
 
-        Other threads append meanwhile, so each deque is taken as far as its length now
-        (``islice`` over ``popleft``: C calls only); later ones wait for the next pass.
+        Other threads append meanwhile, so each deque is taken as far as its length now:
+        ``starmap`` calls ``popleft`` that many times, in C; later ones wait for the next
+        pass.
         """
         adds = self._adds
         if adds:
-            self._engine.add_all(islice(iter(adds.popleft, None), len(adds)))
+            self._engine.add_all(starmap(adds.popleft, repeat((), len(adds))))
         removes = self._removes
         if removes:
-            unlink_all(islice(iter(removes.popleft, None), len(removes)))
+            unlink_all(starmap(removes.popleft, repeat((), len(removes))))
 
     def _run(self) -> None:
         engine = self._engine
