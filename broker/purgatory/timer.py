@@ -16,7 +16,8 @@ class Timer(Protocol):
         """Schedule ``task`` to expire ``task.delay_ms`` from now (each task once)."""
 
     def remove(self, task: TimerTask) -> None:
-        """Take ``task`` out early (TimerTask.cancel calls it): O(1), from any thread."""
+        """Take ``task`` out early, O(1) (TimerTask.cancel and force_complete call it; a
+        SystemTimer takes it from any thread, a ManualTimer in its own)."""
 
     def advance(self, timeout_ms: int) -> bool:
         """Kafka's advanceClock: run what is due within ``timeout_ms``; True if any ran."""
