@@ -440,7 +440,7 @@ class Broker:
                 )
                 task_status.started()
         finally:
-            self.timer.close()
+            self.timer.shutdown()
             self.replica_manager.close()
             self.log.info("broker_stopped")
 

@@ -1,13 +1,26 @@
-"""Timer tasks and the buckets that hold them: a circular doubly linked list.
+"""Timer tasks and the buckets that hold them (Kafka's TimerTask, TimerTaskEntry and
+TimerTaskList): a circular doubly linked list whose sentinel is the bucket itself.
 
 A task carries its own link cells (``_prev``/``_next``/``_bucket``), so it is its own
 timer entry: linking and unlinking are O(1) with no entry object, and cancelling needs
-no search. Only the thread that owns the wheel touches these links.
+no search. This module is the only one that touches the link cells, and only the
+thread that owns the wheel calls into it.
+
+The timer thread links, unlinks and flushes hundreds of tasks per wake-up, so each of
+the three is written once, for many tasks (``Bucket.add_all``, ``unlink_all``,
+``Bucket.flush``): a Python call per task would cost more than the work. The one-task
+forms (``Bucket.add``, ``TimerTask.unlink``) call them.
+
+The entry half of a task is a small public contract with the timer that holds it:
+``expiration_ms`` and ``timer`` are set by ``Timer.add``; ``timer`` goes back to None
+when the task leaves (expired, cancelled, completed); ``sink`` names where the timer
+hands the task on expiry (None: the timer's default), set before the add; ``done``
+turns True once the task must never be handed to expiry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Sequence
 
 
 class TimerTask:
@@ -15,42 +28,51 @@ class TimerTask:
 
     __slots__ = (
         "_bucket",
-        "_done",
         "_next",
         "_prev",
-        "_sink",
-        "_timer",
         "delay_ms",
+        "done",
         "expiration_ms",
+        "sink",
+        "timer",
     )
 
     def __init__(self, delay_ms: int) -> None:
         self.delay_ms = delay_ms
         self.expiration_ms = -1
-        self._prev: TimerTask | Bucket | None = None
-        self._next: TimerTask | Bucket | None = None
+        # _prev/_next are written before they are ever read (when a bucket links it).
         self._bucket: Bucket | None = None
-        # The timer that may still hold this task; None once expired or cancelled.
-        self._timer = None
-        # Where the timer hands this task when it expires (None: the timer's default).
-        self._sink: Callable[[list], None] | None = None
-        # True once the task must never be handed to expiry (cancelled, run, completed).
-        self._done = False
+        self.timer = None
+        self.sink: Callable[[list], None] | None = None
+        self.done = False
 
     def run(self) -> None:
         """Called once on expiry (on the timer's expiry path)."""
 
     def cancel(self) -> None:
         """Take the task out of its timer; it will not run. Call from the owner thread."""
-        self._done = True
-        timer = self._timer
+        self.done = True
+        timer = self.timer
         if timer is not None:
-            self._timer = None
-            timer._cancel(self)
+            self.timer = None
+            timer.remove(self)
 
-    @property
-    def cancelled(self) -> bool:
-        return self._done
+    def unlink(self) -> None:
+        """Leave the bucket holding it, if any (Kafka's TimerTaskEntry.remove)."""
+        unlink_all((self,))
+
+
+def unlink_all(tasks: Iterable[TimerTask]) -> None:
+    """Take each task out of the bucket holding it; a task in none is left alone."""
+    for task in tasks:
+        bucket = task._bucket
+        if bucket is not None:
+            prev = task._prev
+            nxt = task._next
+            prev._next = nxt
+            nxt._prev = prev
+            task._prev = task._next = task._bucket = None
+            bucket.counter[0] -= 1
 
 
 class Bucket:
@@ -83,28 +105,29 @@ class Bucket:
         return True
 
     def add(self, task: TimerTask) -> None:
-        if task._bucket is not None:  # re-adding moves a task, never duplicates it
-            task._bucket.remove(task)
-        tail = self._prev
-        task._prev = tail
-        task._next = self
-        tail._next = task
-        self._prev = task
-        task._bucket = self
-        self.counter[0] += 1
+        """Link ``task`` at the tail (Kafka's TimerTaskList.add)."""
+        self.add_all((task,))
+
+    def add_all(self, tasks: Sequence[TimerTask]) -> None:
+        """Link each task at the tail, in order; re-adding moves a task, never duplicates it."""
+        for task in tasks:
+            if task._bucket is not None:
+                task.unlink()
+            tail = self._prev
+            task._prev = tail
+            task._next = self
+            tail._next = task
+            self._prev = task
+            task._bucket = self
+        self.counter[0] += len(tasks)
 
     def remove(self, task: TimerTask) -> None:
-        if task._bucket is not self:
-            return
-        prev = task._prev
-        nxt = task._next
-        prev._next = nxt
-        nxt._prev = prev
-        task._prev = task._next = task._bucket = None
-        self.counter[0] -= 1
+        if task._bucket is self:
+            task.unlink()
 
-    def drain(self) -> list[TimerTask]:
-        """Unlink every task and return them in insertion order; reset the expiration."""
+    def flush(self, f: Callable[[list[TimerTask]], object]) -> None:
+        """Kafka's flush: remove every task and reset the expiration, then apply ``f`` to
+        them: to the whole list in one call (in order), not to each."""
         out: list[TimerTask] = []
         append = out.append
         node = self._next
@@ -116,20 +139,4 @@ class Bucket:
         self._prev = self._next = self
         self.counter[0] -= len(out)
         self.expiration = -1
-        return out
-
-    def flush(self, f: Callable[[TimerTask], object]) -> None:
-        """Kafka's flush: remove every task, apply ``f`` to each."""
-        for task in self.drain():
-            f(task)
-
-    def __iter__(self) -> Iterator[TimerTask]:
-        node = self._next
-        while node is not self:
-            nxt = node._next
-            if not node._done:
-                yield node
-            node = nxt
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
+        f(out)

@@ -15,7 +15,7 @@ ExpireBatch = Callable[[list], None]
 def run_inline(batch: list[TimerTask]) -> None:
     """The default expiry path: run each task here, on the timer's thread."""
     for task in batch:
-        task._done = True
+        task.done = True
         try:
             task.run()
         except Exception:
@@ -29,18 +29,18 @@ def deliver(expired: list[TimerTask], default: ExpireBatch) -> None:
     Several purgatories may share one timer; nearly always a wake-up expires tasks of one
     owner only, so that case is a single pass and a single call.
     """
-    sink = expired[0]._sink
+    sink = expired[0].sink
     for task in expired:
-        if task._sink is not sink:
+        if task.sink is not sink:
             break
     else:
         _call(sink or default, expired)
         return
     groups: dict[ExpireBatch | None, list[TimerTask]] = {}
     for task in expired:
-        group = groups.get(task._sink)
+        group = groups.get(task.sink)
         if group is None:
-            groups[task._sink] = [task]
+            groups[task.sink] = [task]
         else:
             group.append(task)
     for sink, batch in groups.items():

@@ -1,26 +1,31 @@
-"""The single-threaded core shared by both timers: wheel + delay queue of buckets.
+"""The single-threaded core of both timers: the wheel, its delay queue of buckets, and
+Kafka's addTimerTaskEntry / advanceClock.
 
 Whoever drives it (the timer thread, or a test's ManualTimer) is its only user, so
-nothing here locks. Hot-path choices: the bucket for the last expiration is cached
-(hundreds of adds share a millisecond at high rates), and a finest-level bucket that
-comes due is expired whole rather than re-added task by task.
+nothing here locks. Tasks that come due collect in ``due`` until the driver takes them
+(``take_due``) and hands them out in one batch. Two choices keep it cheap: the bucket of
+the last deadline is cached (hundreds of adds share a millisecond at high rates), so a
+run of them is linked by one ``Bucket.add_all``; and a finest-level bucket that comes
+due is expired whole rather than re-added task by task.
 """
 
 from __future__ import annotations
 
-from heapq import heappop, heappush
+from collections.abc import Iterable
+from heapq import heappop
 
 from .bucket import Bucket, TimerTask
 from .wheel import TimingWheel
 
 
 class TimerEngine:
-    __slots__ = ("_cache_bucket", "_cache_exp", "counter", "queue", "wheel")
+    __slots__ = ("_cache_bucket", "_cache_exp", "counter", "due", "queue", "wheel")
 
     def __init__(self, tick_ms: int, wheel_size: int, start_ms: int) -> None:
         self.counter = [0]
         self.queue: list[tuple[int, Bucket]] = []
         self.wheel = TimingWheel(tick_ms, wheel_size, start_ms, self.counter, self.queue)
+        self.due: list[TimerTask] = []
         self._cache_exp = None  # matches no deadline (they may be negative)
         self._cache_bucket: Bucket | None = None
 
@@ -28,118 +33,67 @@ class TimerEngine:
     def size(self) -> int:
         return self.counter[0]
 
-    def insert(self, task: TimerTask) -> bool:
-        """Link the task; False if it is cancelled or already due (the caller expires it)."""
-        exp = task.expiration_ms
-        if exp == self._cache_exp and not task._done:
-            # Same deadline as the previous add and the wheel has not moved since: same
-            # bucket, already queued for this rotation. Inline link (Bucket.add).
-            bucket = self._cache_bucket
-            tail = bucket._prev
-            task._prev = tail
-            task._next = bucket
-            tail._next = task
-            bucket._prev = task
-            task._bucket = bucket
-            self.counter[0] += 1
-            return True
-        bucket = self.wheel.place(task)
-        if bucket is None:
-            return False
-        self._cache_exp = exp
-        self._cache_bucket = bucket
-        return True
+    def add(self, task: TimerTask) -> None:
+        """Kafka's addTimerTaskEntry for one task."""
+        self.add_all((task,))
 
-    def remove(self, task: TimerTask) -> None:
-        bucket = task._bucket
-        if bucket is not None:
-            bucket.remove(task)
+    def add_all(self, tasks: Iterable[TimerTask]) -> None:
+        """Kafka's addTimerTaskEntry for each task, in order: link it, or if it is already
+        due put it in ``due``; a done task is dropped."""
+        cache_exp = self._cache_exp
+        bucket = self._cache_bucket
+        run: list[TimerTask] = []  # tasks for the cached bucket, linked in one call
+        append = run.append
+        for task in tasks:
+            exp = task.expiration_ms
+            if exp == cache_exp:
+                # Same deadline as the task before, and the wheel has not moved since:
+                # same bucket, already queued for this rotation.
+                if not task.done:
+                    append(task)
+                continue
+            if run:
+                bucket.add_all(run)
+                run = []
+                append = run.append
+            placed = self.wheel.add(task)
+            if placed is not None:
+                cache_exp = exp
+                bucket = placed
+            elif not task.done:
+                task.timer = None  # it has left the timer
+                self.due.append(task)
+        if run:
+            bucket.add_all(run)
+        self._cache_exp = cache_exp
+        self._cache_bucket = bucket
+
+    def take_due(self) -> list[TimerTask]:
+        due = self.due
+        self.due = []
+        return due
 
     def next_expiration(self) -> int | None:
         queue = self.queue
         return queue[0][0] if queue else None
 
-    def poll_due(self, now_ms: int, expired: list[TimerTask]) -> None:
-        """Advance through every bucket due at ``now_ms``; append expired live tasks."""
+    def advance(self, now_ms: int) -> None:
+        """Kafka's advanceClock: move through every bucket due at ``now_ms``."""
         queue = self.queue
-        wheel = self.wheel
-        append = expired.append
         while queue and queue[0][0] <= now_ms:
             exp, bucket = heappop(queue)
-            # The wheel moves: cached bucket may start a new rotation, so forget it.
-            self._cache_exp = None  # matches no deadline (they may be negative)
-            wheel.advance_clock(exp)
+            # The wheel moves: the cached bucket may start a new rotation, so forget it.
+            self._cache_exp = None
+            self.wheel.advance_clock(exp)
             if bucket.whole:
-                # Every task in a due finest-level bucket is due: unlink and hand out the
-                # live ones in one pass (Bucket.drain fused with the filter).
-                node = bucket._next
-                unlinked = 0
-                while node is not bucket:
-                    task = node
-                    node = task._next
-                    task._prev = task._next = task._bucket = None
-                    unlinked += 1
-                    if not task._done:
-                        task._timer = None
-                        append(task)
-                bucket._prev = bucket._next = bucket
-                bucket.expiration = -1
-                self.counter[0] -= unlinked
+                # Every task of a due finest-level bucket is due: no need to re-add each.
+                bucket.flush(self._expire_all)
             else:
-                self._cascade(bucket, append)
+                bucket.flush(self.add_all)
 
-    def _cascade(self, bucket: Bucket, append) -> None:
-        """Re-add every task of a due coarser bucket (Kafka's flush), inlined for level 0.
-
-        Nearly all of them land in the finest wheel, and runs of them share a deadline, so
-        the level-0 placement and the link are done here rather than by a call per task.
-        """
-        wheel = self.wheel
-        tick = wheel.tick_ms
-        size = wheel.wheel_size
-        buckets = wheel.buckets
-        due_before = wheel.current_ms + tick
-        level0_before = wheel.current_ms + wheel.interval
-        queue = self.queue
-        cache_exp = None
-        target = bucket  # never used before cache_exp is set
-        node = bucket._next
-        bucket._prev = bucket._next = bucket
-        bucket.expiration = -1
-        moved = 0
-        while node is not bucket:
-            task = node
-            node = task._next
-            if task._done:
-                task._prev = task._next = task._bucket = None
-                moved -= 1
-                continue
-            exp = task.expiration_ms
-            if exp != cache_exp:
-                if exp < due_before:  # due now: hand it out
-                    task._prev = task._next = task._bucket = None
-                    task._timer = None
-                    append(task)
-                    moved -= 1
-                    continue
-                if exp >= level0_before:  # still far off: a coarser wheel takes it
-                    task._prev = task._next = task._bucket = None
-                    moved -= 1
-                    self.insert(task)
-                    continue
-                vid = exp // tick
-                target = buckets[vid % size]
-                if target.expiration != vid * tick:
-                    target.expiration = vid * tick
-                    heappush(queue, (target.expiration, target))
-                cache_exp = exp
-            tail = target._prev
-            task._prev = tail
-            task._next = target
-            tail._next = task
-            target._prev = task
-            task._bucket = target
-        self.counter[0] += moved
-        if cache_exp is not None:
-            self._cache_exp = cache_exp
-            self._cache_bucket = target
+    def _expire_all(self, tasks: list[TimerTask]) -> None:
+        append = self.due.append
+        for task in tasks:
+            if not task.done:
+                task.timer = None  # it has left the timer
+                append(task)

@@ -1,4 +1,4 @@
-"""A timer for tests: the same wheel, driven inline by a ManualClock (Kafka's MockTimer)."""
+"""A timer for tests: the same engine, driven inline by a ManualClock (Kafka's MockTimer)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from .engine import TimerEngine
 
 
 class ManualTimer:
-    """Adds, cancels and expiry all happen in the calling thread, at once.
+    """Adds, removes and expiry all happen in the calling thread, at once.
 
     Moving the clock (``advance`` here or on the clock) runs every task that is due, in
     the thread that moved it. A task added already due runs inline, as in MockTimer.
@@ -25,38 +25,41 @@ class ManualTimer:
         self.clock = clock or ManualClock()
         self._engine = TimerEngine(tick_ms, wheel_size, self.clock.now_ms())
         self._expire_batch = expire_batch or run_inline
-        self.clock.subscribe(self.advance_clock)
+        self._ran = False
+        self.clock.subscribe(self._run_due)
 
     def add(self, task: TimerTask) -> None:
         task.expiration_ms = self.clock.now_ms() + task.delay_ms
-        task._timer = self
-        if not self._engine.insert(task) and not task._done:
-            task._timer = None
-            deliver([task], self._expire_batch)
+        task.timer = self
+        self._engine.add(task)
+        self._run_due()
 
-    def _cancel(self, task: TimerTask) -> None:
-        self._engine.remove(task)
+    def remove(self, task: TimerTask) -> None:
+        task.unlink()
 
     @property
     def size(self) -> int:
-        return self._engine.counter[0]
+        return self._engine.size
 
-    def advance(self, ms: int) -> None:
-        self.clock.advance(ms)
-
-    def advance_clock(self) -> bool:
-        """Expire everything due now; True if anything expired."""
-        any_expired = False
-        while True:
-            expired: list[TimerTask] = []
-            self._engine.poll_due(self.clock.now_ms(), expired)
-            if not expired:
-                return any_expired
-            any_expired = True
-            deliver(expired, self._expire_batch)
+    def advance(self, timeout_ms: int) -> bool:
+        """Move the clock ``timeout_ms`` on; True if any task expired."""
+        self._ran = False
+        self.clock.advance(timeout_ms)
+        return self._ran
 
     def next_expiration(self) -> int | None:
         return self._engine.next_expiration()
 
-    def close(self) -> None:
-        self.clock.unsubscribe(self.advance_clock)
+    def shutdown(self) -> None:
+        self.clock.unsubscribe(self._run_due)
+
+    def _run_due(self) -> None:
+        """Expire everything due now (called after every move of the clock)."""
+        engine = self._engine
+        while True:
+            engine.advance(self.clock.now_ms())
+            expired = engine.take_due()
+            if not expired:
+                return
+            self._ran = True
+            deliver(expired, self._expire_batch)

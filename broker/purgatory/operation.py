@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 from .bucket import TimerTask
 
 # The one-shot claim: each op gets an iterator over range(1, 2); ``next(it, 0)`` is a single
@@ -18,21 +16,19 @@ class DelayedOperation(TimerTask):
 
     Completion is a one-shot claim (``next(_claim, 0)``, one C call, atomic under the GIL), so
     whatever races (a trigger, the expiry path, a completer thread) exactly one caller
-    wins, without a lock per operation. ``Purgatory.expire_batch`` makes the same claim
-    inline, so ``force_complete`` is not a hook: override the three methods below.
+    wins, without a lock per operation. ``force_complete`` is that claim, and the only
+    one: ``Purgatory.expire_batch`` calls it too. Override the three hooks below, not it.
     """
 
-    __slots__ = ("_claim", "_completed", "_owner")
+    __slots__ = ("_claim", "is_completed", "owner")
 
     def __init__(self, delay_ms: int) -> None:
-        # Fields set here rather than via TimerTask.__init__: one call less per operation.
-        # _prev/_next are written before they are ever read (when the timer links it).
-        self.delay_ms = delay_ms
-        self.expiration_ms = -1
-        self._bucket = self._timer = self._sink = self._owner = None
-        self._done = self._completed = False
+        TimerTask.__init__(self, delay_ms)  # not super(): no proxy object per operation
+        # Read freely (a plain slot: purges read it per watcher entry); written here only.
+        self.is_completed = False
         self._claim = iter(_CLAIM)
-        # _owner: the Purgatory watching it, which counts its completion.
+        # The Purgatory watching it (it sets this): told of the completion or cancel.
+        self.owner = None
 
     # --- subclass hooks ---------------------------------------------------------------
 
@@ -53,20 +49,16 @@ class DelayedOperation(TimerTask):
         """Complete now; True only for the one caller that did it. Safe from any thread."""
         if not next(self._claim, 0):
             return False  # someone else completed it (or is completing it)
-        self._completed = self._done = True
-        timer = self._timer
+        self.is_completed = self.done = True
+        timer = self.timer
         if timer is not None:  # O(1): leave the timer at once
-            self._timer = None
-            timer._cancel(self)
-        owner = self._owner
+            self.timer = None
+            timer.remove(self)
+        owner = self.owner
         if owner is not None:
-            next(owner._finished)
+            owner.count_completion()
         self.on_complete()
         return True
-
-    @property
-    def is_completed(self) -> bool:
-        return self._completed
 
     def run(self) -> None:
         """The timeout path: onComplete, then onExpiration (Kafka's order)."""
@@ -75,15 +67,10 @@ class DelayedOperation(TimerTask):
 
     def cancel(self) -> None:
         """Leave the timer without completing (cancel_for_key). Call from the owner thread."""
-        if self._completed:
+        if self.is_completed:
             return
-        owner = self._owner
+        owner = self.owner
         if owner is not None:
-            self._owner = None
-            owner._cancelled += 1
-        super().cancel()
-
-
-def counter_value(counter: itertools.count) -> int:
-    """Read an itertools.count without advancing it (stats only, not the hot path)."""
-    return int(repr(counter)[6:-1])
+            self.owner = None
+            owner.count_cancel()
+        TimerTask.cancel(self)

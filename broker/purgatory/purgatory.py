@@ -3,19 +3,20 @@
 Threading contract. One *owner* thread (the broker's trio thread) calls
 ``try_complete_else_watch``, ``check_and_complete``, ``cancel_for_key``, ``maybe_purge``
 and runs ``expire_batch``: watcher lists are touched by that thread only, so they are
-plain lists with no lock. ``DelayedOperation.force_complete`` may be called from any
-thread; its one-shot claim keeps completion exactly-once.
+plain lists (``Watchers``) with no lock. ``DelayedOperation.force_complete`` may be
+called from any thread; its one-shot claim keeps completion exactly-once, and it counts
+the completion here through ``count_completion``.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Hashable, Iterable
-from time import monotonic_ns
 
 from .bucket import TimerTask
-from .operation import DelayedOperation, counter_value
-from .system_timer import DRAIN_MASK, SystemTimer
+from .operation import DelayedOperation
+from .timer import Timer
+from .watchers import Watchers
 
 ExpiryHandoff = Callable[[list], None]
 
@@ -33,7 +34,8 @@ PURGE_PACE = 0.5
 class Purgatory:
     """Kafka's DelayedOperationPurgatory for one kind of operation.
 
-    ``timer`` is a SystemTimer or ManualTimer (several purgatories may share one).
+    ``timer`` is any Timer: a SystemTimer or a ManualTimer (several purgatories may share
+    one).
     Expired operations reach ``expire_batch`` through ``expiry_handoff``: by default the
     timer thread calls ``expire_batch`` itself; the broker passes a function that does
     ``trio_token.run_sync_soon(purgatory.expire_batch, batch)``.
@@ -45,19 +47,17 @@ class Purgatory:
     def __init__(
         self,
         name: str,
-        timer,
+        timer: Timer,
         purge_interval: int = 1000,
         *,
         expiry_handoff: ExpiryHandoff | None = None,
         purge_dead_share: float = 0.5,
-        owns_timer: bool = False,
     ) -> None:
         self.name = name
         self.timer = timer
         self.purge_interval = purge_interval
         self.purge_dead_share = purge_dead_share
-        self.owns_timer = owns_timer
-        self._watchers: dict[Hashable, list[DelayedOperation]] = {}
+        self._watchers: dict[Hashable, Watchers] = {}
         self._handoff: ExpiryHandoff = expiry_handoff or self.expire_batch
         # Stored once: the timer groups expired ops by sink identity, and a bound method
         # made afresh on every access would be a new object (and an allocation) per op.
@@ -69,13 +69,13 @@ class Purgatory:
         self._next_check = self._check_step
         self._watched_ops = 0
         self._cancelled = 0
-        # Completions by force_complete, advanced by whichever thread completes an op;
-        # expire_batch counts its own in _expired (owner thread only).
-        self._finished = itertools.count()
         self._expired = 0
-        # When the timer is a SystemTimer on the monotonic clock, try_complete_else_watch
-        # does SystemTimer.add inline (same steps, one Python call less per op).
-        self._inline_add = type(timer) is SystemTimer and timer._monotonic
+        # Completions (expiry included), counted by whichever thread completes an op
+        # (force_complete calls count_completion): an itertools.count's __next__ is one C
+        # call, atomic under the GIL, so no lock; _completed() reads it.
+        self._completions = itertools.count()
+        self.count_completion = self._completions.__next__
+        self._completion_reads = 0
         self._purges = 0
         # The running purge: keys still to compact, and the list being compacted now
         # (its key, how far it is scanned, its length when the scan began, the live ops).
@@ -88,7 +88,6 @@ class Purgatory:
         self._purge_live: list[DelayedOperation] = []
         self._purge_budget = PURGE_STEP_MIN  # entries per step, set as each purge starts
         self._checking = False
-        self._closed = False
 
     def set_expiry_handoff(self, handoff: ExpiryHandoff) -> None:
         self._handoff = handoff
@@ -113,35 +112,25 @@ class Purgatory:
             raise ValueError("an operation must be watched on at least one key")
         if op.try_complete():
             return True
-        op._owner = self
+        op.owner = self
         watched = self._watched_ops = self._watched_ops + 1  # E grows with it
         watchers = self._watchers
         for key in keys:
-            if op._completed:  # completed meanwhile (another thread): stop watching (KAFKA-18027)
+            if op.is_completed:  # completed meanwhile (another thread): stop watching (KAFKA-18027)
                 break
             ops = watchers.get(key)
             if ops is None:
-                watchers[key] = [op]
+                watchers[key] = Watchers((op,))
             else:
-                ops.append(op)
+                ops.watch(op)
         if op.try_complete():
             return True
-        if not op._completed:
-            op._sink = self._sink
-            timer = self.timer
-            if self._inline_add:
-                # SystemTimer.add, inlined (see there for why the wake check follows).
-                exp = monotonic_ns() // 1_000_000 + op.delay_ms
-                op.expiration_ms = exp
-                op._timer = timer
-                adds = timer._adds
-                adds.append(op)
-                if exp < timer._wake_at or not len(adds) & DRAIN_MASK:
-                    timer._wake.set()
-            else:
-                timer.add(op)
-            if op._completed:
-                # Completed by another thread between the check and the add: take it out.
+        if not op.is_completed:
+            op.sink = self._sink
+            self.timer.add(op)
+            if op.is_completed:
+                # Completed by another thread between the check and the add: take it out
+                # of the timer (TimerTask.cancel: the op is completed, not cancelled).
                 TimerTask.cancel(op)
         if self._purging:
             if not watched & PURGE_STEP_MASK:
@@ -155,22 +144,11 @@ class Purgatory:
         ops = self._watchers.get(key)
         if not ops:
             return 0
-        completed = 0
-        survivors = []
-        n = len(ops)
         self._checking = True
         try:
-            for op in ops[:n]:
-                if op._completed:
-                    continue
-                if op.try_complete():
-                    completed += 1
-                else:
-                    survivors.append(op)
+            completed = ops.try_complete_watched()
         finally:
             self._checking = False
-        # Keep ops appended to this key while we ran callbacks (re-entrant watch).
-        ops[:n] = survivors
         if ops is self._purge_list:
             # Just compacted here: the purge's partial scan of it is void.
             self._purge_list = None
@@ -182,39 +160,24 @@ class Purgatory:
     def cancel_for_key(self, key: Hashable) -> list[DelayedOperation]:
         """Stop watching ``key``; its ops leave the timer uncompleted and are returned."""
         ops = self._watchers.pop(key, None)
-        if not ops:
-            return []
-        cancelled = [op for op in ops if not op._completed]
-        for op in cancelled:
-            op.cancel()
-        return cancelled
+        return ops.cancel() if ops else []
 
     def expire_batch(self, batch: list[DelayedOperation]) -> int:
-        """Expire a batch the timer handed over; returns how many this call expired.
-
-        Per op this is ``if op.force_complete(): op.on_expiration()``, with the claim
-        inlined and the count kept once per batch: a batch is hundreds of ops.
-        """
+        """Expire a batch the timer handed over; returns how many this call expired."""
         expired = 0
         try:
             for op in batch:
-                if not next(op._claim, 0):  # the claim, as in force_complete
-                    continue  # a trigger got there first
-                op._completed = op._done = True
-                timer = op._timer
-                if timer is not None:  # not from a timer that already let go of it
-                    op._timer = None
-                    timer._cancel(op)
-                owner = op._owner
-                if owner is self:
-                    expired += 1
-                elif owner is not None:
-                    next(owner._finished)
-                op.on_complete()
-                op.on_expiration()
+                if op.force_complete():  # a trigger may have got there first
+                    if op.owner is self:
+                        expired += 1
+                    op.on_expiration()
         finally:
             self._expired += expired
         return expired
+
+    def count_cancel(self) -> None:
+        """An op watched here was cancelled (DelayedOperation.cancel; owner thread)."""
+        self._cancelled += 1
 
     def maybe_purge(self, *, paced: bool = False) -> bool:
         """Seed's estimated-count purge: start one only when E - pending > purge_interval.
@@ -236,11 +199,6 @@ class Purgatory:
         self._start_purge(pending)
         self._purge_step(self._purge_budget if paced else None)
         return True
-
-    def purge(self) -> None:
-        """Drop completed ops from every watcher list now; remove emptied keys."""
-        self._start_purge(self.pending)
-        self._purge_step(None)
 
     def _start_purge(self, pending: int) -> None:
         self._purges += 1
@@ -285,7 +243,7 @@ class Purgatory:
             end = self._purge_end
             stop = end if left is None else min(end, pos + left)
             live = self._purge_live
-            live += [op for op in ops[pos:stop] if not op._completed]
+            live += [op for op in ops[pos:stop] if not op.is_completed]
             if left is not None:
                 left -= stop - pos
             if stop < end:
@@ -301,35 +259,34 @@ class Purgatory:
                 elif len(live) != end:
                     ops[:end] = live
 
-    def shutdown(self) -> None:
-        """Pending ops are neither completed nor expired (Kafka); close an owned timer."""
-        self._closed = True
-        self._watchers.clear()
-        self._purging = False
-        self._purge_keys = []
-        self._purge_list = None
-        self._purge_live = []
-        if self.owns_timer:
-            self.timer.close()
-
     # --- metrics ----------------------------------------------------------------------
 
     @property
     def pending(self) -> int:
         """Ops watched here and not yet completed, expired or cancelled."""
-        return self._watched_ops - counter_value(self._finished) - self._expired - self._cancelled
+        return self._watched_ops - self._completed() - self._cancelled
+
+    def _completed(self) -> int:
+        """Completions so far, expiry included (owner thread).
+
+        ``next`` is the only way to read an itertools.count, and it advances it: each read
+        is one more call to subtract, so this counts its own reads.
+        """
+        completed = next(self._completions) - self._completion_reads
+        self._completion_reads += 1
+        return completed
 
     def watched(self) -> int:
         """Kafka's PurgatorySize: entries on all lists (O(keys); over-counts by design)."""
         return sum(len(ops) for ops in self._watchers.values())
 
     def stats(self) -> dict:
-        finished = counter_value(self._finished)  # completions other than expiry here
+        completed = self._completed()
         return {
             "name": self.name,
-            "pending": self._watched_ops - finished - self._expired - self._cancelled,
+            "pending": self._watched_ops - completed - self._cancelled,
             "watched": self.watched(),
-            "completed": finished,
+            "completed": completed - self._expired,  # by a trigger or a completer
             "expired": self._expired,
             "purges": self._purges,
             "estimated": self._watched_ops - self._estimate_base,

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from itertools import repeat, starmap
 from time import monotonic_ns
 
-from .bucket import TimerTask
+from .bucket import TimerTask, unlink_all
 from .clock import Clock, ManualClock, MonotonicClock
 from .delivery import ExpireBatch, deliver, run_inline
 from .engine import TimerEngine
@@ -65,10 +66,10 @@ class SystemTimer:
         )
         self._expire_batch = expire_batch or run_inline
         self._adds: deque[TimerTask] = deque()
-        self._cancels: deque[TimerTask] = deque()
-        # A cancel is one C call on the caller's thread (no Python frame): the timer thread
+        self._removes: deque[TimerTask] = deque()
+        # A remove is one C call on the caller's thread (no Python frame): the timer thread
         # unlinks the task on its next wake-up.
-        self._cancel = self._cancels.append
+        self.remove = self._removes.append
         self._wake = threading.Event()
         self._wake_at: float = _AWAKE
         self._closing = False
@@ -87,7 +88,7 @@ class SystemTimer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.shutdown()
 
     # --- any thread -------------------------------------------------------------------
 
@@ -98,7 +99,7 @@ class SystemTimer:
         else:
             exp = self._now() + task.delay_ms
         task.expiration_ms = exp
-        task._timer = self
+        task.timer = self
         adds = self._adds
         adds.append(task)
         # Read after the append: the thread publishes its wake time *before* its last look
@@ -106,12 +107,18 @@ class SystemTimer:
         if exp < self._wake_at or not len(adds) & DRAIN_MASK:
             self._wake.set()
 
+    def advance(self, timeout_ms: int = 0) -> bool:
+        """The timer thread advances the wheel itself; this only hurries it: wake it now
+        to run whatever is due (True while the thread runs)."""
+        self._wake.set()
+        return self._thread.is_alive()
+
     @property
     def size(self) -> int:
-        """Live tasks: linked, or handed over and not yet linked, minus cancels in flight."""
-        return max(0, self._engine.counter[0] + len(self._adds) - len(self._cancels))
+        """Live tasks: linked, or handed over and not yet linked, minus removes in flight."""
+        return max(0, self._engine.size + len(self._adds) - len(self._removes))
 
-    def close(self, timeout: float = 5.0) -> None:
+    def shutdown(self, timeout: float = 5.0) -> None:
         """Stop the thread; pending tasks are not run."""
         self._closing = True
         self._wake.set()
@@ -122,53 +129,19 @@ class SystemTimer:
 
     # --- timer thread -----------------------------------------------------------------
 
-    def _drain(self, expired: list[TimerTask]) -> None:
-        """Link every handed-over task, then unlink every cancelled one.
+    def _drain(self) -> None:
+        """Link every handed-over task, then unlink every removed one.
 
-        This runs once per wake-up for hundreds of tasks while the other threads wait for
-        the GIL, so the common cases are inlined: a task with the same deadline as the one
-        before goes into the cached bucket (TimerEngine.insert's fast path), and a cancel
-        unlinks in place (Bucket.remove).
+        Other threads append meanwhile, so each deque is taken as far as its length now:
+        ``starmap`` calls ``popleft`` that many times, in C; later ones wait for the next
+        pass.
         """
-        engine = self._engine
         adds = self._adds
         if adds:
-            insert = engine.insert
-            pop = adds.popleft
-            cache_exp = engine._cache_exp
-            bucket = engine._cache_bucket
-            linked = 0
-            while adds:
-                task = pop()
-                if task.expiration_ms == cache_exp and not task._done:
-                    tail = bucket._prev
-                    task._prev = tail
-                    task._next = bucket
-                    tail._next = task
-                    bucket._prev = task
-                    task._bucket = bucket
-                    linked += 1
-                elif insert(task):
-                    cache_exp = engine._cache_exp
-                    bucket = engine._cache_bucket
-                elif not task._done:
-                    task._timer = None
-                    expired.append(task)
-            engine.counter[0] += linked
-        cancels = self._cancels
-        if cancels:
-            pop = cancels.popleft
-            unlinked = 0
-            while cancels:
-                task = pop()
-                if task._bucket is not None:
-                    prev = task._prev
-                    nxt = task._next
-                    prev._next = nxt
-                    nxt._prev = prev
-                    task._prev = task._next = task._bucket = None
-                    unlinked += 1
-            engine.counter[0] -= unlinked
+            self._engine.add_all(starmap(adds.popleft, repeat((), len(adds))))
+        removes = self._removes
+        if removes:
+            unlink_all(starmap(removes.popleft, repeat((), len(removes))))
 
     def _run(self) -> None:
         engine = self._engine
@@ -181,9 +154,9 @@ class SystemTimer:
             self._wake_at = _AWAKE
             self.wakeups += 1
             while True:
-                expired: list[TimerTask] = []
-                self._drain(expired)
-                engine.poll_due(now(), expired)
+                self._drain()
+                engine.advance(now())
+                expired = engine.take_due()
                 if expired:
                     deliver(expired, self._expire_batch)
                 nxt = engine.next_expiration()

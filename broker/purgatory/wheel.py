@@ -61,9 +61,10 @@ class TimingWheel:
         )
         return self.overflow
 
-    def place(self, task: TimerTask) -> Bucket | None:
-        """Link ``task`` into its bucket and return it; None if cancelled or already due."""
-        if task._done:
+    def add(self, task: TimerTask) -> Bucket | None:
+        """Kafka's add: link ``task`` into its bucket and return that bucket (Kafka returns
+        true); None (Kafka: false) when the task is done or already due."""
+        if task.done:
             return None
         exp = task.expiration_ms
         wheel = self
@@ -81,10 +82,6 @@ class TimingWheel:
                     heappush(wheel.queue, (bucket.expiration, bucket))
                 return bucket
             wheel = wheel.overflow or wheel._add_overflow()
-
-    def add(self, task: TimerTask) -> bool:
-        """Kafka's add: False when the task is cancelled or already expired."""
-        return self.place(task) is not None
 
     def advance_clock(self, time_ms: int) -> None:
         wheel = self

@@ -226,7 +226,7 @@ class WheelImpl:
         return self.purgatory.pending
 
     def close(self) -> None:
-        self.timer.close()
+        self.timer.shutdown()
 
 
 class NullImpl:
@@ -291,11 +291,11 @@ class HeapImpl:
 
     def _purge(self) -> None:
         with self.lock:
-            self.heap = [e for e in self.heap if not e[2]._completed]
+            self.heap = [e for e in self.heap if not e[2].is_completed]
             heapq.heapify(self.heap)
         watchers = self.watchers
         for key, ops in list(watchers.items()):
-            watchers[key] = [op for op in ops if not op._completed]
+            watchers[key] = [op for op in ops if not op.is_completed]
 
     def _reaper(self) -> None:
         wake = self.wake
@@ -308,7 +308,7 @@ class HeapImpl:
                 heap = self.heap
                 while heap and heap[0][0] <= now:
                     op = heapq.heappop(heap)[2]
-                    if not op._completed:
+                    if not op.is_completed:
                         batch.append(op)
                 nxt = heap[0][0] if heap else None
             if batch:
@@ -368,7 +368,7 @@ def _drive_threads(impl, work: Workload, timeout: int) -> float:
             op = BenchOp(timeout)
             submit(op, keys[k])
             d = due_in[k]
-            if d >= 0 and not op._completed:
+            if d >= 0 and not op.is_completed:
                 op.due = now_ms + d
                 cinbox(op)
         i = end
@@ -402,7 +402,7 @@ def _drive_trio(work: Workload, timeout: int, purge_interval: int) -> float:
     elapsed = [0.0]
 
     async def wait_op(op: BenchOp, deadline: float) -> None:
-        if op._completed:  # completed before this task first ran
+        if op.is_completed:  # completed before this task first ran
             return
         with trio.CancelScope(deadline=deadline) as scope:
             op.scope = scope
@@ -430,7 +430,7 @@ def _drive_trio(work: Workload, timeout: int, purge_interval: int) -> float:
         dead = state["watched"] - live - state["dead_at_purge"]
         if dead > purge_interval and dead >= live:
             for key, ops in list(watchers.items()):
-                watchers[key] = [op for op in ops if not op._completed]
+                watchers[key] = [op for op in ops if not op.is_completed]
             state["dead_at_purge"] += dead
 
     async def main() -> None:

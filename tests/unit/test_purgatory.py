@@ -10,7 +10,14 @@ import weakref
 
 import pytest
 
-from broker.purgatory import DelayedOperation, ManualClock, ManualTimer, Purgatory, SystemTimer
+from broker.purgatory import (
+    DelayedOperation,
+    ManualClock,
+    ManualTimer,
+    Purgatory,
+    SystemTimer,
+    Watchers,
+)
 
 BOUND_S = 10.0
 
@@ -355,3 +362,75 @@ def test_trigger_on_the_list_a_purge_is_scanning(clock: ManualClock):
     assert completed == sum(1 for i in range(3000, 3500) if keys[i % 2] == key)
     _watch_until_purged(purgatory, keys, fresh, 20_000)
     _assert_every_live_op_watched(purgatory, keys, old, fresh)
+
+
+# --- pieces that moved: Watchers, the one claim, the counters ----------------------------
+
+
+def test_watchers_try_complete_keeps_survivors_and_ops_watched_meanwhile():
+    """Kafka's Watchers.tryCompleteWatched: completed ops are dropped, live ones kept in
+    order, and an op watched on the same key from inside a callback is not lost."""
+    watchers = Watchers()
+    late = MockOp(1000)
+
+    class Rewatch(MockOp):
+        __slots__ = ()
+
+        def on_complete(self) -> None:
+            super().on_complete()
+            watchers.watch(late)  # a re-entrant watch while the list is being checked
+
+    done_before, ready, waiting = MockOp(1000), Rewatch(1000), MockOp(1000)
+    done_before.force_complete()
+    for op in (done_before, ready, waiting):
+        watchers.watch(op)
+    ready.completable = True
+    assert watchers.try_complete_watched() == 1
+    assert list(watchers) == [waiting, late]
+    assert watchers.try_complete_watched() == 0 and list(watchers) == [waiting, late]
+
+
+def test_watchers_cancel_returns_live_ops_that_then_never_expire(clock: ManualClock):
+    timer = ManualTimer(clock)
+    live, done = MockOp(10), MockOp(10)
+    for op in (live, done):
+        timer.add(op)
+    done.force_complete()
+    watchers = Watchers((live, done))
+    assert watchers.cancel() == [live]
+    assert timer.size == 0
+    clock.advance(10)
+    assert live.completions == 0 and live.expirations == 0 and not live.is_completed
+
+
+def test_expire_batch_claims_like_force_complete(purgatory: Purgatory):
+    """The expiry path and a trigger make the same one-shot claim: an op completed first
+    is not expired, and an op expired once is not expired again."""
+    first, second = MockOp(100_000), MockOp(100_000)
+    for op in (first, second):
+        purgatory.try_complete_else_watch(op, ["k"])
+    first.force_complete()
+    assert purgatory.expire_batch([first, second, second]) == 1
+    assert (first.completions, first.expirations) == (1, 0)
+    assert (second.completions, second.expirations) == (1, 1)
+    assert purgatory.timer.size == 0
+
+
+def test_stats_count_each_outcome_and_reading_them_changes_nothing(
+    purgatory: Purgatory, clock: ManualClock
+):
+    """Completions are counted on a lock-free counter any thread may advance; reading it
+    (stats, pending) must not move it."""
+    ops = [MockOp(10 if i < 2 else 100_000) for i in range(6)]
+    for i, op in enumerate(ops):
+        purgatory.try_complete_else_watch(op, ["c" if i == 5 else "k"])
+    ops[2].force_complete()
+    done = threading.Thread(target=ops[3].force_complete)
+    done.start()
+    done.join()
+    clock.advance(10)  # ops 0 and 1 expire
+    purgatory.cancel_for_key("c")  # op 5
+    for _ in range(3):
+        stats = purgatory.stats()
+        assert (stats["completed"], stats["expired"], stats["pending"]) == (2, 2, 1)
+        assert purgatory.pending == 1

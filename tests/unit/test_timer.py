@@ -12,9 +12,11 @@ from broker.purgatory import (
     ManualClock,
     ManualTimer,
     SystemTimer,
+    Timer,
     TimerTask,
     TimingWheel,
 )
+from broker.purgatory.engine import TimerEngine
 from broker.purgatory.system_timer import DRAIN_BATCH, switch_interval_for
 from tests.waiting import wait_until
 
@@ -115,47 +117,66 @@ def test_task_expiration_system_timer():
 # --- TimerTaskListTest ------------------------------------------------------------------
 
 
+def _members(bucket: Bucket) -> list[TimerTask]:
+    """Walk the circular list from its sentinel (the bucket), checking the back links."""
+    out = []
+    node = bucket._next
+    while node is not bucket:
+        assert node._next._prev is node and node._bucket is bucket
+        out.append(node)
+        node = node._next
+    return out
+
+
 def test_task_list_shared_counter_and_moves():
     counter = [0]
     list1, list2, list3 = Bucket(counter), Bucket(counter), Bucket(counter)
     tasks = [TimerTask(10) for _ in range(10)]
     for task in tasks:
         list1.add(task)
-    assert counter[0] == 10 and len(list1) == 10
+    assert counter[0] == 10 and _members(list1) == tasks
     # Re-adding moves a task: never duplicated, counter unchanged.
     for task in tasks[:4]:
         list2.add(task)
     for task in tasks[4:]:
         list3.add(task)
     assert counter[0] == 10
-    assert (len(list1), len(list2), len(list3)) == (0, 4, 6)
-    for task in tasks:
-        task._bucket.remove(task)
+    assert (_members(list1), _members(list2), _members(list3)) == ([], tasks[:4], tasks[4:])
+    list1.remove(tasks[0])  # not in list1: no effect
+    assert counter[0] == 10 and _members(list2) == tasks[:4]
+    for task in tasks[::2]:
+        task.unlink()
+    for task in tasks[1::2]:
+        (list2 if task in tasks[:4] else list3).remove(task)
+    task.unlink()  # already unlinked: no effect
     assert counter[0] == 0
-    assert (len(list1), len(list2), len(list3)) == (0, 0, 0)
+    assert (_members(list1), _members(list2), _members(list3)) == ([], [], [])
 
 
 def test_bucket_expiration_set_once_per_rotation():
     bucket = Bucket([0])
     assert bucket.set_expiration(10) is True
     assert bucket.set_expiration(10) is False
-    bucket.drain()
+    bucket.flush(lambda task: None)
     assert bucket.expiration == -1
     assert bucket.set_expiration(30) is True
 
 
-def test_bucket_flush_and_iteration_skip_cancelled():
+def test_bucket_flush_applies_to_every_task_in_order_and_empties_it():
+    """Kafka's flush hands over done tasks too: its function (addTimerTaskEntry) drops them.
+    Ours calls the function once, with the whole list."""
     counter = [0]
     bucket = Bucket(counter)
     tasks = [TimerTask(1) for _ in range(3)]
     for task in tasks:
         bucket.add(task)
-    tasks[1]._done = True
-    assert list(bucket) == [tasks[0], tasks[2]]
+    tasks[1].cancel()
     seen = []
     bucket.flush(seen.append)
-    assert seen == tasks and counter[0] == 0
+    assert seen == [tasks] and counter[0] == 0 and _members(bucket) == []
     assert all(t._bucket is None and t._prev is None for t in tasks)
+    bucket.add(tasks[0])  # the emptied sentinel links again
+    assert _members(bucket) == [tasks[0]] and counter[0] == 1
 
 
 # --- TimingWheel rules (reference §1) ----------------------------------------------------
@@ -164,19 +185,19 @@ def test_bucket_flush_and_iteration_skip_cancelled():
 def test_wheel_add_rules_and_lazy_overflow():
     wheel = TimingWheel(tick_ms=1, wheel_size=20, start_ms=0)
     cancelled = TimerTask(5)
-    cancelled._done = True
+    cancelled.cancel()
     cancelled.expiration_ms = 5
-    assert wheel.add(cancelled) is False
+    assert wheel.add(cancelled) is None
     due = TimerTask(0)
     due.expiration_ms = 0
-    assert wheel.add(due) is False  # exp < current + tick
+    assert wheel.add(due) is None  # exp < current + tick
     near = TimerTask(5)
     near.expiration_ms = 5
-    assert wheel.add(near) is True
+    assert wheel.add(near) is near._bucket
     assert near._bucket.expiration == 5 and wheel.overflow is None
     far = TimerTask(222)
     far.expiration_ms = 222
-    assert wheel.add(far) is True
+    assert wheel.add(far) is far._bucket
     # 222 >= 20 and >= 400? no: lands in the second level (tick 20), bucket 220.
     assert wheel.overflow is not None and wheel.overflow.tick_ms == 20
     assert far._bucket.expiration == 220
@@ -254,7 +275,7 @@ def test_close_does_not_run_pending_and_joins():
     for i in range(10):
         timer.add(Recorder(60_000, i, out))
     assert timer.size == 10
-    timer.close()
+    timer.shutdown()
     assert not timer._thread.is_alive()
     assert out == []
 
@@ -289,3 +310,52 @@ def test_switch_interval_is_one_tick_and_never_above_cpythons_default():
     assert switch_interval_for(1) == 0.001
     assert switch_interval_for(2) == 0.002
     assert switch_interval_for(50) == 0.005
+
+
+# --- the Timer protocol and the engine ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["manual", "system"])
+def test_both_timers_serve_the_timer_protocol(kind):
+    """Purgatory uses only add, remove, size (and the broker shutdown): both timers give
+    the same answers through them."""
+    clock = ManualClock(0)
+    out: list[int] = []
+    timer: Timer = ManualTimer(clock) if kind == "manual" else SystemTimer(clock=clock).start()
+    tasks = [Recorder(d, d, out) for d in (5, 5, 50)]
+    for task in tasks:
+        timer.add(task)
+    timer.remove(tasks[1])
+    wait_until(lambda: timer.size == 2, BOUND_S, "the remove", poll=0.002)
+    if kind == "manual":
+        assert timer.advance(4) is False and timer.advance(1) is True
+    else:
+        clock.advance(5)
+        assert timer.advance(0) is True  # the thread runs: this only hurries it
+    wait_until(lambda: out == [5], BOUND_S, "the first expiry", poll=0.002)
+    assert timer.size == 1
+    timer.shutdown()
+    clock.advance(100)
+    assert out == [5] and tasks[2].timer is timer  # shut down: the pending task never ran
+
+
+def test_engine_links_runs_of_a_deadline_and_hands_out_what_is_due():
+    """addTimerTaskEntry for many: tasks sharing a deadline go to one bucket in order;
+    a due task goes to ``due``; a done task is dropped."""
+    engine = TimerEngine(tick_ms=1, wheel_size=4, start_ms=100)
+    tasks = [TimerTask(0) for _ in range(6)]
+    for task, exp in zip(tasks, (102, 102, 100, 102, 130, 102), strict=True):
+        task.expiration_ms = exp
+    tasks[3].cancel()
+    engine.add_all(tasks)
+    assert engine.take_due() == [tasks[2]] and engine.size == 4
+    assert tasks[0]._bucket is tasks[1]._bucket is tasks[5]._bucket
+    assert _members(tasks[0]._bucket) == [tasks[0], tasks[1], tasks[5]]
+    engine.advance(102)
+    assert engine.take_due() == [tasks[0], tasks[1], tasks[5]]
+    # 130 went to an overflow wheel (tick 4): its bucket is due at 128, then cascades.
+    engine.advance(128)
+    assert engine.take_due() == [] and engine.size == 1
+    assert tasks[4]._bucket.whole  # now in the finest wheel
+    engine.advance(130)
+    assert engine.take_due() == [tasks[4]] and engine.size == 0
