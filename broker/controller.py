@@ -249,7 +249,9 @@ class Controller:
             return result
         # Kafka's spread (broker/placement.py): partition 0 is not always on one broker.
         partitions = [
-            PartitionState(leader=replicas[0], leader_epoch=0, replicas=replicas, isr=list(replicas))
+            PartitionState(
+                leader=replicas[0], leader_epoch=0, replicas=replicas, isr=list(replicas)
+            )
             for replicas in assign_replicas(brokers, num_partitions, rf)
         ]
         self.metadata.topics[name] = TopicState(name, partitions, dict(request["configs"]))
