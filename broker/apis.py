@@ -99,6 +99,13 @@ class RequestHandler:
     ) -> dict | PendingResponse | None:
         faults = self.broker.faults
         if faults.faults and header.api_key != ApiKey.FAULTS:
+            # isolate: a request from a cut-off peer is lost, as on a partitioned network
+            # (its id: the authenticated principal, or the one a handshake claims).
+            peer = (
+                body["broker_id"] if header.api_key == ApiKey.SASL_HANDSHAKE else session.principal
+            )
+            if faults.drops(peer):
+                return faults.hold(peer, session)
             code = faults.take_failure(header.api_key)
             if code:
                 return {"error_code": code, "error_message": "injected by fault fail-api"}
@@ -126,7 +133,7 @@ class RequestHandler:
                 "start it with faults.enable=true",
             }
         try:
-            active = self.broker.faults.apply(body)
+            active = self.broker.faults.apply(body, self_id=self.broker.broker_id)
         except FaultError as exc:
             return {
                 "error_code": int(ErrorCode.INVALID_REQUEST),

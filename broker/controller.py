@@ -28,6 +28,7 @@ from .metadata import (
     save_metadata,
 )
 from .metadata_check import topic_name_error
+from .placement import assign_replicas
 from .storage.limits import partition_cap_error
 from .topic_config import topic_configs_error
 
@@ -246,15 +247,13 @@ class Controller:
             return fail(ErrorCode.POLICY_VIOLATION, problem)
         if validate_only:
             return result
-        partitions = []
-        for index in range(num_partitions):
-            # Leaders spread round-robin; replicas follow the leader in broker order.
-            replicas = [brokers[(index + j) % len(brokers)] for j in range(rf)]
-            partitions.append(
-                PartitionState(
-                    leader=replicas[0], leader_epoch=0, replicas=replicas, isr=list(replicas)
-                )
+        # Kafka's spread (broker/placement.py): partition 0 is not always on one broker.
+        partitions = [
+            PartitionState(
+                leader=replicas[0], leader_epoch=0, replicas=replicas, isr=list(replicas)
             )
+            for replicas in assign_replicas(brokers, num_partitions, rf)
+        ]
         self.metadata.topics[name] = TopicState(name, partitions, dict(request["configs"]))
         self.log.info("topic_created", topic=name, partitions=num_partitions, replication_factor=rf)
         return result

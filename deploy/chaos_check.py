@@ -9,7 +9,11 @@ checks, for acks=all with ISR >= min.insync.replicas:
 - divergent: no offset holds different batches on different replicas;
 - hw regression: a replica's high watermark never moves back within one process life;
 - consumer gap: a consumer sees each partition's offsets in order, one by one, and what
-  it saw (below the HW) is still there at the end.
+  it saw (below the HW) is still there at the end;
+- not healed: after the nemesis stops, every ISR is full again and every replica agrees.
+
+Every violation is reported under the name of the rule that fired, and a history can
+be saved to disk and judged again later (``save_history`` / ``load_history``).
 
 A send that failed may still have been written (a timeout says nothing either way; the
 client retries without idempotence), so "failed but present" is reported, not judged.
@@ -17,9 +21,12 @@ client retries without idempotence), so "failed but present" is reported, not ju
 
 from __future__ import annotations
 
+import gzip
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 TP = tuple[str, int]
@@ -48,6 +55,9 @@ class History:
     replicas: dict[int, dict[int, list[tuple[int, int, int]]]] = field(default_factory=dict)
     healed: bool = True
     nemesis: dict[str, int] = field(default_factory=dict)
+    # (seconds since the workload started, what happened): the nemesis' timeline
+    events: list[tuple[float, str]] = field(default_factory=list)
+    workload_s: float = 0.0  # how long the producers ran
 
 
 @dataclass
@@ -58,6 +68,10 @@ class Verdict:
     @property
     def ok(self) -> bool:
         return not any(self.violations.values())
+
+    def lines(self) -> list[str]:
+        """Every violation, each prefixed with the rule that fired."""
+        return [f"[{rule}] {item}" for rule, items in self.violations.items() for item in items]
 
 
 def check(history: History) -> Verdict:
@@ -90,6 +104,7 @@ def check(history: History) -> Verdict:
         "hw_samples": sum(len(v) for v in history.hw_samples.values()),
         **{name: len(items) for name, items in found.items()},
         "nemesis": dict(history.nemesis),
+        "acked_per_s": round(by_outcome["ok"] / history.workload_s) if history.workload_s else 0,
     }
     counts["violations"] = sum(len(items) for items in found.values())
     return Verdict(found, counts)
@@ -159,6 +174,51 @@ def consumer_gaps(
             )
         expected[partition] = offset + 1
     return out
+
+
+# --- on disk: a failed run's history, judged again later ---------------------------------
+
+
+def save_history(history: History, path: Path) -> None:
+    """One JSON document, gzipped if ``path`` ends in .gz; values (unique ASCII by
+    construction) are stored as text."""
+    doc = {
+        "topic": history.topic,
+        "sends": [
+            [s.value.decode(), s.partition, s.outcome, s.offset, s.error] for s in history.sends
+        ],
+        "consumed": [[p, o, v.decode()] for p, o, v in history.consumed],
+        "hw_samples": [[*key, hws] for key, hws in history.hw_samples.items()],
+        "final": [[p, o, v.decode()] for (p, o), v in history.final.items()],
+        "replicas": [
+            [p, b, [list(batch) for batch in batches]]
+            for p, by_broker in history.replicas.items()
+            for b, batches in by_broker.items()
+        ],
+        "healed": history.healed,
+        "nemesis": history.nemesis,
+        "events": history.events,
+        "workload_s": history.workload_s,
+    }
+    data = json.dumps(doc).encode()
+    Path(path).write_bytes(gzip.compress(data, 6) if str(path).endswith(".gz") else data)
+
+
+def load_history(path: Path) -> History:
+    raw = Path(path).read_bytes()
+    doc = json.loads(gzip.decompress(raw) if str(path).endswith(".gz") else raw)
+    h = History(doc["topic"])
+    h.sends = [Send(v.encode(), p, outcome, o, e) for v, p, outcome, o, e in doc["sends"]]
+    h.consumed = [(p, o, v.encode()) for p, o, v in doc["consumed"]]
+    h.hw_samples = {(b, pid, p): hws for b, pid, p, hws in doc["hw_samples"]}
+    h.final = {(p, o): v.encode() for p, o, v in doc["final"]}
+    for p, b, batches in doc["replicas"]:
+        h.replicas.setdefault(p, {})[b] = [tuple(batch) for batch in batches]
+    h.healed = doc["healed"]
+    h.nemesis = doc["nemesis"]
+    h.events = [(t, text) for t, text in doc["events"]]
+    h.workload_s = doc["workload_s"]
+    return h
 
 
 # --- planted violations: prove the checker catches each kind ------------------------------

@@ -1,7 +1,11 @@
-"""`minibroker chaos --duration S [--brokers 3] [--seed N] [--data-dir DIR]`.
+"""`minibroker chaos --duration S [--brokers 3] [--seed N] [--data-dir DIR] [--faults ...]
+[--spare-controller | --target-controller]` and `minibroker chaos --check-history FILE`.
 
-Prints what it does as it goes, then the checker's findings, then one JSON line of
-counts. Exit 0: no violation; 1: a violation; 2: the run itself could not be done.
+Prints what it does as it goes, then the checker's findings (each violation under the
+name of the rule that fired), then one JSON line of counts. The history is written to
+``DIR/history.json.gz``; on a violation the whole data directory (history, broker logs,
+segments) is kept and its path printed, so a rare failure can be studied and judged
+again. Exit 0: no violation; 1: a violation; 2: the run itself could not be done.
 """
 
 from __future__ import annotations
@@ -15,10 +19,21 @@ from pathlib import Path
 
 from protocol.errors import KafkaError
 
-from .chaos import ChaosRun
-from .chaos_check import PLANTS, check, plant
+from .chaos import CONTROLLER_FAILOVER, FAULT_KINDS, ChaosRun
+from .chaos_check import PLANTS, Verdict, check, load_history, plant, save_history
 from .cluster import ClusterError
 from .launcher import BrokerStartError
+
+HISTORY_FILE = "history.json.gz"
+SHOWN = 50  # violations printed; all of them go to violations.txt
+
+
+def fault_kinds(value: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in value.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in FAULT_KINDS]
+    if not kinds or unknown:
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(FAULT_KINDS)}, got {value!r}")
+    return kinds
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
@@ -30,59 +45,143 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--brokers", type=int, default=3, help="brokers, at least 2 (default 3)")
     p.add_argument("--seed", type=int, default=0, help="nemesis seed (default 0)")
     p.add_argument(
-        "--data-dir", type=Path, help="where the cluster lives (default: a temporary dir, removed)"
+        "--data-dir",
+        type=Path,
+        help="where the cluster lives (default: a temporary dir, removed unless a violation)",
     )
     p.add_argument("--partitions", type=int, default=3)
+    p.add_argument(
+        "--faults",
+        type=fault_kinds,
+        default=FAULT_KINDS,
+        help=f"the nemesis' faults, comma-separated (default {','.join(FAULT_KINDS)})",
+    )
+    target = p.add_mutually_exclusive_group()
+    target.add_argument(
+        "--spare-controller",
+        dest="target_controller",
+        action="store_false",
+        help="never fault the controller"
+        + (
+            " (the default: there is no controller failover yet)" if not CONTROLLER_FAILOVER else ""
+        ),
+    )
+    target.add_argument(
+        "--target-controller",
+        dest="target_controller",
+        action="store_true",
+        help="fault any broker, the active controller included"
+        + (" (the default)" if CONTROLLER_FAILOVER else ""),
+    )
     p.add_argument(
         "--plant",
         choices=PLANTS,
         help="doctor the history with one violation before checking (tests the checker)",
     )
-    p.set_defaults(func=run)
+    p.add_argument(
+        "--check-history",
+        type=Path,
+        metavar="FILE",
+        help="judge a history kept by an earlier run again (no cluster is started)",
+    )
+    p.set_defaults(func=run, target_controller=CONTROLLER_FAILOVER)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.check_history is not None:
+        return recheck(args.check_history)
     if args.brokers < 2 or args.duration <= 0 or args.partitions < 1:
         print(
             "error: chaos needs --brokers >= 2, --duration > 0, --partitions >= 1", file=sys.stderr
         )
         return 2
+    temporary = args.data_dir is None
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="minibroker-chaos-"))
     if (data_dir / "cluster.json").exists():
         print(
             f"error: {data_dir} already holds a cluster; use an empty --data-dir", file=sys.stderr
         )
         return 2
-    chaos = ChaosRun(data_dir, args.brokers, args.seed, args.duration, args.partitions)
+    chaos = ChaosRun(
+        data_dir,
+        args.brokers,
+        args.seed,
+        args.duration,
+        args.partitions,
+        kinds=args.faults,
+        target_controller=args.target_controller,
+    )
+    targets = (
+        "any broker, the active controller included"
+        if args.target_controller
+        else "never the controller (broker 0)"
+    )
     print(
         f"chaos: seed {args.seed}, {args.duration:g}s, {args.brokers} brokers, "
-        f"data in {data_dir}; never faulting the controller (broker 0)",
+        f"faults {','.join(args.faults)} on {targets}; data in {data_dir}",
         flush=True,
     )
     try:
         history = chaos.run()
     except (ClusterError, BrokerStartError, KafkaError, OSError) as exc:
-        print(f"error: the chaos run failed: {exc}", file=sys.stderr)
+        print(f"error: the chaos run failed: {exc} (data kept in {data_dir})", file=sys.stderr)
         return 2
-    finally:
-        if args.data_dir is None:
-            shutil.rmtree(data_dir, ignore_errors=True)
+    history_path = data_dir / HISTORY_FILE
+    save_history(history, history_path)
     if args.plant:
         plant(history, args.plant)
         print(f"planted a '{args.plant}' violation in the history")
     verdict = check(history)
+    report(verdict, data_dir)
+    kept = not verdict.ok and not args.plant
+    if kept or not temporary:
+        print(f"history kept in {history_path} (broker logs in {data_dir}/broker-*/)")
+        if kept:
+            print(f"judge it again: minibroker chaos --check-history {history_path}")
+    else:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    summary = {
+        "seed": args.seed,
+        "duration_s": args.duration,
+        "target_controller": args.target_controller,
+        **verdict.counts,
+        "history": str(history_path) if kept or not temporary else None,
+    }
+    print(json.dumps(summary), flush=True)
+    return 0 if verdict.ok else 1
+
+
+def report(verdict: Verdict, data_dir: Path | None = None) -> None:
+    """Per rule ok or how many fired; then every violation named by its rule."""
     print()
     for rule, items in verdict.violations.items():
         print(f"{rule:<15} {'ok' if not items else f'{len(items)} VIOLATION(S)'}")
-        for item in items[:20]:
-            print(f"    {item}")
+    lines = verdict.lines()
+    for line in lines[:SHOWN]:
+        print(f"    {line}")
+    if data_dir is not None and lines:
+        (data_dir / "violations.txt").write_text("\n".join(lines) + "\n")
+        if len(lines) > SHOWN:
+            print(f"    ... {len(lines) - SHOWN} more in {data_dir / 'violations.txt'}")
     c = verdict.counts
     print(
-        f"\n{c['acknowledged']} acknowledged, {c['failed']} failed "
+        f"\n{c['acknowledged']} acknowledged ({c['acked_per_s']}/s), {c['failed']} failed "
         f"({c['failed_but_present']} of them written anyway, as a timeout allows), "
         f"{c['duplicates']} duplicate(s) from retries, {c['consumed']} consumed live, "
-        f"{c['final_records']} in the final log"
+        f"{c['final_records']} in the final log; nemesis {c['nemesis']}"
     )
     print("verdict:", "no violation" if verdict.ok else "VIOLATIONS FOUND")
-    print(json.dumps({"seed": args.seed, "duration_s": args.duration, **c}), flush=True)
+
+
+def recheck(path: Path) -> int:
+    try:
+        history = load_history(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"error: cannot read the history {path}: {exc}", file=sys.stderr)
+        return 2
+    for t, text in history.events:
+        print(f"[{t:6.2f}s] {text}")
+    verdict = check(history)
+    report(verdict)
+    print(json.dumps({"history": str(path), **verdict.counts}), flush=True)
     return 0 if verdict.ok else 1

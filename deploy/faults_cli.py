@@ -1,7 +1,9 @@
-"""`minibroker faults delay-replication|drop-replication|delay-api|fail-api|clear`.
+"""`minibroker faults delay-replication|drop-replication|delay-api|fail-api|isolate|clear`.
 
 Faults act on one broker, which must run with ``faults.enable=true`` (e.g.
-``minibroker cluster up --set faults.enable=true``).
+``minibroker cluster up --set faults.enable=true``); ``isolate`` (a network partition)
+acts on the broker and on every peer it is cut off from, and ``clear`` without
+``--broker`` clears every broker.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import trio
 from client import Admin
 from protocol import ApiKey
 from protocol.errors import ErrorCode, KafkaError
+
+from . import isolation
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
@@ -46,11 +50,18 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("faults", help="inject faults into a broker started with faults.enable=true")
     ops = p.add_subparsers(dest="fault", required=True, metavar="FAULT")
 
-    def common(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    def common(
+        parser: argparse.ArgumentParser, broker_help: str | None = None
+    ) -> argparse.ArgumentParser:
         parser.add_argument(
             "--bootstrap", default=os.environ.get("MINIBROKER_BOOTSTRAP", DEFAULT_BOOTSTRAP)
         )
-        parser.add_argument("--broker", type=int, required=True, help="id of the broker to act on")
+        parser.add_argument(
+            "--broker",
+            type=int,
+            required=broker_help is None,
+            help=broker_help or "id of the broker to act on",
+        )
         parser.set_defaults(func=run)
         return parser
 
@@ -79,7 +90,33 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     f.add_argument(
         "--count", type=int, default=-1, help="for the next N requests (default: until cleared)"
     )
-    common(ops.add_parser("clear", help="remove every fault from the broker"))
+    i = common(
+        ops.add_parser(
+            "isolate",
+            help="drop all traffic between this broker and others (both ways) until cleared",
+        )
+    )
+    i.add_argument(
+        "--from",
+        dest="peers",
+        type=broker_ids,
+        help="comma-separated broker ids to cut it off from (default: all others)",
+    )
+    common(
+        ops.add_parser("clear", help="remove every fault (and isolation) from the broker"),
+        "the broker to clear, and the others' isolation from it (default: every broker)",
+    )
+
+
+def broker_ids(value: str) -> list[int]:
+    """``1,2`` -> [1, 2]."""
+    try:
+        ids = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected broker ids like 1,2, got {value!r}") from None
+    if not ids or any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"expected broker ids like 1,2, got {value!r}")
+    return ids
 
 
 def spec_from(args: argparse.Namespace) -> dict:
@@ -95,18 +132,28 @@ def spec_from(args: argparse.Namespace) -> dict:
     return spec
 
 
-async def _apply(args: argparse.Namespace) -> list[dict]:
+async def _apply(
+    args: argparse.Namespace,
+) -> tuple[dict[int, list[dict]], dict[int, KafkaError]]:
+    """(active faults, errors) per broker involved."""
     async with Admin(args.bootstrap) as admin:
-        return await admin.faults(args.broker, args.fault, **spec_from(args))
+        if args.fault == "isolate":
+            return await isolation.isolate(admin, args.broker, args.peers), {}
+        if args.fault == "clear":
+            return await isolation.clear(admin, args.broker)
+        return {args.broker: await admin.faults(args.broker, args.fault, **spec_from(args))}, {}
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        active = trio.run(_apply, args)
-    except KafkaError as exc:
+        per_broker, errors = trio.run(_apply, args)
+    except (KafkaError, isolation.IsolationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"broker {args.broker}: {len(active)} active fault(s)")
-    for fault in active:
-        print("  " + json.dumps(fault))
-    return 0
+    for broker, active in sorted(per_broker.items()):
+        print(f"broker {broker}: {len(active)} active fault(s)")
+        for fault in active:
+            print("  " + json.dumps(fault))
+    for broker, error in sorted(errors.items()):
+        print(f"error: broker {broker} was not cleared: {error}", file=sys.stderr)
+    return 2 if errors else 0

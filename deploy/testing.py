@@ -9,7 +9,8 @@ minibroker gets two fixtures without a conftest:
   several clusters or to start one midway.
 
 Both hand out a :class:`LocalCluster`: the bootstrap address for your clients, process
-control (pause/resume/kill/restart), the fault-injection API, and waits on metadata.
+control (pause/resume/kill/restart), the fault-injection API (network partitions
+included: ``isolate``), and waits on metadata.
 
 Its methods block. Each runs its network calls in its own trio loop on a worker thread,
 so they work in plain tests and inside trio tests alike; in a trio test they hold up the
@@ -33,6 +34,7 @@ from client import Admin, NewTopic, PartitionInfo
 from protocol import ApiKey
 from protocol.errors import ErrorCode, KafkaError
 
+from . import isolation
 from .cluster import ClusterState
 from .cluster_ops import acks_all_write
 from .launcher import free_port_range
@@ -98,10 +100,12 @@ class LocalCluster:
 
     @property
     def controller(self) -> int:
-        """The controller's id. There is one controller and no controller failover: kill it
-        and partitions it led stay offline until it restarts (see README, limitations)."""
-        configured = int(self.state.config.get("controller.id", -1))
-        return 0 if configured < 0 else configured  # -1: the lowest id
+        """The active controller's id, as the cluster's metadata names it now."""
+
+        async def ask(admin: Admin) -> int:
+            return (await admin.describe_cluster())[1]
+
+        return self._admin(ask)
 
     def address(self, broker_id: int) -> str:
         """One broker's address: a client bootstrapped here still learns the whole cluster."""
@@ -257,12 +261,24 @@ class LocalCluster:
         spec = {"api_key": _api_key(api), "error_code": _error_code(error), "count": count}
         return self._fault(broker_id, "fail-api", **spec)
 
+    def isolate(self, broker_id: int, from_: Iterable[int] | None = None) -> None:
+        """A network partition: drop all traffic between this broker and ``from_`` (default:
+        every other broker), both ways, controller and replication alike, until
+        ``clear_faults``. Clients still reach every broker."""
+        self.state.check_id(broker_id)
+        peers = None if from_ is None else list(from_)
+        self._admin(lambda admin: isolation.isolate(admin, broker_id, peers))
+
     def clear_faults(self, broker_id: int | None = None) -> None:
-        """Remove every fault from one broker, or from every live one."""
-        ids = range(self.brokers) if broker_id is None else [broker_id]
-        for bid in ids:
-            if broker_id is not None or self.state.status_of(bid) == "alive":
-                self._fault(bid, "clear")
+        """Remove every fault from every live broker; or from one broker, together with
+        the other live brokers' isolation from it (both sides of an ``isolate``)."""
+        if broker_id is not None:
+            self.state.check_id(broker_id)
+        alive = [b for b in range(self.brokers) if self.state.status_of(b) == "alive"]
+        among = alive if broker_id is None else sorted({broker_id, *alive})
+        _, errors = self._admin(lambda admin: isolation.clear(admin, broker_id, among))
+        if errors:
+            raise next(iter(errors.values()))
 
 
 def _topic(topic: str | None) -> dict[str, str]:

@@ -319,7 +319,14 @@ SASL_AUTHENTICATE_RESP = struct(
 
 # --- Faults (minibroker: fault injection for tests) -------------------------------------------
 
-FAULT_ACTIONS = ("delay-replication", "drop-replication", "delay-api", "fail-api", "clear")
+FAULT_ACTIONS = (
+    "delay-replication",
+    "drop-replication",
+    "delay-api",
+    "fail-api",
+    "isolate",
+    "clear",
+)
 _FAULT = struct(
     {"action": string(max_len=32)},
     {
@@ -329,6 +336,8 @@ _FAULT = struct(
         "api_key": (integer("int32", min=-1), -1),
         "error_code": (INT16, 0),
         "count": (integer("int32", min=-1), -1),
+        # isolate: the peers whose requests are dropped; clear: lift only isolation from these
+        "brokers": (array(integer("int32", min=0), max_len=1024), ()),
     },
 )
 FAULTS_REQ = _FAULT

@@ -46,3 +46,19 @@ async def isr_of(state: ClusterState, topic: str, partition: int) -> list[int]:
 def segment_bytes(state: ClusterState, broker_id: int, topic: str, partition: int) -> bytes:
     directory = Path(state.data_dir) / f"broker-{broker_id}" / f"{topic}-{partition}"
     return b"".join(p.read_bytes() for p in sorted(directory.glob("*.log")))
+
+
+async def leader_of(state: ClusterState, topic: str, partition: int) -> int:
+    async with Admin(state.bootstrap) as admin:
+        return (await admin.describe_topics([topic]))[topic].partitions[partition].leader
+
+
+async def partition_led_by(state: ClusterState, topic: str, wanted: Callable[[int], bool]) -> int:
+    """The first partition of ``topic`` whose leader satisfies ``wanted``: placement is
+    random (broker/placement.py), so tests look a suitable partition up."""
+    async with Admin(state.bootstrap) as admin:
+        partitions = (await admin.describe_topics([topic]))[topic].partitions
+    for index, p in enumerate(partitions):
+        if wanted(p.leader):
+            return index
+    raise AssertionError(f"no partition of {topic} has a suitable leader: {partitions}")

@@ -12,7 +12,7 @@ import trio
 from client import Admin, Consumer, NewTopic, Producer
 from protocol.errors import NotEnoughReplicas, RequestTimedOut
 
-from .cluster_helpers import isr_of, partition_view, segment_bytes, wait_for
+from .cluster_helpers import isr_of, partition_led_by, partition_view, segment_bytes, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +59,10 @@ async def test_acks_all_round_trip_replicas_identical(cluster_factory):
 
 async def test_paused_follower_times_out_then_isr_shrinks(cluster_factory):
     state = await cluster_factory(3, FAST_ISR)
-    await create(state, "slow")  # partition 0: leader 0, followers 1 and 2
+    # Three partitions on three brokers: each broker leads one. Both followers get paused,
+    # so use the partition the controller (broker 0) leads: ISR changes need the controller.
+    await create(state, "slow", partitions=3)
+    p = await partition_led_by(state, "slow", lambda leader: leader == 0)
     settings = {
         "retries": 0,
         "request.timeout.ms": 700,
@@ -67,35 +70,35 @@ async def test_paused_follower_times_out_then_isr_shrinks(cluster_factory):
         "linger.ms": 0,
     }
     async with Producer(state.bootstrap, acks="all", **settings) as producer:
-        await producer.send("slow", b"before")
+        await producer.send("slow", b"before", partition=p)
         state.signal(2, signal.SIGSTOP)
         try:
             t0 = time.monotonic()
             # The produce timeout is carried in the request (request.timeout.ms), as in Kafka.
             with pytest.raises(RequestTimedOut):
-                await producer.send("slow", b"stalled")
+                await producer.send("slow", b"stalled", partition=p)
             assert time.monotonic() - t0 < 5
-            await wait_for(lambda: _isr_is(state, [0, 1]), 20, "ISR to shrink to [0, 1]")
-            await producer.send("slow", b"after-shrink")
+            await wait_for(lambda: _isr_is(state, p, [0, 1]), 20, "ISR to shrink to [0, 1]")
+            await producer.send("slow", b"after-shrink", partition=p)
 
             state.signal(1, signal.SIGSTOP)
             # A caught-up follower stays in the ISR (Kafka's isCaughtUp); a write makes it lag.
             with pytest.raises(RequestTimedOut):
-                await producer.send("slow", b"stalled-again")
-            await wait_for(lambda: _isr_is(state, [0]), 20, "ISR to shrink to [0]")
-            leo_before = (await partition_view(state, 0, "slow", 0))["log_end_offset"]
+                await producer.send("slow", b"stalled-again", partition=p)
+            await wait_for(lambda: _isr_is(state, p, [0]), 20, "ISR to shrink to [0]")
+            leo_before = (await partition_view(state, 0, "slow", p))["log_end_offset"]
             with pytest.raises(NotEnoughReplicas):
-                await producer.send("slow", b"refused")
-            assert (await partition_view(state, 0, "slow", 0))["log_end_offset"] == leo_before
+                await producer.send("slow", b"refused", partition=p)
+            assert (await partition_view(state, 0, "slow", p))["log_end_offset"] == leo_before
         finally:
             state.signal(1, signal.SIGCONT)
             state.signal(2, signal.SIGCONT)
-        await wait_for(lambda: _isr_is(state, [0, 1, 2]), 30, "both followers to rejoin the ISR")
-        await producer.send("slow", b"healed")
+        await wait_for(lambda: _isr_is(state, p, [0, 1, 2]), 30, "both followers to rejoin the ISR")
+        await producer.send("slow", b"healed", partition=p)
 
 
-async def _isr_is(state, expected):
-    return await isr_of(state, "slow", 0) == expected
+async def _isr_is(state, partition, expected):
+    return await isr_of(state, "slow", partition) == expected
 
 
 async def test_long_poll_completes_when_follower_fetch_moves_hw(cluster_factory):

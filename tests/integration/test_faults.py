@@ -19,7 +19,9 @@ async def test_replication_delay_vs_request_timeout(cluster_factory):
     state = await cluster_factory(3, {"faults.enable": True})
     async with Admin(state.bootstrap) as admin:
         await admin.create_topics([NewTopic("rd", 1, 3)])
-        for follower in (1, 2):
+        leader = (await admin.describe_topics(["rd"]))["rd"].partitions[0].leader
+        followers = [b for b in range(3) if b != leader]
+        for follower in followers:
             await admin.faults(follower, "delay-replication", delay_ms=200, topic="rd")
     async with Producer(
         state.bootstrap, acks="all", **NO_RETRY, **{"request.timeout.ms": 100}
@@ -31,7 +33,7 @@ async def test_replication_delay_vs_request_timeout(cluster_factory):
     ) as producer:
         assert (await producer.send("rd", b"in time")).offset >= 1
     async with Admin(state.bootstrap) as admin:
-        for follower in (1, 2):
+        for follower in followers:
             assert await admin.faults(follower, "clear") == []
 
 
@@ -39,18 +41,21 @@ async def test_dropped_replication_shrinks_then_clear_restores_the_isr(cluster_f
     state = await cluster_factory(3, {"faults.enable": True, "replica.lag.time.max.ms": 1000})
     async with Admin(state.bootstrap) as admin:
         await admin.create_topics([NewTopic("dr", 1, 3)])
-        active = await admin.faults(2, "drop-replication", topic="dr", partition=0)
+        leader = (await admin.describe_topics(["dr"]))["dr"].partitions[0].leader
+        follower = max(b for b in range(3) if b != leader)
+        active = await admin.faults(follower, "drop-replication", topic="dr", partition=0)
         assert active[0]["action"] == "drop-replication"
+    rest = [b for b in range(3) if b != follower]
     async with Producer(
         state.bootstrap, acks="all", **NO_RETRY, **{"request.timeout.ms": 300}
     ) as producer:
         with pytest.raises(RequestTimedOut):
-            await producer.send("dr", b"stuck behind broker 2")
-        await wait_for(lambda: _isr(state, "dr", [0, 1]), 20, "broker 2 to leave the ISR")
-        await producer.send("dr", b"flows without broker 2")
+            await producer.send("dr", b"stuck behind the follower")
+        await wait_for(lambda: _isr(state, "dr", rest), 20, "the follower to leave the ISR")
+        await producer.send("dr", b"flows without the follower")
     async with Admin(state.bootstrap) as admin:
-        await admin.faults(2, "clear")
-    await wait_for(lambda: _isr(state, "dr", [0, 1, 2]), 20, "broker 2 to rejoin the ISR")
+        await admin.faults(follower, "clear")
+    await wait_for(lambda: _isr(state, "dr", [0, 1, 2]), 20, "the follower to rejoin the ISR")
 
 
 async def _isr(state, topic, expected):

@@ -1,0 +1,67 @@
+"""The chaos nemesis' schedule: which fault, on which broker, when; reproducible by seed.
+
+One fault at a time, 1-3.5 s each, so a majority of the brokers always stays up and
+connected. Kinds: ``pause`` (SIGSTOP, then resume), ``kill`` (SIGKILL, then restart)
+and ``isolate`` (a network partition, ``deploy/isolation.py``, then heal). A victim is
+a broker id or ``CONTROLLER``: whichever broker is the active controller when the
+fault starts (there is one controller today; a quorum will move it).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+PROCESS_FAULTS = ("pause", "kill")
+FAULT_KINDS = ("pause", "kill", "isolate")
+UNDO = {"pause": "resume", "kill": "restart", "isolate": "heal"}
+CONTROLLER = -1  # a planned victim resolved, when its fault starts, to the active controller
+# The one switch: True once any broker can take over as controller (issue 14's quorum).
+# Then the nemesis targets the active controller by default, and so does the test suite.
+CONTROLLER_FAILOVER = False
+
+
+@dataclass(frozen=True)
+class Fault:
+    start_s: float
+    end_s: float
+    kind: str  # "pause" (then resume), "kill" (then restart) or "isolate" (then heal)
+    broker: int  # or CONTROLLER: whichever broker is the active controller at start_s
+    peers: tuple[int, ...] | None = None  # isolate: cut off from these (None: all others)
+
+
+def plan_nemesis(
+    seed: int,
+    duration_s: float,
+    victims: Sequence[int],
+    kinds: Sequence[str] = PROCESS_FAULTS,
+    brokers: int | None = None,
+) -> list[Fault]:
+    """A reproducible schedule: one fault at a time, each 1-3.5 s, gaps of 0.5-2 s.
+
+    ``brokers`` (the cluster size) lets a third of the isolates cut the victim off from a
+    random part of the others only; the rest cut it off from all of them.
+    """
+    rng = random.Random(seed)
+    faults = []
+    t = rng.uniform(0.5, 1.5)
+    while victims and t < duration_s - 1.0:
+        end = min(t + rng.uniform(1.0, 3.5), duration_s)
+        kind, victim = rng.choice(kinds), rng.choice(victims)
+        peers = None
+        partial = kind == "isolate" and victim != CONTROLLER and (brokers or 0) >= 3
+        if partial and rng.random() < 1 / 3:
+            others = [b for b in range(brokers) if b != victim]
+            peers = tuple(sorted(rng.sample(others, rng.randint(1, len(others) - 1))))
+        faults.append(Fault(round(t, 2), round(end, 2), kind, victim, peers))
+        t = end + rng.uniform(0.5, 2.0)
+    return faults
+
+
+def victims_for(brokers: int, controller: int, target_controller: bool) -> list[int]:
+    """Every broker but the controller; or every broker and, as one more choice, the
+    active controller whoever it is then."""
+    if target_controller:
+        return [*range(brokers), CONTROLLER]
+    return [b for b in range(brokers) if b != controller]
