@@ -57,6 +57,7 @@ class Partition:
         "leader_epoch_start_offset",
         "leader_id",
         "log",
+        "maximal_isr",
         "min_insync_replicas",
         "partition_epoch",
         "propose_isr",
@@ -85,6 +86,10 @@ class Partition:
         self.partition_epoch = 0
         self.replicas: list[int] = []
         self.isr: list[int] = []
+        # Kafka's maximal ISR: the committed ISR plus replicas a proposal in flight adds.
+        # The HW is computed over it, so it never passes a replica the controller may
+        # already list in the ISR (and so may elect) before our leader hears the answer.
+        self.maximal_isr: list[int] = []
         self.high_watermark = 0
         # Set from the topic config on every metadata update (ReplicaManager.host_partition).
         self.min_insync_replicas = 1
@@ -137,6 +142,7 @@ class Partition:
         self.partition_epoch = state.partition_epoch
         self.replicas = list(state.replicas)
         self.isr = list(state.isr)
+        self.maximal_isr = list(state.isr)
 
     # --- leader side: appends and the high watermark -------------------------------------
 
@@ -164,7 +170,7 @@ class Partition:
         if self.is_under_min_isr():
             return False
         new_hw = self.log.log_end_offset
-        for rid in self.isr:
+        for rid in self.maximal_isr:
             if rid == self.broker_id:
                 continue
             rs = self.replica_states.get(rid)
@@ -232,8 +238,18 @@ class Partition:
         """Propose ``replica_id`` for the ISR if it caught up within this leader epoch."""
         if self.propose_isr is None or not self.follower_can_join_isr(replica_id):
             return False
+        if replica_id not in self.maximal_isr:
+            self.maximal_isr.append(replica_id)
         self.propose_isr(self, [*self.isr, replica_id])
         return True
+
+    def isr_proposal_ended(self) -> bool:
+        """A proposal was refused or lost: only the committed ISR holds the HW back again.
+
+        Returns True if the HW rose (a joining replica that lagged no longer counts).
+        """
+        self.maximal_isr = list(self.isr)
+        return self.is_leader and self.maybe_increment_leader_hw()
 
     def out_of_sync_replicas(self, now_ms: int, lag_ms: int) -> list[int]:
         """ISR members that have not been caught up for more than ``lag_ms``."""
@@ -272,6 +288,7 @@ class Partition:
         if partition_epoch <= self.partition_epoch:
             return False
         self.isr = list(isr)
+        self.maximal_isr = list(isr)
         self.partition_epoch = partition_epoch
         return self.maybe_increment_leader_hw()
 

@@ -329,6 +329,11 @@ class ReplicaManager:
         if partition.apply_isr_update(leader_epoch, isr, partition_epoch):
             self._hw_increased(partition.key)
 
+    def isr_proposal_ended(self, partition: Partition) -> None:
+        """This leader's ISR proposal was refused or lost (no AlterPartition answer)."""
+        if partition.isr_proposal_ended():
+            self._hw_increased(partition.key)
+
     def maybe_shrink_isr(self, now_ms: int, lag_ms: int) -> None:
         """Kafka's isr-expiration task: each leader proposes its ISR without laggards."""
         # A copy: on the controller a proposal applies new metadata before it returns.

@@ -262,7 +262,8 @@ class Broker:
             "new_isr": new_isr,
         }
         if self.is_controller:
-            self.controller.alter_partition(request)
+            if self.controller.alter_partition(request).get("error_code"):
+                self.replica_manager.isr_proposal_ended(partition)
             return
         self._isr_in_flight.add(key)
 
@@ -276,6 +277,7 @@ class Broker:
                 else:
                     # Rejected (stale partition epoch, fenced leader): the metadata push
                     # brings the current state, and the next follower fetch proposes again.
+                    self.replica_manager.isr_proposal_ended(partition)
                     self.log.info(
                         "alter_partition_rejected",
                         topic=key[0],
@@ -283,6 +285,7 @@ class Broker:
                         error=answer.get("error_message"),
                     )
             except KafkaError as exc:
+                self.replica_manager.isr_proposal_ended(partition)
                 self.log.warning(
                     "alter_partition_failed", topic=key[0], partition=key[1], error=str(exc)
                 )

@@ -126,6 +126,22 @@ def test_a_follower_is_proposed_for_the_isr_on_every_fetch_until_it_is_in(make, 
     assert len(proposals) == 2  # in the ISR: nothing more to propose
 
 
+def test_the_hw_waits_for_a_replica_whose_isr_proposal_is_in_flight(make, proposals):
+    # Kafka's maximal ISR: the controller may already list the joining replica in the ISR
+    # (and elect it) before our leader hears the answer, so the HW must not pass it.
+    p = leader(make, isr=[0, 1])
+    p.append_records_to_leader(batch(3), -1)
+    p.update_follower_fetch_state(1, 3, now_ms=1)
+    p.update_follower_fetch_state(2, 3, now_ms=1)  # caught up: proposed
+    assert proposals == [[0, 1, 2]] and p.high_watermark == 3
+    p.append_records_to_leader(batch(2, base_offset=3), -1)
+    p.update_follower_fetch_state(1, 5, now_ms=2)
+    assert p.high_watermark == 3  # held at replica 2's log end while its proposal is out
+    # Refused or lost: the committed ISR alone counts again, and the HW catches up.
+    assert p.isr_proposal_ended() is True
+    assert p.high_watermark == 5
+
+
 def test_a_follower_joins_only_once_caught_up_within_the_leader_epoch(make, proposals):
     p = make()
     p.make_follower(PartitionState(1, 4, [0, 1, 2], [0, 1, 2]))
