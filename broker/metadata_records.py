@@ -70,7 +70,12 @@ def records_for_change(old: ClusterMetadata, new: ClusterMetadata) -> list[dict]
     for node_id, info in sorted(new.brokers.items()):
         if old.brokers.get(node_id) != info:
             out.append(
-                {"type": "RegisterBroker", "broker_id": node_id, "host": info.host, "port": info.port}
+                {
+                    "type": "RegisterBroker",
+                    "broker_id": node_id,
+                    "host": info.host,
+                    "port": info.port,
+                }
             )
     for node_id in sorted(old.live - new.live):
         out.append({"type": "FenceBroker", "broker_id": node_id})

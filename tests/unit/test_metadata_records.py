@@ -8,6 +8,8 @@ one-voter QuorumDriver: a restart rebuilds the same metadata from log and snapsh
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import structlog
 
@@ -72,7 +74,7 @@ def test_records_of_each_change_rebuild_the_next_state(tmp_path):
     assert len(states) >= 7
     image = MetadataImage()
     offset = 0
-    for old, new in zip(states, states[1:], strict=False):
+    for old, new in itertools.pairwise(states):
         records = records_for_change(old, new)
         assert records, "every published change has records"
         for record in records:
@@ -146,7 +148,7 @@ def test_metadata_survives_a_voter_restart_from_log_and_snapshot(tmp_path):
 
     image = MetadataImage()
     d = start(image)
-    for old, new in zip(states, states[1:], strict=False):
+    for old, new in itertools.pairwise(states):
         d.append([encode_record(r) for r in records_for_change(old, new)])
         assert same(image.metadata, new)  # committed (one voter) and applied at once
     assert d.core.log.start_offset > 0  # snapshots taken along the way
