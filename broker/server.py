@@ -507,6 +507,8 @@ class Broker:
 
     async def controlled_shutdown(self) -> None:
         """Tell the controller we are going, so leaders move at once (best effort)."""
+        if self.quorum is not None:
+            await self.quorum.resign(timeout=1)
         if self.link is None:
             return
         with trio.move_on_after(2):

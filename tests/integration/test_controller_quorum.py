@@ -89,3 +89,19 @@ async def test_quorum_leader_killed_a_new_one_is_elected_and_the_log_survives_re
     )
     assert after["epoch"] > back["epoch"]  # epochs never restart from zero
     assert after["log_end_offset"] > max(before.values())
+
+
+async def test_a_cleanly_stopped_quorum_leader_hands_over_at_once(cluster_factory):
+    """SIGTERM: the leader resigns with EndQuorumEpoch. With a 60 s fetch timeout nobody
+    would start an election for a minute otherwise; a new leader shows up within seconds."""
+    state = await cluster_factory(3, {**QUORUM, "controller.quorum.fetch.timeout.ms": 60000})
+    alive = [0, 1, 2]
+    leader, view = await wait_for(lambda: active_controller(state, alive), 15, "a quorum leader")
+    state.stop(leader)
+    alive.remove(leader)
+    new, new_view = await wait_for(
+        lambda: active_controller(state, alive), 15, "a successor after a clean stop"
+    )
+    assert new != leader and new_view["epoch"] > view["epoch"]
+    log = (state.data_dir / f"broker-{leader}" / "broker.log").read_text()
+    assert "quorum_resigning" in log
