@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import trio
 
-from protocol.errors import KafkaError
+from protocol.errors import ErrorCode, KafkaError
 
 from .cluster_auth import ClusterCredentials
 from .peer import PeerConnection, log_peer_failure
@@ -103,6 +103,11 @@ class QuorumDriver:
         self.core: KafkaRaftClient | None = None
         self.applied = 0  # entries below this offset were given to the state machine
         self.on_leader_change: Callable[[LeaderChanged], None] | None = None
+        # Called with True when this voter becomes the active controller, False when not.
+        self.on_active_change: Callable[[bool], None] | None = None
+        self._active = False
+        # (last offset, pending, answer): requests answered once their records are applied.
+        self._commit_waiters: list[tuple[int, PendingResponse, dict]] = []
         self._waiting: dict[tuple[int, int], list[_Waiting]] = {}
         self._peers: dict[int, _Peer] = {}
         self._wake = trio.Event()
@@ -190,8 +195,15 @@ class QuorumDriver:
                     epoch=effect.epoch,
                     leader=effect.leader_id,
                 )
+                if effect.role != "leader":
+                    self._fail_waiters(effect.leader_id)
                 if self.on_leader_change is not None:
                     self.on_leader_change(effect)
+        if self.core is not None and self.is_active != self._active:
+            self._active = not self._active
+            self.log.info("active_controller" if self._active else "inactive_controller")
+            if self.on_active_change is not None:
+                self.on_active_change(self._active)
         self._wake.set()
 
     def _commit(self, high_watermark: int) -> None:
@@ -203,6 +215,9 @@ class QuorumDriver:
             if not entry.control and self.state_machine is not None:
                 self.state_machine.apply(entry)
             self.applied += 1
+        while self._commit_waiters and self._commit_waiters[0][0] < self.applied:
+            _, pending, answer = self._commit_waiters.pop(0)
+            pending.set(answer)
         if (
             self.state_machine is not None
             and self.applied - log.start_offset >= self.snapshot_every
@@ -312,6 +327,29 @@ class QuorumDriver:
         last, effects = self.core.append(records, self.core.epoch)
         self._apply(effects)
         return last
+
+    def append_and_answer(self, records: list[bytes], answer: dict) -> PendingResponse:
+        """Append as the active controller; ``answer`` goes out once the records are applied
+        here (committed by a majority), or NOT_CONTROLLER if leadership is lost first."""
+        pending = PendingResponse()
+        if not records:
+            pending.set(answer)
+            return pending
+        last = self.append(records)
+        self._commit_waiters.append((last, pending, answer))
+        self._commit(self.core.high_watermark)  # a one-voter quorum has committed already
+        return pending
+
+    def _fail_waiters(self, leader_id: int | None) -> None:
+        waiters, self._commit_waiters = self._commit_waiters, []
+        for _, pending, _ in waiters:
+            pending.set(
+                {
+                    "error_code": int(ErrorCode.NOT_CONTROLLER),
+                    "error_message": f"broker {self.node_id} lost the controller role before "
+                    f"the change committed (the controller is now {leader_id})",
+                }
+            )
 
     def stats(self) -> dict:
         core = self.core

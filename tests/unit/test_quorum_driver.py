@@ -153,3 +153,56 @@ def test_every_quorum_message_round_trips_through_its_wire_schema(tmp_path):
         if response is not None:
             _, raw = decode_response_envelope(encode_response(1, encode(response))[4:])
             assert decode_response(key, validate_response(key, 0, raw)) == response
+
+
+def three_voter_leader(tmp_path, clock):
+    """Voter 0 of {0, 1, 2}, made leader by hand (no network: peers are never started)."""
+    from broker.quorum.messages import VoteResponse
+    from protocol.errors import ErrorCode
+
+    d = QuorumDriver(
+        0, {0: ("h", 1), 1: ("h", 2), 2: ("h", 3)}, tmp_path, clock, structlog.get_logger()
+    )
+    d.load()
+    d._apply(d.core._drain())
+    clock.advance(d.core.next_deadline_ms() - clock.now_ms())
+    d._apply(d.core.poll())
+    d._apply(d.core.handle(1, VoteResponse(ErrorCode.NONE, d.core.epoch, None, True)))
+    assert d.core.role == "leader"
+    return d
+
+
+def fetch_from(d, replica, offset):
+    from broker.quorum.messages import FetchRequest
+
+    epoch = d.core.log.epoch_at(offset)
+    return d.core.handle(replica, FetchRequest(1, replica, d.core.epoch, offset, epoch, 0))
+
+
+def test_an_answer_waits_for_commit_and_active_follows_the_epoch_start(tmp_path):
+    clock = ManualClock()
+    changes = []
+    d = three_voter_leader(tmp_path, clock)
+    d.on_active_change = changes.append
+    assert not d.is_active  # leader, but its epoch start is not committed yet
+    d._apply(fetch_from(d, 1, d.core.log.end_offset))
+    assert d.is_active and changes == [True]
+    pending = d.append_and_answer([b"r"], {"error_code": 0})
+    assert pending.body is None  # appended, not committed: no answer yet
+    d._apply(fetch_from(d, 2, d.core.log.end_offset))  # a majority has it now
+    assert pending.body == {"error_code": 0}
+
+
+def test_an_answer_pending_when_leadership_is_lost_says_not_controller(tmp_path):
+    from broker.quorum.messages import BeginQuorumEpochRequest
+
+    clock = ManualClock()
+    changes = []
+    d = three_voter_leader(tmp_path, clock)
+    d.on_active_change = changes.append
+    d._apply(fetch_from(d, 1, d.core.log.end_offset))
+    pending = d.append_and_answer([b"r"], {"error_code": 0})
+    d._apply(d.core.handle(2, BeginQuorumEpochRequest(d.core.epoch + 1, 2)))
+    assert pending.body["error_code"] == 41  # NOT_CONTROLLER
+    assert "the controller is now 2" in pending.body["error_message"]
+    assert changes == [True, False] and not d.is_active
