@@ -22,6 +22,7 @@ from protocol.errors import ErrorCode
 from .faults import FaultError
 from .metadata_check import MetadataError
 from .pending import PendingResponse
+from .quorum.wire import QUORUM_APIS, SENDER_FIELDS
 from .session import ConnectionSession
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ class RequestHandler:
             ApiKey.SASL_HANDSHAKE: self.sasl_handshake,
             ApiKey.SASL_AUTHENTICATE: self.sasl_authenticate,
         }
+        for key in QUORUM_APIS:
+            self.handlers[key] = self.quorum
 
     def refuse_unless_member(
         self, session: ConnectionSession, api_key: int, claimed: int | None = None
@@ -115,6 +118,21 @@ class RequestHandler:
                     delay, self.handlers[header.api_key](header, body, session)
                 )
         return self.handlers[header.api_key](header, body, session)
+
+    def quorum(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse:
+        """Vote, BeginQuorumEpoch, EndQuorumEpoch, QuorumFetch, FetchSnapshot: voters only."""
+        claimed = body[SENDER_FIELDS[header.api_key]]
+        refusal = self.refuse_unless_member(session, header.api_key, claimed)
+        if refusal is not None:
+            return refusal
+        quorum = self.broker.quorum
+        if quorum is None or quorum.core is None or claimed not in quorum.voters:
+            return self.refuse(
+                session, header.api_key, f"from broker {claimed}, which is not a quorum voter"
+            )
+        return quorum.handle_request(header.api_key, body, claimed, session)
 
     def sasl_handshake(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         return self.broker.authenticator.handshake(session, body)

@@ -137,6 +137,30 @@ DEFS: dict[str, ConfigDef] = {
         "",
         "id@host:port,... of every broker of a cluster (empty: a single broker that is its own controller).",
     ),
+    "controller.quorum.election.timeout.ms": ConfigDef(
+        int,
+        1000,
+        "A voter without a leader starts an election after this (randomized up to 2x).",
+        1,
+    ),
+    "controller.quorum.fetch.timeout.ms": ConfigDef(
+        int,
+        2000,
+        "A follower voter with no answer from the quorum leader this long starts an election.",
+        1,
+    ),
+    "controller.quorum.election.backoff.max.ms": ConfigDef(
+        int, 1000, "Longest random wait before a lost election is retried.", 1
+    ),
+    "controller.quorum.request.timeout.ms": ConfigDef(
+        int,
+        2000,
+        "A quorum request (Vote, BeginQuorumEpoch, ...) unanswered this long is resent.",
+        1,
+    ),
+    "controller.quorum.retry.backoff.ms": ConfigDef(
+        int, 20, "Pause before a failed quorum fetch is retried.", 0
+    ),
     "cluster.secret.file": ConfigDef(
         str,
         "",

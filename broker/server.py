@@ -32,6 +32,8 @@ from .network import ConnectionHandler, max_connections_for
 from .partition import Partition
 from .pending import PendingResponse
 from .purgatory import MonotonicClock, Purgatory, SystemTimer, switch_interval_for
+from .quorum import QuorumConfig
+from .quorum_driver import QuorumDriver
 from .replica_fetcher import ReplicaFetcher
 from .replica_manager import ReplicaManager
 
@@ -88,6 +90,7 @@ class Broker:
         self.timer: SystemTimer | None = None
         self.replica_manager: ReplicaManager | None = None
         self.controller: Controller | None = None
+        self.quorum: QuorumDriver | None = None
         self.link: ControllerLink | None = None
         self.connections: ConnectionHandler | None = None
         self.nursery: trio.Nursery | None = None
@@ -117,11 +120,36 @@ class Broker:
 
     def load_state(self) -> None:
         """Read what must be sound before serving; raises one-line errors (corrupt metadata)."""
+        if self.quorum is None and (not self.voters or self.broker_id in self.voters):
+            # A broker outside the voter set would be a KRaft observer: not modelled yet.
+            self.quorum = self._quorum_driver()
+            self.quorum.load()
         if self.is_controller and self.controller is None:
             self.controller = Controller(
                 self.broker_id, self.data_dir, self.config, self.log, self.publish
             )
             self.controller.register_self(BrokerInfo(self.broker_id, self.host, self.port))
+
+    def _quorum_driver(self) -> QuorumDriver:
+        """Every listed voter runs the metadata quorum; a lone broker is a one-voter quorum."""
+        c = self.config
+        config = QuorumConfig(
+            election_timeout_ms=c["controller.quorum.election.timeout.ms"],
+            fetch_timeout_ms=c["controller.quorum.fetch.timeout.ms"],
+            election_backoff_max_ms=c["controller.quorum.election.backoff.max.ms"],
+            request_timeout_ms=c["controller.quorum.request.timeout.ms"],
+            retry_backoff_ms=c["controller.quorum.retry.backoff.ms"],
+        )
+        voters = self.voters or {self.broker_id: (self.host, self.port)}
+        return QuorumDriver(
+            self.broker_id,
+            voters,
+            self.data_dir,
+            self.clock,
+            self.log,
+            config=config,
+            credentials=self.credentials,
+        )
 
     # --- metadata -------------------------------------------------------------------------
 
@@ -339,6 +367,7 @@ class Broker:
             "uptime_ms": self.clock.now_ms() - self.started_ms,
             "controller_id": self.controller_id,
             "metadata_epoch": self.metadata.epoch,
+            "quorum": self.quorum.stats() if self.quorum else {},
             "connections": self.connections.open_connections if self.connections else 0,
             "purgatory": {
                 "produce": rm.produce_purgatory.stats(),
@@ -421,8 +450,10 @@ class Broker:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 nursery.start_soon(self.connections.serve, listeners)
+                self.load_state()
+                if self.quorum is not None:
+                    await nursery.start(self.quorum.run)
                 if self.is_controller:
-                    self.load_state()
                     self.apply_metadata(self.controller.metadata)
                 else:
                     host, port = self.voters[self.controller_id]
@@ -467,6 +498,8 @@ class Broker:
 
     async def controlled_shutdown(self) -> None:
         """Tell the controller we are going, so leaders move at once (best effort)."""
+        if self.quorum is not None:
+            await self.quorum.resign(timeout=1)
         if self.link is None:
             return
         with trio.move_on_after(2):

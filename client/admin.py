@@ -97,7 +97,10 @@ class Admin(ClusterClient):
             controller = cluster.controller_id
             try:
                 if controller in cluster.brokers:
-                    return await cluster.request(controller, api_key, body, timeout=timeout)
+                    try:
+                        return await cluster.request(controller, api_key, body, timeout=timeout)
+                    except BrokerNotAvailable:
+                        pass  # the controller is down: any broker forwards to whoever took over
                 return await cluster.any_request(api_key, body, timeout=timeout)
             except NotController:
                 continue

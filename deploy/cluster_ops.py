@@ -183,7 +183,35 @@ def gather_status(state: ClusterState) -> dict:
                 "purgatory": s["purgatory"] if s else None,
             }
         )
-    return {"bootstrap": state.bootstrap, "brokers": brokers, "partitions": partitions}
+    return {
+        "bootstrap": state.bootstrap,
+        "brokers": brokers,
+        "partitions": partitions,
+        "quorum": quorum_view(stats),
+    }
+
+
+def quorum_view(stats: dict[int, dict]) -> dict:
+    """The controller quorum as the newest-epoch leader sees it (None: no leader answered).
+
+    A deposed leader that has not heard of the new epoch yet may still answer: the highest
+    epoch wins, so the status never shows two active controllers.
+    """
+    leaders = [
+        (s["quorum"]["epoch"], i, s["quorum"])
+        for i, s in stats.items()
+        if s.get("quorum", {}).get("role") == "leader"
+    ]
+    epochs = [s["quorum"]["epoch"] for s in stats.values() if s.get("quorum")]
+    if not leaders or max(leaders)[0] < max(epochs):
+        return {"active_controller": None, "epoch": max(epochs, default=None)}
+    epoch, leader, q = max(leaders)
+    return {
+        "active_controller": leader if q["active"] else None,
+        "epoch": epoch,
+        "high_watermark": q["high_watermark"],
+        "voter_lag": {int(k): v for k, v in q.get("voter_lag", {}).items()},
+    }
 
 
 def _dash(value: object) -> str:
@@ -213,6 +241,14 @@ def render_status(status: dict) -> str:
             f"{b['id']:>3} {b['port']:>6} {_dash(b['pid']):>8} {b['state']:<7} {_dash(b['rss_mb']):>7} "
             f"{_dash(b['cpu_percent']):>6} {b['partitions_led']:>4}  {text}"
         )
+    q = status.get("quorum") or {}
+    lag = " ".join(f"{v}:{n}" for v, n in sorted(q.get("voter_lag", {}).items()))
+    lines += [
+        "",
+        f"controller quorum: active controller {_dash(q.get('active_controller'))}, "
+        f"epoch {_dash(q.get('epoch'))}, commit index (hw) {_dash(q.get('high_watermark'))}, "
+        f"voter lag {lag or '-'}",
+    ]
     lines += [
         "",
         f"{'topic-partition':<28} {'leader':>7} {'epoch':>5} {'replicas':<12} {'isr':<12} {'hw':>8} {'leo':>8}",

@@ -41,12 +41,19 @@ class ApiKey(IntEnum):
     CREATE_TOPICS = 19
     OFFSET_FOR_LEADER_EPOCH = 23
     SASL_AUTHENTICATE = 36
+    VOTE = 52
+    BEGIN_QUORUM_EPOCH = 53
+    END_QUORUM_EPOCH = 54
     ALTER_PARTITION = 56
+    FETCH_SNAPSHOT = 59
     BROKER_REGISTRATION = 62
     BROKER_HEARTBEAT = 63
     # minibroker's own APIs (no Kafka equivalent) live above 10000.
     BROKER_STATS = 10000
     FAULTS = 10001
+    # The metadata quorum's log fetch: Kafka reuses Fetch (key 1) on the controller
+    # listener; ours shares the listener with partition fetches, so it has its own key.
+    QUORUM_FETCH = 10002
 
 
 TOPIC_NAME = string(max_len=249)
@@ -287,6 +294,71 @@ OFFSET_FOR_LEADER_EPOCH_RESP = struct(
     {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
 )
 
+# --- the controller quorum (KIP-595, KIP-630): voter <-> voter, members only ------------------
+#
+# Cut to one metadata partition: no topic/partition nesting. Every response carries the
+# responder's (leader_epoch, leader_id) so a stale voter learns the new leader from any answer.
+
+_QUORUM_EPOCH = INT32
+_LEADER = nullable(NODE_ID)
+_OFFSET_AND_EPOCH = struct({"offset": OFFSET, "epoch": INT32})
+_QUORUM_RESP = {"error_code": ERROR, "leader_epoch": _QUORUM_EPOCH, "leader_id": _LEADER}
+VOTE_REQ = struct(
+    {
+        "candidate_epoch": _QUORUM_EPOCH,
+        "candidate_id": NODE_ID,
+        "last_offset_epoch": INT32,
+        "last_offset": OFFSET,
+    }
+)
+VOTE_RESP = struct({**_QUORUM_RESP, "vote_granted": BOOL}, {"error_message": ERROR_MESSAGE})
+BEGIN_QUORUM_EPOCH_REQ = struct({"leader_epoch": _QUORUM_EPOCH, "leader_id": NODE_ID})
+BEGIN_QUORUM_EPOCH_RESP = struct(_QUORUM_RESP, {"error_message": ERROR_MESSAGE})
+END_QUORUM_EPOCH_REQ = struct(
+    {
+        "leader_epoch": _QUORUM_EPOCH,
+        "leader_id": NODE_ID,
+        "preferred_successors": array(NODE_ID, max_len=1000),
+    }
+)
+END_QUORUM_EPOCH_RESP = BEGIN_QUORUM_EPOCH_RESP
+_QUORUM_ENTRY = struct({"offset": OFFSET, "epoch": INT32, "data": BYTES, "control": BOOL})
+QUORUM_FETCH_REQ = struct(
+    {
+        "correlation_id": INT64,
+        "replica_id": NODE_ID,
+        "current_leader_epoch": _QUORUM_EPOCH,
+        "fetch_offset": OFFSET,
+        "last_fetched_epoch": INT32,
+        "max_wait_ms": integer("int32", min=0),
+    }
+)
+QUORUM_FETCH_RESP = struct(
+    {"correlation_id": INT64, **_QUORUM_RESP},
+    {
+        "error_message": ERROR_MESSAGE,
+        "high_watermark": (nullable(OFFSET), None),
+        "records": (array(_QUORUM_ENTRY), []),
+        "diverging_epoch": (nullable(_OFFSET_AND_EPOCH), None),
+        "snapshot_id": (nullable(_OFFSET_AND_EPOCH), None),
+    },
+)
+FETCH_SNAPSHOT_REQ = struct(
+    {
+        "correlation_id": INT64,
+        "replica_id": NODE_ID,
+        "current_leader_epoch": _QUORUM_EPOCH,
+        "snapshot_id": _OFFSET_AND_EPOCH,
+    }
+)
+FETCH_SNAPSHOT_RESP = struct(
+    {"correlation_id": INT64, **_QUORUM_RESP},
+    {
+        "error_message": ERROR_MESSAGE,
+        "snapshot": (nullable(struct({"snapshot_id": _OFFSET_AND_EPOCH, "data": BYTES})), None),
+    },
+)
+
 # --- SaslHandshake / SaslAuthenticate (cluster members prove they hold the secret) ---------
 #
 # Modelled on Kafka's pair, folded into two round trips: the handshake names the
@@ -364,6 +436,11 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
         0: (OFFSET_FOR_LEADER_EPOCH_REQ, OFFSET_FOR_LEADER_EPOCH_RESP)
     },
     ApiKey.FAULTS: {0: (FAULTS_REQ, FAULTS_RESP)},
+    ApiKey.VOTE: {0: (VOTE_REQ, VOTE_RESP)},
+    ApiKey.BEGIN_QUORUM_EPOCH: {0: (BEGIN_QUORUM_EPOCH_REQ, BEGIN_QUORUM_EPOCH_RESP)},
+    ApiKey.END_QUORUM_EPOCH: {0: (END_QUORUM_EPOCH_REQ, END_QUORUM_EPOCH_RESP)},
+    ApiKey.QUORUM_FETCH: {0: (QUORUM_FETCH_REQ, QUORUM_FETCH_RESP)},
+    ApiKey.FETCH_SNAPSHOT: {0: (FETCH_SNAPSHOT_REQ, FETCH_SNAPSHOT_RESP)},
     ApiKey.SASL_HANDSHAKE: {0: (SASL_HANDSHAKE_REQ, SASL_HANDSHAKE_RESP)},
     ApiKey.SASL_AUTHENTICATE: {0: (SASL_AUTHENTICATE_REQ, SASL_AUTHENTICATE_RESP)},
 }
@@ -372,8 +449,20 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
 # error_code is that item's result, returned with the rest of the body for the caller to
 # read, not a failure of the request that the connection raises (protocol.connection has
 # the rule). AlterPartition: a stale proposal comes back INVALID_REQUEST with the current
-# ISR. A new API answering "no, and here is the current state" at top level belongs here.
-ITEM_VERDICT_APIS = frozenset({int(ApiKey.ALTER_PARTITION)})
+# ISR. A new API answering "no, and here is the current state" at top level belongs here:
+# so do the quorum's (KIP-595), whose errors (FENCED_LEADER_EPOCH, ...) travel with the
+# epoch and leader the Raft core must learn from. A bare error body still raises.
+ITEM_VERDICT_APIS = frozenset(
+    int(key)
+    for key in (
+        ApiKey.ALTER_PARTITION,
+        ApiKey.VOTE,
+        ApiKey.BEGIN_QUORUM_EPOCH,
+        ApiKey.END_QUORUM_EPOCH,
+        ApiKey.QUORUM_FETCH,
+        ApiKey.FETCH_SNAPSHOT,
+    )
+)
 
 # A top-level error body is valid as the response to any API (UNSUPPORTED_VERSION,
 # INVALID_REQUEST, or an error injected for tests).

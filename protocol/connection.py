@@ -23,7 +23,9 @@ this same object, so both follow one set of rules:
   the ISR of one partition, so its ``error_code`` is that partition's (per partition,
   as in Kafka's AlterPartition), and a stale proposal is answered INVALID_REQUEST
   *with* the current ISR and partition epoch for the leader to catch up from; the
-  body is returned and the caller reads the code.
+  quorum's APIs answer with the epoch and leader the Raft core learns from. Their body
+  is returned and the caller reads the code, unless it is a bare error body (nothing
+  but ``error_code`` and ``error_message``), which raises as on every API.
 """
 
 from __future__ import annotations
@@ -39,10 +41,15 @@ from .framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
 __all__ = ["ITEM_VERDICT_APIS", "Connection", "Response", "check_error"]
 
 
+# A body that is nothing but an error (a refusal, an unsupported version, an injected
+# fault) is the request's failure even for an item-verdict API: there is no state to read.
+_BARE_ERROR = frozenset({"error_code", "error_message"})
+
+
 def check_error(api_key: int, body: dict) -> dict:
     """Return ``body``, or raise its top-level error under the rule in the module docstring."""
     code = body.get("error_code")
-    if code and api_key not in ITEM_VERDICT_APIS:
+    if code and (api_key not in ITEM_VERDICT_APIS or body.keys() <= _BARE_ERROR):
         raise_for(code, body.get("error_message") or "")
     return body
 

@@ -220,11 +220,58 @@ async def test_plain_client_cannot_drive_internal_apis(cluster):
                 },
             )
         )
+    # The metadata quorum's APIs: a huge epoch would depose the leader, a fetch would count
+    # as a voter's acknowledgement (commit), a snapshot fetch would leak the metadata.
+    huge = 2**30
+    for b in range(3):
+        conn = await Raw.open(state, b)
+        attacks += [
+            (
+                conn,
+                ApiKey.VOTE,
+                {
+                    "candidate_epoch": huge,
+                    "candidate_id": b,
+                    "last_offset_epoch": huge,
+                    "last_offset": 10**9,
+                },
+            ),
+            (conn, ApiKey.BEGIN_QUORUM_EPOCH, {"leader_epoch": huge, "leader_id": (b + 1) % 3}),
+            (
+                conn,
+                ApiKey.END_QUORUM_EPOCH,
+                {"leader_epoch": huge, "leader_id": b, "preferred_successors": [0]},
+            ),
+            (
+                conn,
+                ApiKey.QUORUM_FETCH,
+                {
+                    "correlation_id": 1,
+                    "replica_id": (b + 1) % 3,
+                    "current_leader_epoch": 1,
+                    "fetch_offset": 10**9,
+                    "last_fetched_epoch": 1,
+                    "max_wait_ms": 0,
+                },
+            ),
+            (
+                conn,
+                ApiKey.FETCH_SNAPSHOT,
+                {
+                    "correlation_id": 1,
+                    "replica_id": (b + 1) % 3,
+                    "current_leader_epoch": 1,
+                    "snapshot_id": {"offset": 0, "epoch": 0},
+                },
+            ),
+        ]
     for conn, api, body in attacks:
         answer = await conn.request(api, body)
         assert answer["error_code"] == DENIED, (api, answer)
         assert "authenticated cluster members" in answer["error_message"]
 
+    for b in range(3):
+        assert (await broker_stats(state, b))["quorum"]["epoch"] < huge
     assert await view(state) == before
     assert files_outside(state) == []
     assert await read_back(state, "orders") == [f"v{i}".encode() for i in range(RECORDS)]
@@ -352,6 +399,13 @@ async def test_wrong_secret_is_refused_and_members_speak_only_for_themselves(clu
         await ask(good, 0, ApiKey.BROKER_HEARTBEAT, heartbeat)
     with pytest.raises(ClusterAuthorizationFailed, match="only controller 0"):
         await ask(good, 2, ApiKey.UPDATE_METADATA, {"metadata": snapshot(2**62, [])})
+
+    # Nor run for election, or fetch the metadata log, under broker 2's name.
+    vote = {"candidate_epoch": 2**30, "candidate_id": 2, "last_offset_epoch": 0, "last_offset": 0}
+    with pytest.raises(ClusterAuthorizationFailed, match="may not speak for broker 2"):
+        await ask(good, 0, ApiKey.VOTE, vote)
+    for b in range(3):
+        assert (await broker_stats(state, b))["quorum"]["epoch"] < 2**30
 
     # Speaking for itself, a member still cannot make the metadata unloadable.
     with pytest.raises(InvalidRequest, match="cannot register"):
