@@ -217,8 +217,10 @@ class RequestHandler:
     def create_topics(
         self, header: RequestHeader, body: dict, session: ConnectionSession
     ) -> dict | PendingResponse:
-        result = self.broker.create_topics(body["topics"], body["validate_only"])
-        return result if isinstance(result, PendingResponse) else {"topics": result}
+        # From another broker (an authenticated principal): forwarded to us as the controller.
+        return self.broker.create_topics(
+            body["topics"], body["validate_only"], forwarded=session.principal is not None
+        )
 
     def alter_partition(self, body: dict) -> dict:
         return self.broker.controller.alter_partition(body)
@@ -235,6 +237,14 @@ class RequestHandler:
         refusal = self.refuse_unless_member(session, header.api_key)
         if refusal is not None:
             return refusal
+        if broker.quorum is not None:
+            # A voter's metadata is the quorum's committed log, never a pushed snapshot.
+            return self.refuse(
+                session,
+                header.api_key,
+                f"from broker {session.principal}: broker {broker.broker_id} takes metadata "
+                "from the metadata quorum only",
+            )
         if broker.is_controller or session.principal != broker.controller_id:
             # Only the controller pushes metadata (and never to itself).
             return self.refuse(

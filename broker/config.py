@@ -130,7 +130,7 @@ DEFS: dict[str, ConfigDef] = {
     ),
     "replica.fetch.backoff.ms": ConfigDef(int, 1000, "Pause after a failed follower fetch.", 0),
     "controller.id": ConfigDef(
-        int, -1, "Broker acting as controller (-1: the lowest id of the cluster).", -1
+        int, -1, "Ignored: the active controller is whichever voter leads the metadata quorum.", -1
     ),
     "controller.quorum.voters": ConfigDef(
         str,

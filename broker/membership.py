@@ -82,59 +82,74 @@ class MetadataPusher:
 
 
 class ControllerLink:
-    """A non-controller broker's line to the controller."""
+    """A broker's line to the active controller, whichever voter that is now.
 
-    def __init__(self, broker: Any, host: str, port: int) -> None:
+    Registers with each new controller, then heartbeats; ``broker.controller_call`` calls
+    locally when this broker is the controller and retries on the next one after
+    NOT_CONTROLLER. Metadata itself comes from the quorum every voter runs.
+    """
+
+    def __init__(self, broker: Any) -> None:
         self.broker = broker
-        auth = {"credentials": broker.credentials, "peer_id": broker.controller_id}
-        self.conn = PeerConnection(host, port, f"broker-{broker.broker_id}", **auth)
-        self.isr_conn = PeerConnection(host, port, f"broker-{broker.broker_id}-isr", **auth)
+        self.conns: dict[tuple[int, str], PeerConnection] = {}
         self.log = broker.log
+
+    def _conn(self, target: int, lane: str) -> PeerConnection:
+        conn = self.conns.get((target, lane))
+        if conn is None:
+            b = self.broker
+            host, port = b.voters[target]
+            conn = self.conns[(target, lane)] = PeerConnection(
+                host,
+                port,
+                f"broker-{b.broker_id}" + ("-isr" if lane == "isr" else ""),
+                credentials=b.credentials,
+                peer_id=target,
+            )
+        return conn
+
+    async def request(self, target: int, api_key: int, body: dict) -> dict:
+        """One request to voter ``target`` (ISR changes on their own connection)."""
+        if api_key == ApiKey.ALTER_PARTITION:
+            return await self._conn(target, "isr").request(api_key, body, timeout=10)
+        timeout = 30 if api_key == ApiKey.CREATE_TOPICS else 5
+        return await self._conn(target, "main").request(api_key, body, timeout=timeout)
 
     def _apply(self, body: dict) -> None:
         snapshot = body.get("metadata")
-        if snapshot is not None:
+        if snapshot is not None and self.broker.quorum is None:
             try:
                 self.broker.receive_metadata(snapshot)
             except MetadataError as exc:
                 self.log.warning("metadata_rejected", epoch=snapshot.get("epoch"), error=str(exc))
-            except Exception:
-                self.log.exception("metadata_apply_failed", epoch=snapshot.get("epoch"))
 
-    async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self) -> None:
         b = self.broker
         registration = {"broker_id": b.broker_id, "host": b.host, "port": b.port}
-        delay = 0.02
-        while True:
-            try:
-                self._apply(
-                    await self.conn.request(ApiKey.BROKER_REGISTRATION, registration, timeout=5)
-                )
-                break
-            except KafkaError as exc:
-                log_peer_failure(self.log, "registration_retry", exc)
-                await trio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-        self.log.info("registered_with_controller", controller=self.conn.address)
-        task_status.started()
         interval = b.config["broker.heartbeat.interval.ms"] / 1000
+        registered_with = -1
         while True:
-            await trio.sleep(interval)
-            try:
-                body = await self.conn.request(
-                    ApiKey.BROKER_HEARTBEAT,
-                    {"broker_id": b.broker_id, "metadata_epoch": b.metadata.epoch},
-                    timeout=max(interval, 5),
+            if registered_with != b.controller_id or b.controller_id < 0:
+                answer = await b.controller_call(
+                    ApiKey.BROKER_REGISTRATION, registration, b.register_broker, timeout=5
                 )
-                self._apply(body)
-            except KafkaError as exc:
-                self.log.warning("heartbeat_failed", error=str(exc))
-
-    async def forward(self, api_key: int, body: dict) -> dict:
-        return await self.conn.request(api_key, body, timeout=30)
-
-    async def alter_partition(self, request: dict) -> dict:
-        return await self.isr_conn.request(ApiKey.ALTER_PARTITION, request, timeout=10)
+                if answer.get("error_code", 0) == 0:
+                    registered_with = b.controller_id
+                    self.log.info("registered_with_controller", controller=registered_with)
+                    self._apply(answer)
+                else:
+                    await trio.sleep(0.05)
+                continue
+            await trio.sleep(interval)
+            answer = await b.controller_call(
+                ApiKey.BROKER_HEARTBEAT,
+                {"broker_id": b.broker_id, "metadata_epoch": b.metadata.epoch},
+                b.heartbeat,
+                timeout=max(interval, 5),
+            )
+            if answer.get("error_code", 0) != 0:
+                self.log.warning("heartbeat_failed", error=answer.get("error_message"))
+            self._apply(answer)
 
 
 def snapshot_to_metadata(snapshot: dict) -> ClusterMetadata:

@@ -105,6 +105,8 @@ class QuorumDriver:
         self.on_leader_change: Callable[[LeaderChanged], None] | None = None
         # Called with True when this voter becomes the active controller, False when not.
         self.on_active_change: Callable[[bool], None] | None = None
+        # Called after committed entries (or a leader's snapshot) reach the state machine.
+        self.on_commit: Callable[[], None] | None = None
         self._active = False
         # (last offset, pending, answer): requests answered once their records are applied.
         self._commit_waiters: list[tuple[int, PendingResponse, dict]] = []
@@ -184,6 +186,8 @@ class QuorumDriver:
                     if self.state_machine is not None:
                         self.state_machine.restore(effect.snapshot.data)
                     self.applied = effect.snapshot.snapshot_id.offset
+                    if self.on_commit is not None:
+                        self.on_commit()
             elif isinstance(effect, Send):
                 self._route(effect.destination, effect.message)
             elif isinstance(effect, HighWatermarkUpdated):
@@ -208,6 +212,7 @@ class QuorumDriver:
 
     def _commit(self, high_watermark: int) -> None:
         log = self.core.log
+        before = self.applied
         while self.applied < high_watermark:
             entry = log.entry(self.applied)
             if entry is None:  # below the log start: covered by a snapshot we restored
@@ -215,6 +220,8 @@ class QuorumDriver:
             if not entry.control and self.state_machine is not None:
                 self.state_machine.apply(entry)
             self.applied += 1
+        if self.applied > before and self.on_commit is not None:
+            self.on_commit()
         while self._commit_waiters and self._commit_waiters[0][0] < self.applied:
             _, pending, answer = self._commit_waiters.pop(0)
             pending.set(answer)

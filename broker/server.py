@@ -12,6 +12,7 @@ import fcntl
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,12 @@ from protocol.errors import ErrorCode, KafkaError
 from .apis import RequestHandler
 from .cluster_auth import Authenticator, ClusterCredentials, SecretFileError, load_credentials
 from .config import BrokerConfig, ConfigError
-from .controller import Controller, MetadataPersistError
+from .controller import Controller
 from .faults import FaultInjector
-from .membership import ControllerLink, MetadataPusher, VotersError, parse_voters
+from .membership import ControllerLink, VotersError, parse_voters
 from .metadata import BrokerInfo, ClusterMetadata, epoch_regression
 from .metadata_check import MetadataError
+from .metadata_records import MetadataImage
 from .network import ConnectionHandler, max_connections_for
 from .partition import Partition
 from .pending import PendingResponse
@@ -78,13 +80,11 @@ class Broker:
             self.voters = parse_voters(config["controller.quorum.voters"])
         except VotersError as exc:
             raise ConfigError(str(exc)) from None
-        configured = config["controller.id"]
-        self.controller_id = configured if configured >= 0 else min(self.voters, default=broker_id)
-        self.is_controller = self.controller_id == broker_id
-        if not self.is_controller and self.controller_id not in self.voters:
-            raise ConfigError(
-                f"controller.id {self.controller_id} is not in controller.quorum.voters"
-            )
+        # The active controller is whichever voter leads the metadata quorum with its epoch
+        # committed (KRaft): both follow the quorum (_leader_changed, _active_changed).
+        self.controller_id = -1
+        self.is_controller = False
+        self.activated_ms = 0
         self.credentials = self._credentials(broker_id, config)
         self.authenticator = Authenticator(self.credentials, broker_id, logger)
         self.timer: SystemTimer | None = None
@@ -95,9 +95,10 @@ class Broker:
         self.connections: ConnectionHandler | None = None
         self.nursery: trio.Nursery | None = None
         self.fetchers: dict[tuple[str, int], ReplicaFetcher] = {}
-        self.pushers: dict[int, MetadataPusher] = {}
         self.heartbeats: dict[int, int] = {}
         self._isr_in_flight: set[tuple[str, int]] = set()
+        self.image: MetadataImage | None = None
+        self.leader_known = trio.Event()  # set (and replaced) whenever the controller changes
         self.faults = FaultInjector()
 
     def _credentials(self, broker_id: int, config: BrokerConfig) -> ClusterCredentials | None:
@@ -122,13 +123,54 @@ class Broker:
         """Read what must be sound before serving; raises one-line errors (corrupt metadata)."""
         if self.quorum is None and (not self.voters or self.broker_id in self.voters):
             # A broker outside the voter set would be a KRaft observer: not modelled yet.
+            self.image = MetadataImage()
             self.quorum = self._quorum_driver()
+            self.quorum.on_commit = self._metadata_committed
+            self.quorum.on_leader_change = self._leader_changed
+            self.quorum.on_active_change = self._active_changed
             self.quorum.load()
-        if self.is_controller and self.controller is None:
+
+    def _metadata_committed(self) -> None:
+        """Every voter applies each commit through the one path pushes used to take."""
+        md = self.image.metadata.copy()
+        md.controller_id = self.controller_id
+        if self.replica_manager is not None and self.nursery is not None:
+            self.apply_metadata(md)
+        else:
+            self.metadata = md
+
+    def _leader_changed(self, effect: Any) -> None:
+        leader = effect.leader_id if effect.leader_id is not None else -1
+        if leader != self.controller_id:
+            self.controller_id = leader
+            self.metadata.controller_id = leader
+            self.leader_known.set()
+            self.leader_known = trio.Event()
+
+    def _active_changed(self, active: bool) -> None:
+        """Quorum leader with its epoch committed: build the controller from the image."""
+        if active:
+            self.controller_id = self.broker_id
             self.controller = Controller(
-                self.broker_id, self.data_dir, self.config, self.log, self.publish
+                self.broker_id,
+                self.config,
+                self.log,
+                self.image.metadata.copy(),
+                self.quorum.append_and_answer,
             )
-            self.controller.register_self(BrokerInfo(self.broker_id, self.host, self.port))
+            # Every broker gets a full session from now: a new controller does not fence
+            # brokers whose heartbeats went to the old one.
+            self.heartbeats = {}
+            self.activated_ms = self.clock.now_ms()
+            self.is_controller = True
+            self.controller.register_broker(
+                BrokerInfo(self.broker_id, self.host, self.port), {"error_code": 0}
+            )
+        else:
+            self.controller = None
+            self.is_controller = False
+        self.leader_known.set()
+        self.leader_known = trio.Event()
 
     def _quorum_driver(self) -> QuorumDriver:
         """Every listed voter runs the metadata quorum; a lone broker is a one-voter quorum."""
@@ -149,6 +191,7 @@ class Broker:
             self.log,
             config=config,
             credentials=self.credentials,
+            state_machine=self.image,
         )
 
     # --- metadata -------------------------------------------------------------------------
@@ -212,45 +255,94 @@ class Broker:
             raise MetadataError(problem)
         self.apply_metadata(md)
 
-    def publish(self, md: ClusterMetadata) -> None:
-        """Controller: apply locally, then push to every other registered broker."""
-        self.apply_metadata(md)
-        snapshot = md.to_json()
-        for node_id, info in md.brokers.items():
-            if node_id == self.broker_id:
-                continue
-            pusher = self.pushers.get(node_id)
-            if pusher is None or pusher.target != info:
-                pusher = self.pushers[node_id] = MetadataPusher(
-                    info, self.broker_id, self.log, self.credentials
-                )
-                self.nursery.start_soon(pusher.run)
-            pusher.offer(snapshot)
-
     # --- controller-bound requests ----------------------------------------------------------
 
     def create_topics(
-        self, topics: list[dict], validate_only: bool
-    ) -> list[dict] | PendingResponse:
-        if self.is_controller:
+        self, topics: list[dict], validate_only: bool, *, forwarded: bool = False
+    ) -> dict | PendingResponse:
+        """``{"topics": results}``. A client's request goes to the active controller (here or
+        forwarded), retried on the next one after NOT_CONTROLLER; a forwarded one is answered
+        here or refused, never forwarded again (no loops while the brokers disagree)."""
+        body = {"topics": topics, "validate_only": validate_only}
+        if forwarded:
+            if self.controller is None:
+                return self._not_controller_topics(topics)
             return self.controller.create_topics(topics, validate_only)
-        return self._forward(
-            ApiKey.CREATE_TOPICS, {"topics": topics, "validate_only": validate_only}
-        )
-
-    def _forward(self, api_key: int, body: dict) -> PendingResponse:
         pending = PendingResponse()
 
-        async def forward() -> None:
-            try:
-                pending.set(await self.link.forward(api_key, body))
-            except KafkaError as exc:
-                pending.set(
-                    {"error_code": int(exc.code), "error_message": f"controller unreachable: {exc}"}
-                )
+        async def call() -> None:
+            answer = await self.controller_call(
+                ApiKey.CREATE_TOPICS,
+                body,
+                lambda b: self.controller.create_topics(b["topics"], b["validate_only"]),
+                timeout=30,
+            )
+            if "topics" not in answer:
+                answer = self._not_controller_topics(topics, answer)
+            pending.set(answer)
 
-        self.nursery.start_soon(forward)
+        self.nursery.start_soon(call)
         return pending
+
+    def _not_controller_topics(self, topics: list[dict], error: dict | None = None) -> dict:
+        error = error or {
+            "error_code": int(ErrorCode.NOT_CONTROLLER),
+            "error_message": f"broker {self.broker_id} is not the controller "
+            f"(the controller is {self.controller_id})",
+        }
+        return {
+            "topics": [
+                {
+                    "name": t["name"],
+                    "error_code": error["error_code"],
+                    "error_message": error.get("error_message"),
+                    "num_partitions": t["num_partitions"],
+                    "replication_factor": t["replication_factor"],
+                }
+                for t in topics
+            ]
+        }
+
+    async def controller_call(
+        self, api_key: int, body: dict, local: Callable[[dict], Any], *, timeout: float
+    ) -> dict:
+        """Ask the active controller, whoever it is now: locally when it is this broker,
+        else over the link; NOT_CONTROLLER or an unreachable controller means wait for the
+        quorum to name the next one and ask again, until ``timeout``."""
+        answer: dict = {"error_code": int(ErrorCode.NOT_CONTROLLER), "error_message": None}
+        with trio.move_on_after(timeout):
+            while True:
+                unreachable = False
+                try:
+                    if self.controller is not None:
+                        answer = local(body)
+                        if isinstance(answer, PendingResponse):
+                            answer = await answer.wait()
+                    elif self.controller_id >= 0 and self.controller_id != self.broker_id:
+                        answer = await self.link.request(self.controller_id, api_key, body)
+                    else:
+                        answer = {
+                            "error_code": int(ErrorCode.NOT_CONTROLLER),
+                            "error_message": "no active controller yet",
+                        }
+                except KafkaError as exc:
+                    unreachable = True
+                    answer = {
+                        "error_code": int(exc.code),
+                        "error_message": f"controller unreachable: {exc}",
+                    }
+                code = answer.get("error_code", 0)
+                topic_codes = {t["error_code"] for t in answer.get("topics", [])}
+                if not (
+                    unreachable
+                    or code == ErrorCode.NOT_CONTROLLER
+                    or ErrorCode.NOT_CONTROLLER in topic_codes
+                ):
+                    return answer
+                with trio.move_on_after(0.2):
+                    await self.leader_known.wait()
+                await trio.sleep(0.02)
+        return answer
 
     def delayed(
         self, delay_ms: int, result: dict | PendingResponse | None
@@ -268,13 +360,13 @@ class Broker:
         return pending
 
     def auto_create(self, names: list[str]) -> None:
-        if self.is_controller:
-            self.controller.create_topics(
-                [
-                    {"name": n, "num_partitions": -1, "replication_factor": -1, "configs": {}}
-                    for n in names
-                ]
-            )
+        self.create_topics(
+            [
+                {"name": n, "num_partitions": -1, "replication_factor": -1, "configs": {}}
+                for n in names
+            ],
+            False,
+        )
 
     def propose_isr(self, partition: Partition, new_isr: list[int]) -> None:
         """Leader: ask the controller to change the ISR; one proposal in flight per partition."""
@@ -289,15 +381,13 @@ class Broker:
             "partition_epoch": partition.partition_epoch,
             "new_isr": new_isr,
         }
-        if self.is_controller:
-            if self.controller.alter_partition(request).get("error_code"):
-                self.replica_manager.isr_proposal_ended(partition)
-            return
         self._isr_in_flight.add(key)
 
         async def send() -> None:
             try:
-                answer = await self.link.alter_partition(request)
+                answer = await self.controller_call(
+                    ApiKey.ALTER_PARTITION, request, self._alter_partition_here, timeout=10
+                )
                 if answer.get("error_code") == 0:
                     self.replica_manager.isr_update_accepted(
                         partition, request["leader_epoch"], answer["isr"], answer["partition_epoch"]
@@ -312,11 +402,6 @@ class Broker:
                         partition=key[1],
                         error=answer.get("error_message"),
                     )
-            except KafkaError as exc:
-                self.replica_manager.isr_proposal_ended(partition)
-                self.log.warning(
-                    "alter_partition_failed", topic=key[0], partition=key[1], error=str(exc)
-                )
             finally:
                 self._isr_in_flight.discard(key)
 
@@ -328,7 +413,10 @@ class Broker:
             await trio.sleep(max(lag / 2, 10) / 1000)
             self.replica_manager.maybe_shrink_isr(self.clock.now_ms(), lag)
 
-    def register_broker(self, body: dict) -> dict:
+    def _alter_partition_here(self, request: dict) -> dict | PendingResponse:
+        return self.controller.alter_partition(request)
+
+    def register_broker(self, body: dict) -> dict | PendingResponse:
         if not body["host"] or body["port"] < 1:
             # Never let a registration make the metadata one that brokers (or this
             # controller, at its next start) would refuse to load.
@@ -336,30 +424,23 @@ class Broker:
                 "error_code": int(ErrorCode.INVALID_REQUEST),
                 "error_message": f"cannot register {body['host']!r}:{body['port']}",
             }
-        try:
-            self.controller.register_broker(
-                BrokerInfo(body["broker_id"], body["host"], body["port"])
-            )
-        except MetadataPersistError as exc:
-            return {"error_code": int(exc.code), "error_message": exc.message}
         self.heartbeats[body["broker_id"]] = self.clock.now_ms()
-        return {"error_code": 0, "metadata": self.controller.metadata.to_json()}
+        # Voters get metadata from the quorum itself; the answer carries none.
+        return self.controller.register_broker(
+            BrokerInfo(body["broker_id"], body["host"], body["port"]),
+            {"error_code": 0, "metadata": None},
+        )
 
-    def heartbeat(self, body: dict) -> dict:
+    def heartbeat(self, body: dict) -> dict | PendingResponse:
         broker_id = body["broker_id"]
-        try:
-            if body["shutting_down"]:
-                # Controlled shutdown: move leadership now instead of after the session timeout.
-                self.controller.fence(broker_id, reason="controlled_shutdown")
-                self.heartbeats.pop(broker_id, None)
-                return {"error_code": 0, "metadata": None}
-            self.heartbeats[broker_id] = self.clock.now_ms()
-            self.controller.broker_alive(broker_id)
-        except MetadataPersistError as exc:
-            return {"error_code": int(exc.code), "error_message": exc.message}
-        md = self.controller.metadata
-        newer = md.to_json() if body["metadata_epoch"] < md.epoch else None
-        return {"error_code": 0, "metadata": newer}
+        if body.get("shutting_down"):
+            # Controlled shutdown: move leadership now instead of after the session timeout.
+            self.heartbeats.pop(broker_id, None)
+            return self.controller.fence(
+                broker_id, "controlled_shutdown", {"error_code": 0, "metadata": None}
+            )
+        self.heartbeats[broker_id] = self.clock.now_ms()
+        return self.controller.broker_alive(broker_id, {"error_code": 0, "metadata": None})
 
     def stats(self) -> dict:
         rm = self.replica_manager
@@ -451,18 +532,14 @@ class Broker:
                 self.nursery = nursery
                 nursery.start_soon(self.connections.serve, listeners)
                 self.load_state()
+                self.apply_metadata(self.metadata)
                 if self.quorum is not None:
                     await nursery.start(self.quorum.run)
-                if self.is_controller:
-                    self.apply_metadata(self.controller.metadata)
-                else:
-                    host, port = self.voters[self.controller_id]
-                    self.link = ControllerLink(self, host, port)
-                    await nursery.start(self.link.run)
+                self.link = ControllerLink(self)
+                nursery.start_soon(self.link.run)
                 nursery.start_soon(self._retention_loop)
                 nursery.start_soon(self._isr_shrink_loop)
-                if self.is_controller:
-                    nursery.start_soon(self._session_loop)
+                nursery.start_soon(self._session_loop)
                 self.log.info(
                     "broker_started",
                     host=self.host,
@@ -481,37 +558,34 @@ class Broker:
     async def _session_loop(self) -> None:
         """Controller: fence brokers whose heartbeats stopped for broker.session.timeout.ms."""
         timeout = self.config["broker.session.timeout.ms"]
-        started = self.clock.now_ms()
         while True:
             await trio.sleep(min(timeout / 4, 250) / 1000)
+            if self.controller is None:
+                continue  # fencing runs only on the active controller
             now = self.clock.now_ms()
-            md = self.controller.metadata
-            for broker_id in list(md.live):
+            for broker_id in list(self.controller.metadata.live):
                 if broker_id == self.broker_id:
                     continue
-                last = self.heartbeats.get(broker_id, started)
+                last = self.heartbeats.get(broker_id, self.activated_ms)
                 if now - last > timeout:
-                    try:
-                        self.controller.fence(broker_id, reason=f"no heartbeat for {now - last} ms")
-                    except MetadataPersistError:
-                        pass  # logged by the controller; tried again next round
+                    self.controller.fence(broker_id, reason=f"no heartbeat for {now - last} ms")
 
     async def controlled_shutdown(self) -> None:
         """Tell the controller we are going, so leaders move at once (best effort)."""
         if self.quorum is not None:
             await self.quorum.resign(timeout=1)
-        if self.link is None:
+        if self.link is None or self.controller_id < 0 or self.controller_id == self.broker_id:
             return
         with trio.move_on_after(2):
             try:
-                await self.link.conn.request(
+                await self.link.request(
+                    self.controller_id,
                     ApiKey.BROKER_HEARTBEAT,
                     {
                         "broker_id": self.broker_id,
                         "metadata_epoch": self.metadata.epoch,
                         "shutting_down": True,
                     },
-                    timeout=2,
                 )
             except KafkaError as exc:
                 self.log.warning("controlled_shutdown_failed", error=str(exc))

@@ -11,6 +11,7 @@ import time
 import pytest
 import trio
 
+from client import Admin, Consumer, NewTopic, Producer
 from deploy.cluster_ops import gather_status, render_status
 
 from .cluster_helpers import broker_stats, wait_for
@@ -105,3 +106,110 @@ async def test_a_cleanly_stopped_quorum_leader_hands_over_at_once(cluster_factor
     assert new != leader and new_view["epoch"] > view["epoch"]
     log = (state.data_dir / f"broker-{leader}" / "broker.log").read_text()
     assert "quorum_resigning" in log
+
+
+async def test_active_controller_killed_the_cluster_goes_on_and_metadata_survives(
+    cluster_factory,
+):
+    """kill -9 the active controller, whichever broker it is: a new one is active within the
+    quorum's timeouts, topics can be created, a partition leader killed afterwards fails
+    over, every acknowledged acks=all record is read back once; then metadata survives a
+    restart of every broker. Five voters, so two kills leave a majority."""
+    config = {
+        **QUORUM,
+        "broker.session.timeout.ms": 2000,
+        "broker.heartbeat.interval.ms": 200,
+        "min.insync.replicas": 2,
+    }
+    state = await cluster_factory(5, config)
+    alive = [0, 1, 2, 3, 4]
+    controller, _ = await wait_for(lambda: active_controller(state, alive), 15, "a controller")
+    async with Admin(state.bootstrap) as admin:
+        await admin.create_topics([NewTopic("before", 5, 3)])
+    acked: dict[tuple[int, int], bytes] = {}
+    producer_settings = {"request.timeout.ms": 3000, "delivery.timeout.ms": 30000}
+
+    async def write(tag: str, count: int, bootstrap: str, partitions=range(5)) -> None:
+        async with Producer(bootstrap, acks="all", **producer_settings) as producer:
+            for i in range(count):
+                value = f"{tag}{i}".encode()
+                partition = partitions[i % len(partitions)]
+                meta = await producer.send("before", value, partition=partition)
+                acked[(meta.partition, meta.offset)] = value
+
+    await write("a", 50, state.bootstrap)
+
+    state.kill(controller)
+    t0 = time.monotonic()
+    alive.remove(controller)
+    survivors = ",".join(f"{state.host}:{state.port(b)}" for b in alive)
+    new, _ = await wait_for(lambda: active_controller(state, alive), 15, "a new controller")
+    active_s = time.monotonic() - t0
+
+    async def create_after() -> bool:
+        async with Admin(survivors) as admin:
+            result = await admin.create_topics([NewTopic("after", 2, 2)], raise_errors=False)
+        return result["after"] is None
+
+    await wait_for(create_after, 15, "topics create on the new controller")
+    create_s = time.monotonic() - t0
+    print(f"controller failover: active {active_s:.2f}s, topic created {create_s:.2f}s")
+    assert new != controller
+    # fetch timeout (1 s) + one randomized election (<= 2 x 0.5 s) + 1 s
+    assert active_s < 1.0 + 1.0 + 1.0, f"new active controller after {active_s:.1f}s"
+
+    await write("b", 20, survivors)
+    async with Admin(survivors) as admin:
+        parts = (await admin.describe_topics(["before"]))["before"].partitions
+    index, victim = next(
+        (i, p.leader)
+        for i, p in enumerate(parts)
+        if p.leader in alive and len([r for r in p.isr if r in alive]) >= 3
+    )
+    state.kill(victim)
+    alive.remove(victim)
+    survivors = ",".join(f"{state.host}:{state.port(b)}" for b in alive)
+
+    async def moved() -> bool:
+        async with Admin(survivors) as admin:
+            p = (await admin.describe_topics(["before"]))["before"].partitions[index]
+        return p.leader in alive
+
+    await wait_for(moved, 15, "the killed leader's partition to fail over")
+    # Two of five brokers are down: only partitions with two live ISR members take acks=all.
+    await write("c", 20, survivors, [index])
+
+    async def read_all() -> list:
+        async with Consumer(survivors) as consumer:
+            consumer.assign([("before", p) for p in range(5)])
+            consumer.seek_to_beginning()
+            ends = await consumer.end_offsets([("before", p) for p in range(5)])
+            got: list = []
+            while len(got) < sum(ends.values()):
+                records = await consumer.poll(timeout_ms=3000)
+                assert records, f"only {len(got)} of {sum(ends.values())} records readable"
+                got += records
+        return got
+
+    records = await read_all()
+    by_key = {(r.partition, r.offset): r.value for r in records}
+    assert all(by_key.get(key) == value for key, value in acked.items())
+    values = [r.value for r in records]
+    assert all(values.count(v) == 1 for v in acked.values())
+
+    # Restart every broker: topics, partitions and leaders come back from the metadata log.
+    state.restart(controller)
+    state.restart(victim)
+    state.stop_all()
+    state.start_all()
+    alive = [0, 1, 2, 3, 4]
+    await wait_for(lambda: active_controller(state, alive), 20, "a controller after restart")
+
+    async def topics_back() -> bool:
+        async with Admin(state.bootstrap) as admin:
+            described = await admin.describe_topics(["before", "after"])
+        return [len(described[t].partitions) for t in ("before", "after")] == [5, 2] and all(
+            p.leader >= 0 for p in described["before"].partitions
+        )
+
+    await wait_for(topics_back, 30, "metadata to survive a restart of every broker")
