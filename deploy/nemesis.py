@@ -19,7 +19,7 @@ UNDO = {"pause": "resume", "kill": "restart", "isolate": "heal"}
 CONTROLLER = -1  # a planned victim resolved, when its fault starts, to the active controller
 # The one switch: True once any broker can take over as controller (issue 14's quorum).
 # Then the nemesis targets the active controller by default, and so does the test suite.
-CONTROLLER_FAILOVER = False
+CONTROLLER_FAILOVER = True
 
 
 @dataclass(frozen=True)
