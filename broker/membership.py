@@ -16,7 +16,7 @@ from protocol import ApiKey
 from protocol.errors import KafkaError
 
 from .cluster_auth import ClusterCredentials
-from .metadata import BrokerInfo, ClusterMetadata
+from .metadata import BrokerInfo
 from .metadata_check import MetadataError
 from .peer import PeerConnection, log_peer_failure
 
@@ -135,7 +135,3 @@ class ControllerLink:
 
     async def alter_partition(self, request: dict) -> dict:
         return await self.isr_conn.request(ApiKey.ALTER_PARTITION, request, timeout=10)
-
-
-def snapshot_to_metadata(snapshot: dict) -> ClusterMetadata:
-    return ClusterMetadata.parse(snapshot)
