@@ -1,9 +1,8 @@
-"""How brokers of a cluster find and follow the controller, and how it reaches them.
+"""How a broker finds and follows the active controller, whichever voter that is.
 
-Broker side: register with the controller (retrying until it answers), then
-heartbeat; every answer may carry a newer metadata snapshot. Controller side: one
-pusher per broker sends the newest snapshot whenever metadata changes, coalescing
-bursts and retrying a broker that is paused or down.
+Register with each new active controller (retrying until it answers), then heartbeat.
+Voters learn metadata from the quorum's committed log; a broker outside the voter set
+takes the snapshot each heartbeat answer carries.
 """
 
 from __future__ import annotations
@@ -13,12 +12,9 @@ from typing import Any
 import trio
 
 from protocol import ApiKey
-from protocol.errors import KafkaError
 
-from .cluster_auth import ClusterCredentials
-from .metadata import BrokerInfo, ClusterMetadata
 from .metadata_check import MetadataError
-from .peer import PeerConnection, log_peer_failure
+from .peer import PeerConnection
 
 
 class VotersError(ValueError):
@@ -35,50 +31,6 @@ def parse_voters(text: str) -> dict[int, tuple[str, int]]:
             raise VotersError(f"controller.quorum.voters: expected id@host:port, got {item!r}")
         voters[int(node)] = (host, int(port))
     return voters
-
-
-class MetadataPusher:
-    """Keeps one broker up to date with the controller's newest snapshot."""
-
-    def __init__(
-        self,
-        target: BrokerInfo,
-        controller_id: int,
-        logger: Any,
-        credentials: ClusterCredentials | None = None,
-    ) -> None:
-        self.target = target
-        self.conn = PeerConnection(
-            target.host,
-            target.port,
-            f"controller-{controller_id}",
-            credentials=credentials,
-            peer_id=target.node_id,
-        )
-        self.log = logger.bind(target=target.node_id)
-        self.latest: dict | None = None
-        self.sent_epoch = -1
-        self._wakeup = trio.Event()
-
-    def offer(self, snapshot: dict) -> None:
-        self.latest = snapshot
-        self._wakeup.set()
-
-    async def run(self) -> None:
-        while True:
-            await self._wakeup.wait()
-            self._wakeup = trio.Event()
-            snapshot = self.latest
-            if snapshot is None or snapshot["epoch"] <= self.sent_epoch:
-                continue
-            try:
-                await self.conn.request(ApiKey.UPDATE_METADATA, {"metadata": snapshot}, timeout=5)
-                self.sent_epoch = snapshot["epoch"]
-            except KafkaError as exc:
-                log_peer_failure(self.log, "metadata_push_failed", exc)
-                # The broker also pulls the snapshot with its heartbeats; retry anyway.
-                await trio.sleep(0.2)
-                self._wakeup.set()
 
 
 class ControllerLink:
@@ -150,7 +102,3 @@ class ControllerLink:
             if answer.get("error_code", 0) != 0:
                 self.log.warning("heartbeat_failed", error=answer.get("error_message"))
             self._apply(answer)
-
-
-def snapshot_to_metadata(snapshot: dict) -> ClusterMetadata:
-    return ClusterMetadata.parse(snapshot)

@@ -286,6 +286,14 @@ class ReplicaManager:
                 entry["error_code"] = int(code)
                 stop_now = True
                 continue
+            if fetch.for_follower and fetch.replica_id not in partition.replicas:
+                # An authenticated broker, but not a replica of this partition.
+                entry["error_code"] = int(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                entry["error_message"] = (
+                    f"broker {fetch.replica_id} is not a replica of {key[0]}-{key[1]}"
+                )
+                stop_now = True
+                continue
             log = partition.log
             entry["high_watermark"] = partition.high_watermark
             entry["log_start_offset"] = log.log_start_offset

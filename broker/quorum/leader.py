@@ -97,31 +97,18 @@ def on_fetch(client: KafkaRaftClient, source: int, req: FetchRequest) -> None:
     if source in s.parked:  # a follower has one fetch outstanding: it gave up on the old one
         _answer(client, s, s.parked.pop(source)[1], ErrorCode.NONE)
     valid = client.log.validate_offset_and_epoch(req.fetch_offset, req.last_fetched_epoch)
-    if valid.kind == "diverging":
-        client.send(
-            source,
-            FetchResponse(
-                req.correlation_id,
-                ErrorCode.NONE,
-                s.epoch,
-                client.node_id,
-                s.high_watermark,
-                diverging_epoch=valid.offset_and_epoch,
-            ),
+    if valid.kind in ("diverging", "snapshot"):
+        # The follower must truncate (DivergingEpoch) or fetch our snapshot first.
+        where = "diverging_epoch" if valid.kind == "diverging" else "snapshot_id"
+        answer = FetchResponse(
+            req.correlation_id,
+            ErrorCode.NONE,
+            s.epoch,
+            client.node_id,
+            s.high_watermark,
+            **{where: valid.offset_and_epoch},
         )
-        return
-    if valid.kind == "snapshot":
-        client.send(
-            source,
-            FetchResponse(
-                req.correlation_id,
-                ErrorCode.NONE,
-                s.epoch,
-                client.node_id,
-                s.high_watermark,
-                snapshot_id=valid.offset_and_epoch,
-            ),
-        )
+        client.send(source, answer)
         return
     replica.end_offset = req.fetch_offset
     _maybe_advance_high_watermark(client, s)

@@ -7,10 +7,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
-from deploy.chaos import CONTROLLER_FAILOVER
-
 
 def chaos(*args: str) -> tuple[subprocess.CompletedProcess, dict]:
     run = subprocess.run(
@@ -47,16 +43,3 @@ def test_a_planted_lost_write_fails_the_run(tmp_path):
     assert counts["lost"] == 1 and counts["violations"] >= 1
     assert "lost            1 VIOLATION(S)" in run.stdout and "acknowledged at chaos-" in run.stdout
     assert "    [lost] " in run.stdout  # each violation names the rule that fired
-
-
-@pytest.mark.skipif(
-    not CONTROLLER_FAILOVER,
-    reason="one controller and no controller failover yet (deploy.chaos.CONTROLLER_FAILOVER)",
-)
-def test_chaos_with_the_controller_targeted_keeps_every_promise(tmp_path):
-    # Seed 3: the active controller is killed, then paused, then isolated.
-    args = ["--duration", "12", "--seed", "3", "--target-controller"]
-    run, counts = chaos(*args, "--data-dir", str(tmp_path / "c"))
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert counts["violations"] == 0 and counts["target_controller"]
-    assert counts["nemesis"]["controller"] >= 3 and counts["nemesis"]["kill"] >= 1

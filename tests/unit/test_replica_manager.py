@@ -141,3 +141,11 @@ def test_offset_lookups_see_the_hw_as_consumers_and_the_leo_as_replicas(manager)
     raw["topics"][0]["partitions"] = [{"partition": 0, "leader_epoch": 1}]
     body = p.validate_request(p.RequestHeader(p.ApiKey.OFFSET_FOR_LEADER_EPOCH, 0, 1, None), raw)
     assert only_partition(manager.offsets_for_leader_epoch(body))["end_offset"] == 4
+
+
+def test_a_follower_fetch_from_a_broker_that_is_no_replica_is_refused_by_name(manager):
+    produce(manager, acks=1)
+    answer = only_partition(fetch(manager, 7, 0))
+    assert answer["error_code"] == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert "broker 7 is not a replica of t-0" in answer["error_message"]
+    assert 7 not in manager.partitions[("t", 0)].replica_states
