@@ -30,6 +30,21 @@ if TYPE_CHECKING:
 
 Handler = Callable[[RequestHeader, dict, ConnectionSession], "dict | PendingResponse | None"]
 
+# Answered from cluster metadata: held until this broker has caught up with the quorum
+# after its start (Kafka opens its client listeners only then), so a restarted broker
+# never says "no such topic" about a topic it has simply not read back yet. Quorum,
+# membership and SASL APIs are not held: catching up needs them.
+WAIT_FOR_METADATA = frozenset(
+    {
+        ApiKey.METADATA,
+        ApiKey.CREATE_TOPICS,
+        ApiKey.PRODUCE,
+        ApiKey.FETCH,
+        ApiKey.LIST_OFFSETS,
+        ApiKey.OFFSET_FOR_LEADER_EPOCH,
+    }
+)
+
 
 class RequestHandler:
     def __init__(self, broker: Broker) -> None:
@@ -117,7 +132,14 @@ class RequestHandler:
                 return self.broker.delayed(
                     delay, self.handlers[header.api_key](header, body, session)
                 )
-        return self.handlers[header.api_key](header, body, session)
+        handler = self.handlers[header.api_key]
+        if (
+            header.api_key in WAIT_FOR_METADATA
+            and not self.broker.metadata_ready.is_set()
+            and not (header.api_key == ApiKey.PRODUCE and body["acks"] == 0)  # no answer to hold
+        ):
+            return self.broker.after_catch_up(lambda: handler(header, body, session))
+        return handler(header, body, session)
 
     def quorum(
         self, header: RequestHeader, body: dict, session: ConnectionSession

@@ -47,7 +47,7 @@ from .quorum import (
     TruncateLog,
 )
 from .quorum.messages import FetchRequest, FetchSnapshotRequest, Message
-from .quorum.state import LeaderState
+from .quorum.state import FollowerState, LeaderState
 from .quorum.wire import REQUEST_KEYS, RESPONSE_TYPES, decode_request, decode_response, encode
 from .quorum_store import QuorumStore
 
@@ -107,6 +107,9 @@ class QuorumDriver:
         self.on_active_change: Callable[[bool], None] | None = None
         # Called after committed entries (or a leader's snapshot) reach the state machine.
         self.on_commit: Callable[[], None] | None = None
+        # Called once, when this voter first catches up with the quorum (``caught_up``).
+        self.on_caught_up: Callable[[], None] | None = None
+        self._caught_up = False
         self._active = False
         # (last offset, pending, answer): requests answered once their records are applied.
         self._commit_waiters: list[tuple[int, PendingResponse, dict]] = []
@@ -208,6 +211,11 @@ class QuorumDriver:
             self.log.info("active_controller" if self._active else "inactive_controller")
             if self.on_active_change is not None:
                 self.on_active_change(self._active)
+        if not self._caught_up and self.core is not None and self.caught_up:
+            self._caught_up = True
+            self.log.info("quorum_caught_up", applied=self.applied)
+            if self.on_caught_up is not None:
+                self.on_caught_up()
         self._wake.set()
 
     def _commit(self, high_watermark: int) -> None:
@@ -271,6 +279,7 @@ class QuorumDriver:
                     self._apply(self.core.handle(voter, decode_response(api_key, body)))
                 except KafkaError as exc:
                     log_peer_failure(self.log, "quorum_request_failed", exc)
+                    self._apply(self.core.request_failed(voter, message))
                 finally:
                     self._outstanding -= 1
                     if self._outstanding == 0:
@@ -328,6 +337,19 @@ class QuorumDriver:
         """The active controller: quorum leader whose epoch start has committed (KRaft's rule)."""
         s = self.core.state if self.core else None
         return isinstance(s, LeaderState) and self.core.high_watermark > s.epoch_start_offset
+
+    @property
+    def caught_up(self) -> bool:
+        """Everything the quorum had committed when we last heard from it is applied here.
+
+        The active controller is caught up by definition; a follower once it has applied
+        up to the high watermark its leader last reported (Kafka's initial catch-up, which
+        a broker waits for before serving clients).
+        """
+        s = self.core.state if self.core else None
+        if isinstance(s, FollowerState):
+            return s.high_watermark is not None and self.applied >= s.high_watermark
+        return self.is_active
 
     def append(self, records: list[bytes]) -> int:
         """Append as the active controller; returns the last offset (commits later)."""

@@ -39,6 +39,10 @@ from .quorum_driver import QuorumDriver
 from .replica_fetcher import ReplicaFetcher
 from .replica_manager import ReplicaManager
 
+# A client request held for the metadata catch-up (after_catch_up) waits at most this long,
+# then is answered from what the broker knows: below a client's default request timeout.
+CATCH_UP_WAIT_S = 25
+
 
 class DataDirInUse(RuntimeError):
     """Another broker process holds this data directory."""
@@ -99,6 +103,9 @@ class Broker:
         self._isr_in_flight: set[tuple[str, int]] = set()
         self.image: MetadataImage | None = None
         self.leader_known = trio.Event()  # set (and replaced) whenever the controller changes
+        # Set once this broker's metadata has caught up with the quorum after its start:
+        # until then client requests wait (apis.WAIT_FOR_METADATA).
+        self.metadata_ready = trio.Event()
         self.faults = FaultInjector()
 
     def _credentials(self, broker_id: int, config: BrokerConfig) -> ClusterCredentials | None:
@@ -128,6 +135,7 @@ class Broker:
             self.quorum.on_commit = self._metadata_committed
             self.quorum.on_leader_change = self._leader_changed
             self.quorum.on_active_change = self._active_changed
+            self.quorum.on_caught_up = self.metadata_ready.set
             self.quorum.load()
 
     def _metadata_committed(self) -> None:
@@ -254,6 +262,7 @@ class Broker:
         if (problem := epoch_regression(self.metadata, md)) is not None:
             raise MetadataError(problem)
         self.apply_metadata(md)
+        self.metadata_ready.set()  # a broker outside the quorum: the controller's snapshot
 
     # --- controller-bound requests ----------------------------------------------------------
 
@@ -343,6 +352,20 @@ class Broker:
                     await self.leader_known.wait()
                 await trio.sleep(0.02)
         return answer
+
+    def after_catch_up(self, handle: Callable[[], dict | PendingResponse]) -> PendingResponse:
+        """Run ``handle`` once the metadata has caught up (or after CATCH_UP_WAIT_S, when it
+        answers from whatever this broker knows, as a client's own timeout is near)."""
+        pending = PendingResponse()
+
+        async def later() -> None:
+            with trio.move_on_after(CATCH_UP_WAIT_S):
+                await self.metadata_ready.wait()
+            result = handle()
+            pending.set(await result.wait() if isinstance(result, PendingResponse) else result)
+
+        self.nursery.start_soon(later)
+        return pending
 
     def delayed(
         self, delay_ms: int, result: dict | PendingResponse | None

@@ -9,11 +9,9 @@ disk, and ``deploy.chaos_check`` judges the history.
 Bounds, so that "ISR >= min.insync.replicas" can hold and every fault is survivable:
 one broker at a time is faulted, for 1-3.5 s, so a majority always stays connected;
 an isolate cuts the victim off from every other broker or, sometimes, from some of
-them (a partial partition). The controller is spared by default: there is one
-controller and no controller failover yet, so faulting it stops failover, which is a
-known limitation, not a finding. ``target_controller=True`` (``--target-controller``)
-lets the nemesis pick any broker and, now and then, whichever broker is the active
-controller at that moment: the one switch to turn on once controllers fail over.
+them (a partial partition). By default the nemesis picks any broker and, now and
+then, whichever broker is the active controller at that moment (the quorum elects a
+new one); ``--spare-controller`` leaves the active controller alone.
 The same seed gives the same schedule.
 """
 
@@ -103,9 +101,8 @@ class ChaosRun:
         self.say = say
         self.target_controller = target_controller
         self.history = History(TOPIC)
-        # controller.id is unset: the controller is the lowest id until the quorum elects.
         self.schedule = plan_nemesis(
-            seed, duration_s, victims_for(brokers, 0, target_controller), kinds, brokers
+            seed, duration_s, victims_for(brokers, CONTROLLER, target_controller), kinds, brokers
         )
         self._t0 = 0.0
         self._admin: Admin | None = None
