@@ -25,7 +25,8 @@ from .placement import assign_replicas
 from .storage.limits import partition_cap_error
 from .topic_config import topic_configs_error
 
-METADATA_FILE = "cluster-metadata.json"  # the pre-quorum store: no longer read
+# The pre-quorum controller's store: read once, to import it into an empty quorum.
+METADATA_FILE = "cluster-metadata.json"
 
 __all__ = ["METADATA_FILE", "Controller", "topic_name_error"]
 
@@ -86,6 +87,22 @@ class Controller:
     def commit(self) -> None:
         """Mark the draft of the current ``_change`` as changed: its records will be appended."""
         self._changed = True
+
+    def import_legacy(self, legacy: ClusterMetadata) -> dict | PendingResponse:
+        """Take the topics and brokers of a pre-quorum ``cluster-metadata.json`` into the
+        metadata log, keeping their leader and partition epochs, so an upgraded cluster
+        keeps its topics. Topics the log already has are left as they are."""
+        with self._change() as md:
+            for name, topic in legacy.topics.items():
+                if name not in md.topics:
+                    md.topics[name] = topic
+                    self.commit()
+            for node_id, info in legacy.brokers.items():
+                if node_id not in md.brokers:
+                    md.brokers[node_id] = info
+                    self.commit()
+            md.epoch = max(md.epoch, legacy.epoch)  # metadata epochs never go back
+        return self._reply({"error_code": 0})
 
     def register_broker(self, info: BrokerInfo, answer: dict) -> dict | PendingResponse:
         md = self.metadata

@@ -24,10 +24,10 @@ from protocol.errors import ErrorCode, KafkaError
 from .apis import RequestHandler
 from .cluster_auth import Authenticator, ClusterCredentials, SecretFileError, load_credentials
 from .config import BrokerConfig, ConfigError
-from .controller import Controller
+from .controller import METADATA_FILE, Controller
 from .faults import FaultInjector
 from .membership import ControllerLink, VotersError, parse_voters
-from .metadata import BrokerInfo, ClusterMetadata, epoch_regression
+from .metadata import BrokerInfo, ClusterMetadata, epoch_regression, load_metadata
 from .metadata_check import MetadataError
 from .metadata_records import MetadataImage
 from .network import ConnectionHandler, max_connections_for
@@ -106,6 +106,7 @@ class Broker:
         # Set once this broker's metadata has caught up with the quorum after its start:
         # until then client requests wait (apis.WAIT_FOR_METADATA).
         self.metadata_ready = trio.Event()
+        self.legacy_metadata: ClusterMetadata | None = None
         self.faults = FaultInjector()
 
     def _credentials(self, broker_id: int, config: BrokerConfig) -> ClusterCredentials | None:
@@ -137,6 +138,10 @@ class Broker:
             self.quorum.on_active_change = self._active_changed
             self.quorum.on_caught_up = self.metadata_ready.set
             self.quorum.load()
+            # A data dir from before the quorum: its controller's file (broker 0's, which
+            # stands first in a new quorum) is imported by whichever voter holding one
+            # becomes active while the log has no topics. Corrupt: one line, no start.
+            self.legacy_metadata = load_metadata(self.data_dir / METADATA_FILE)
 
     def _metadata_committed(self) -> None:
         """Every voter applies each commit through the one path pushes used to take."""
@@ -174,6 +179,13 @@ class Broker:
             self.controller.register_broker(
                 BrokerInfo(self.broker_id, self.host, self.port), {"error_code": 0}
             )
+            if self.legacy_metadata is not None and not self.image.metadata.topics:
+                self.controller.import_legacy(self.legacy_metadata)
+                self.log.info(
+                    "legacy_metadata_imported",
+                    file=METADATA_FILE,
+                    topics=sorted(self.legacy_metadata.topics),
+                )
         else:
             self.controller = None
             self.is_controller = False
