@@ -20,7 +20,6 @@ from protocol import ApiKey, RequestHeader, api_name, supported_versions
 from protocol.errors import ErrorCode
 
 from .faults import FaultError
-from .metadata_check import MetadataError
 from .pending import PendingResponse
 from .quorum.wire import QUORUM_APIS, SENDER_FIELDS
 from .session import ConnectionSession
@@ -57,8 +56,8 @@ class RequestHandler:
             ApiKey.FETCH: self.fetch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
             ApiKey.BROKER_STATS: self.broker_stats,
-            ApiKey.BROKER_REGISTRATION: self.controller_only(self.broker.register_broker),
-            ApiKey.BROKER_HEARTBEAT: self.controller_only(self.broker.heartbeat),
+            ApiKey.BROKER_REGISTRATION: self.controller_only(self.broker.role.register_broker),
+            ApiKey.BROKER_HEARTBEAT: self.controller_only(self.broker.role.heartbeat),
             ApiKey.ALTER_PARTITION: self.controller_only(self.alter_partition),
             ApiKey.UPDATE_METADATA: self.update_metadata,
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
@@ -240,12 +239,12 @@ class RequestHandler:
         self, header: RequestHeader, body: dict, session: ConnectionSession
     ) -> dict | PendingResponse:
         # From another broker (an authenticated principal): forwarded to us as the controller.
-        return self.broker.create_topics(
+        return self.broker.link.create_topics(
             body["topics"], body["validate_only"], forwarded=session.principal is not None
         )
 
     def alter_partition(self, body: dict) -> dict:
-        return self.broker.controller.alter_partition(body)
+        return self.broker.role.alter_partition(body)
 
     def offset_for_leader_epoch(
         self, header: RequestHeader, body: dict, session: ConnectionSession
@@ -259,31 +258,14 @@ class RequestHandler:
         refusal = self.refuse_unless_member(session, header.api_key)
         if refusal is not None:
             return refusal
-        if broker.quorum is not None:
-            # A voter's metadata is the quorum's committed log, never a pushed snapshot.
-            return self.refuse(
-                session,
-                header.api_key,
-                f"from broker {session.principal}: broker {broker.broker_id} takes metadata "
-                "from the metadata quorum only",
-            )
-        if broker.is_controller or session.principal != broker.controller_id:
-            # Only the controller pushes metadata (and never to itself).
-            return self.refuse(
-                session,
-                header.api_key,
-                f"from broker {session.principal}: only controller {broker.controller_id} "
-                f"pushes metadata to broker {broker.broker_id}",
-            )
-        try:
-            broker.receive_metadata(body["metadata"])
-        except MetadataError as exc:
-            broker.log.warning("metadata_rejected", peer=session.peer, error=str(exc))
-            return {
-                "error_code": int(ErrorCode.INVALID_REQUEST),
-                "error_message": f"metadata snapshot refused: {exc}",
-            }
-        return {"error_code": 0, "error_message": None}
+        # Every broker is a voter: its metadata is the quorum's committed log, never a
+        # pushed snapshot (Kafka's KRaft brokers take no UpdateMetadata either).
+        return self.refuse(
+            session,
+            header.api_key,
+            f"from broker {session.principal}: broker {broker.broker_id} takes metadata "
+            "from the metadata quorum only",
+        )
 
     def produce(
         self, header: RequestHeader, body: dict, session: ConnectionSession

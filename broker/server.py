@@ -19,16 +19,18 @@ from typing import Any
 import trio
 
 from protocol import ApiKey
-from protocol.errors import ErrorCode, KafkaError
+from protocol.errors import KafkaError
 
+from .alter_partition import AlterPartitionManager
 from .apis import RequestHandler
 from .cluster_auth import Authenticator, ClusterCredentials, SecretFileError, load_credentials
 from .config import BrokerConfig, ConfigError
 from .controller import METADATA_FILE, Controller
+from .controller_role import ControllerRole
 from .faults import FaultInjector
+from .fetcher_manager import ReplicaFetcherManager
 from .membership import ControllerLink, VotersError, parse_voters
-from .metadata import BrokerInfo, ClusterMetadata, epoch_regression, load_metadata
-from .metadata_check import MetadataError
+from .metadata import BrokerInfo, ClusterMetadata, load_metadata
 from .metadata_records import MetadataImage
 from .network import ConnectionHandler, max_connections_for
 from .partition import Partition
@@ -36,7 +38,6 @@ from .pending import PendingResponse
 from .purgatory import MonotonicClock, Purgatory, SystemTimer, switch_interval_for
 from .quorum import QuorumConfig
 from .quorum_driver import QuorumDriver
-from .replica_fetcher import ReplicaFetcher
 from .replica_manager import ReplicaManager
 
 # A client request held for the metadata catch-up (after_catch_up) waits at most this long,
@@ -84,29 +85,32 @@ class Broker:
             self.voters = parse_voters(config["controller.quorum.voters"])
         except VotersError as exc:
             raise ConfigError(str(exc)) from None
+        if self.voters and broker_id not in self.voters:
+            # It would be a KRaft observer (metadata by fetching the log, no vote): not built.
+            raise ConfigError(
+                f"broker {broker_id} is not in controller.quorum.voters "
+                f"({', '.join(map(str, sorted(self.voters)))}): every broker of a cluster must "
+                "be a voter (brokers outside the voter set are not supported yet)"
+            )
         # The active controller is whichever voter leads the metadata quorum with its epoch
         # committed (KRaft): both follow the quorum (_leader_changed, _active_changed).
         self.controller_id = -1
-        self.is_controller = False
-        self.activated_ms = 0
         self.credentials = self._credentials(broker_id, config)
         self.authenticator = Authenticator(self.credentials, broker_id, logger)
         self.timer: SystemTimer | None = None
         self.replica_manager: ReplicaManager | None = None
-        self.controller: Controller | None = None
+        self.role = ControllerRole(BrokerInfo(broker_id, host, port), config, self.clock, logger)
         self.quorum: QuorumDriver | None = None
         self.link: ControllerLink | None = None
         self.connections: ConnectionHandler | None = None
         self.nursery: trio.Nursery | None = None
-        self.fetchers: dict[tuple[str, int], ReplicaFetcher] = {}
-        self.heartbeats: dict[int, int] = {}
-        self._isr_in_flight: set[tuple[str, int]] = set()
+        self.fetchers: ReplicaFetcherManager | None = None
+        self.isr_proposals: AlterPartitionManager | None = None
         self.image: MetadataImage | None = None
         self.leader_known = trio.Event()  # set (and replaced) whenever the controller changes
         # Set once this broker's metadata has caught up with the quorum after its start:
         # until then client requests wait (apis.WAIT_FOR_METADATA).
         self.metadata_ready = trio.Event()
-        self.legacy_metadata: ClusterMetadata | None = None
         self.faults = FaultInjector()
 
     def _credentials(self, broker_id: int, config: BrokerConfig) -> ClusterCredentials | None:
@@ -129,8 +133,7 @@ class Broker:
 
     def load_state(self) -> None:
         """Read what must be sound before serving; raises one-line errors (corrupt metadata)."""
-        if self.quorum is None and (not self.voters or self.broker_id in self.voters):
-            # A broker outside the voter set would be a KRaft observer: not modelled yet.
+        if self.quorum is None:
             self.image = MetadataImage()
             self.quorum = self._quorum_driver()
             self.quorum.on_commit = self._metadata_committed
@@ -141,7 +144,7 @@ class Broker:
             # A data dir from before the quorum: its controller's file (broker 0's, which
             # stands first in a new quorum) is imported by whichever voter holding one
             # becomes active while the log has no topics. Corrupt: one line, no start.
-            self.legacy_metadata = load_metadata(self.data_dir / METADATA_FILE)
+            self.role.legacy = load_metadata(self.data_dir / METADATA_FILE)
 
     def _metadata_committed(self) -> None:
         """Every voter applies each commit through the one path pushes used to take."""
@@ -160,35 +163,21 @@ class Broker:
             self.leader_known.set()
             self.leader_known = trio.Event()
 
+    @property
+    def controller(self) -> Controller | None:
+        return self.role.controller
+
+    @property
+    def is_controller(self) -> bool:
+        return self.role.active
+
     def _active_changed(self, active: bool) -> None:
-        """Quorum leader with its epoch committed: build the controller from the image."""
+        """Quorum leader with its epoch committed: the controller role, built from the image."""
         if active:
             self.controller_id = self.broker_id
-            self.controller = Controller(
-                self.broker_id,
-                self.config,
-                self.log,
-                self.image.metadata.copy(),
-                self.quorum.append_and_answer,
-            )
-            # Every broker gets a full session from now: a new controller does not fence
-            # brokers whose heartbeats went to the old one.
-            self.heartbeats = {}
-            self.activated_ms = self.clock.now_ms()
-            self.is_controller = True
-            self.controller.register_broker(
-                BrokerInfo(self.broker_id, self.host, self.port), {"error_code": 0}
-            )
-            if self.legacy_metadata is not None and not self.image.metadata.topics:
-                self.controller.import_legacy(self.legacy_metadata)
-                self.log.info(
-                    "legacy_metadata_imported",
-                    file=METADATA_FILE,
-                    topics=sorted(self.legacy_metadata.topics),
-                )
+            self.role.activate(self.image.metadata, self.quorum.append_and_answer)
         else:
-            self.controller = None
-            self.is_controller = False
+            self.role.deactivate()
         self.leader_known.set()
         self.leader_known = trio.Event()
 
@@ -220,7 +209,7 @@ class Broker:
         """Take the roles a metadata snapshot gives this broker; start/stop replica fetchers."""
         self.metadata = md
         rm = self.replica_manager
-        wanted: set[tuple[str, int]] = set()
+        follow: list[tuple[Partition, BrokerInfo]] = []
         for name, topic in md.topics.items():
             rm.topic_configs[name] = topic.configs
             for index, state in enumerate(topic.partitions):
@@ -228,142 +217,11 @@ class Broker:
                     continue
                 partition = rm.host_partition(name, index, state)
                 if not partition.is_leader and state.leader in md.brokers:
-                    wanted.add(partition.key)
-                    self._ensure_fetcher(partition, md.brokers[state.leader])
-        for key in list(self.fetchers):
-            if key not in wanted:
-                self.fetchers.pop(key).cancel_scope.cancel()
-
-    def _ensure_fetcher(self, partition: Partition, leader: BrokerInfo) -> None:
-        current = self.fetchers.get(partition.key)
-        if current is not None:
-            if current.leader == leader and current.leader_epoch == partition.leader_epoch:
-                return
-            current.cancel_scope.cancel()
-        fetcher = ReplicaFetcher(
-            partition,
-            leader,
-            self.broker_id,
-            self.config,
-            self.log,
-            self._follower_hw_changed,
-            self.faults,
-            self.credentials,
-        )
-        self.fetchers[partition.key] = fetcher
-        self.nursery.start_soon(fetcher.run)
+                    follow.append((partition, md.brokers[state.leader]))
+        self.fetchers.follow(follow)
 
     def _follower_hw_changed(self, partition: Partition) -> None:
         self.replica_manager.fetch_purgatory.check_and_complete(partition.key)
-
-    def receive_metadata(self, snapshot: dict) -> None:
-        """A snapshot pushed by (or pulled from) the controller; older epochs are ignored.
-
-        Checked before anything acts on it, even though the sender authenticated: topic
-        names (they become directories), replica ids, and epochs that must not go back.
-        Raises MetadataError naming the problem; the current metadata stays.
-        """
-        if snapshot["epoch"] <= self.metadata.epoch:
-            return
-        md = ClusterMetadata.parse(snapshot)
-        if md.controller_id != self.controller_id:
-            raise MetadataError(
-                f"snapshot from controller {md.controller_id}, but the controller is "
-                f"{self.controller_id}"
-            )
-        if (problem := epoch_regression(self.metadata, md)) is not None:
-            raise MetadataError(problem)
-        self.apply_metadata(md)
-        self.metadata_ready.set()  # a broker outside the quorum: the controller's snapshot
-
-    # --- controller-bound requests ----------------------------------------------------------
-
-    def create_topics(
-        self, topics: list[dict], validate_only: bool, *, forwarded: bool = False
-    ) -> dict | PendingResponse:
-        """``{"topics": results}``. A client's request goes to the active controller (here or
-        forwarded), retried on the next one after NOT_CONTROLLER; a forwarded one is answered
-        here or refused, never forwarded again (no loops while the brokers disagree)."""
-        body = {"topics": topics, "validate_only": validate_only}
-        if forwarded:
-            if self.controller is None:
-                return self._not_controller_topics(topics)
-            return self.controller.create_topics(topics, validate_only)
-        pending = PendingResponse()
-
-        async def call() -> None:
-            answer = await self.controller_call(
-                ApiKey.CREATE_TOPICS,
-                body,
-                lambda b: self.controller.create_topics(b["topics"], b["validate_only"]),
-                timeout=30,
-            )
-            if "topics" not in answer:
-                answer = self._not_controller_topics(topics, answer)
-            pending.set(answer)
-
-        self.nursery.start_soon(call)
-        return pending
-
-    def _not_controller_topics(self, topics: list[dict], error: dict | None = None) -> dict:
-        error = error or {
-            "error_code": int(ErrorCode.NOT_CONTROLLER),
-            "error_message": f"broker {self.broker_id} is not the controller "
-            f"(the controller is {self.controller_id})",
-        }
-        return {
-            "topics": [
-                {
-                    "name": t["name"],
-                    "error_code": error["error_code"],
-                    "error_message": error.get("error_message"),
-                    "num_partitions": t["num_partitions"],
-                    "replication_factor": t["replication_factor"],
-                }
-                for t in topics
-            ]
-        }
-
-    async def controller_call(
-        self, api_key: int, body: dict, local: Callable[[dict], Any], *, timeout: float
-    ) -> dict:
-        """Ask the active controller, whoever it is now: locally when it is this broker,
-        else over the link; NOT_CONTROLLER or an unreachable controller means wait for the
-        quorum to name the next one and ask again, until ``timeout``."""
-        answer: dict = {"error_code": int(ErrorCode.NOT_CONTROLLER), "error_message": None}
-        with trio.move_on_after(timeout):
-            while True:
-                unreachable = False
-                try:
-                    if self.controller is not None:
-                        answer = local(body)
-                        if isinstance(answer, PendingResponse):
-                            answer = await answer.wait()
-                    elif self.controller_id >= 0 and self.controller_id != self.broker_id:
-                        answer = await self.link.request(self.controller_id, api_key, body)
-                    else:
-                        answer = {
-                            "error_code": int(ErrorCode.NOT_CONTROLLER),
-                            "error_message": "no active controller yet",
-                        }
-                except KafkaError as exc:
-                    unreachable = True
-                    answer = {
-                        "error_code": int(exc.code),
-                        "error_message": f"controller unreachable: {exc}",
-                    }
-                code = answer.get("error_code", 0)
-                topic_codes = {t["error_code"] for t in answer.get("topics", [])}
-                if not (
-                    unreachable
-                    or code == ErrorCode.NOT_CONTROLLER
-                    or ErrorCode.NOT_CONTROLLER in topic_codes
-                ):
-                    return answer
-                with trio.move_on_after(0.2):
-                    await self.leader_known.wait()
-                await trio.sleep(0.02)
-        return answer
 
     def after_catch_up(self, handle: Callable[[], dict | PendingResponse]) -> PendingResponse:
         """Run ``handle`` once the metadata has caught up (or after CATCH_UP_WAIT_S, when it
@@ -395,7 +253,7 @@ class Broker:
         return pending
 
     def auto_create(self, names: list[str]) -> None:
-        self.create_topics(
+        self.link.create_topics(
             [
                 {"name": n, "num_partitions": -1, "replication_factor": -1, "configs": {}}
                 for n in names
@@ -403,79 +261,11 @@ class Broker:
             False,
         )
 
-    def propose_isr(self, partition: Partition, new_isr: list[int]) -> None:
-        """Leader: ask the controller to change the ISR; one proposal in flight per partition."""
-        key = partition.key
-        if key in self._isr_in_flight:
-            return
-        request = {
-            "broker_id": self.broker_id,
-            "topic": partition.topic,
-            "partition": partition.index,
-            "leader_epoch": partition.leader_epoch,
-            "partition_epoch": partition.partition_epoch,
-            "new_isr": new_isr,
-        }
-        self._isr_in_flight.add(key)
-
-        async def send() -> None:
-            try:
-                answer = await self.controller_call(
-                    ApiKey.ALTER_PARTITION, request, self._alter_partition_here, timeout=10
-                )
-                if answer.get("error_code") == 0:
-                    self.replica_manager.isr_update_accepted(
-                        partition, request["leader_epoch"], answer["isr"], answer["partition_epoch"]
-                    )
-                else:
-                    # Rejected (stale partition epoch, fenced leader): the metadata push
-                    # brings the current state, and the next follower fetch proposes again.
-                    self.replica_manager.isr_proposal_ended(partition)
-                    self.log.info(
-                        "alter_partition_rejected",
-                        topic=key[0],
-                        partition=key[1],
-                        error=answer.get("error_message"),
-                    )
-            finally:
-                self._isr_in_flight.discard(key)
-
-        self.nursery.start_soon(send)
-
     async def _isr_shrink_loop(self) -> None:
         lag = self.config["replica.lag.time.max.ms"]
         while True:
             await trio.sleep(max(lag / 2, 10) / 1000)
             self.replica_manager.maybe_shrink_isr(self.clock.now_ms(), lag)
-
-    def _alter_partition_here(self, request: dict) -> dict | PendingResponse:
-        return self.controller.alter_partition(request)
-
-    def register_broker(self, body: dict) -> dict | PendingResponse:
-        if not body["host"] or body["port"] < 1:
-            # Never let a registration make the metadata one that brokers (or this
-            # controller, at its next start) would refuse to load.
-            return {
-                "error_code": int(ErrorCode.INVALID_REQUEST),
-                "error_message": f"cannot register {body['host']!r}:{body['port']}",
-            }
-        self.heartbeats[body["broker_id"]] = self.clock.now_ms()
-        # Voters get metadata from the quorum itself; the answer carries none.
-        return self.controller.register_broker(
-            BrokerInfo(body["broker_id"], body["host"], body["port"]),
-            {"error_code": 0, "metadata": None},
-        )
-
-    def heartbeat(self, body: dict) -> dict | PendingResponse:
-        broker_id = body["broker_id"]
-        if body.get("shutting_down"):
-            # Controlled shutdown: move leadership now instead of after the session timeout.
-            self.heartbeats.pop(broker_id, None)
-            return self.controller.fence(
-                broker_id, "controlled_shutdown", {"error_code": 0, "metadata": None}
-            )
-        self.heartbeats[broker_id] = self.clock.now_ms()
-        return self.controller.broker_alive(broker_id, {"error_code": 0, "metadata": None})
 
     def stats(self) -> dict:
         rm = self.replica_manager
@@ -549,7 +339,6 @@ class Broker:
             produce,
             now_ms=self.clock.now_ms,
         )
-        self.replica_manager.on_isr_change = self.propose_isr
         try:
             self.connections = ConnectionHandler(
                 RequestHandler(self),
@@ -564,17 +353,16 @@ class Broker:
             # Bind before any task starts, so "address in use" surfaces as a plain OSError.
             listeners = await trio.open_tcp_listeners(self.port, host=self.host)
             async with trio.open_nursery() as nursery:
-                self.nursery = nursery
+                self._wire(nursery)
                 nursery.start_soon(self.connections.serve, listeners)
                 self.load_state()
                 self.apply_metadata(self.metadata)
                 if self.quorum is not None:
                     await nursery.start(self.quorum.run)
-                self.link = ControllerLink(self)
                 nursery.start_soon(self.link.run)
                 nursery.start_soon(self._retention_loop)
                 nursery.start_soon(self._isr_shrink_loop)
-                nursery.start_soon(self._session_loop)
+                nursery.start_soon(self.role.fence_silent_brokers)
                 self.log.info(
                     "broker_started",
                     host=self.host,
@@ -590,20 +378,32 @@ class Broker:
             self.replica_manager.close()
             self.log.info("broker_stopped")
 
-    async def _session_loop(self) -> None:
-        """Controller: fence brokers whose heartbeats stopped for broker.session.timeout.ms."""
-        timeout = self.config["broker.session.timeout.ms"]
-        while True:
-            await trio.sleep(min(timeout / 4, 250) / 1000)
-            if self.controller is None:
-                continue  # fencing runs only on the active controller
-            now = self.clock.now_ms()
-            for broker_id in list(self.controller.metadata.live):
-                if broker_id == self.broker_id:
-                    continue
-                last = self.heartbeats.get(broker_id, self.activated_ms)
-                if now - last > timeout:
-                    self.controller.fence(broker_id, reason=f"no heartbeat for {now - last} ms")
+    def _wire(self, nursery: trio.Nursery) -> None:
+        """The parts that run tasks: the controller link, fetchers, ISR proposals."""
+        self.nursery = nursery
+        self.link = ControllerLink(self)
+        self.fetchers = ReplicaFetcherManager(
+            self.broker_id,
+            self.config,
+            self.log,
+            self.faults,
+            self.credentials,
+            self._follower_hw_changed,
+        )
+        self.fetchers.nursery = nursery
+
+        async def to_controller(api_key: int, body: dict, local: Callable) -> dict:
+            return await self.link.controller_call(api_key, body, local, timeout=10)
+
+        self.isr_proposals = AlterPartitionManager(
+            self.broker_id,
+            self.replica_manager,
+            to_controller,
+            self.role.alter_partition,
+            nursery,
+            self.log,
+        )
+        self.replica_manager.on_isr_change = self.isr_proposals.propose
 
     async def controlled_shutdown(self) -> None:
         """Tell the controller we are going, so leaders move at once (best effort)."""

@@ -468,3 +468,18 @@ def test_broker_with_peers_but_no_secret_stops_with_one_line(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cluster.secret.file' is required" in lines[0], result.stderr
+
+
+def test_broker_outside_the_voter_set_stops_with_one_line(tmp_path):
+    result = run_broker_command(
+        tmp_path,
+        "--data-dir",
+        str(tmp_path / "b"),
+        "--id",
+        "2",
+        "--set",
+        "controller.quorum.voters=0@127.0.0.1:1,1@127.0.0.1:2",
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not in controller.quorum.voters (0, 1)" in lines[0], result.stderr
