@@ -75,6 +75,7 @@ PRODUCER = {
 # pace. Three producers awaiting each ack got ~110 acknowledged records/s here (4,400 in
 # a 40 s run); pipelined, several thousand, also under a CPU hog.
 IN_FLIGHT = 256
+RESOLVE_TIMEOUT_S = 10.0
 
 
 class ChaosRun:
@@ -159,6 +160,9 @@ class ChaosRun:
         for f in self.schedule:
             await trio.sleep_until(self._trio_at(f.start_s))
             broker = await self._resolve(f.broker)
+            if broker is None:
+                self._log(f"nemesis: {self._describe(f)} skipped: no active controller")
+                continue
             what = self._describe(f) + (f" (broker {broker})" if f.broker == CONTROLLER else "")
             self._log(f"nemesis: {what}")
             try:
@@ -179,12 +183,19 @@ class ChaosRun:
             counts[undo] = counts.get(undo, 0) + 1
         await trio.sleep_until(self._trio_at(self.duration_s))
 
-    async def _resolve(self, broker: int) -> int:
-        """A planned victim: CONTROLLER becomes the broker that is the controller now."""
+    async def _resolve(self, broker: int) -> int | None:
+        """A planned victim: CONTROLLER becomes the broker that is the controller now
+        (None if the quorum names none for RESOLVE_TIMEOUT_S: the fault is skipped)."""
         if broker != CONTROLLER:
             return broker
-        _, controller = await self._admin.describe_cluster()
-        return controller
+        # Right after a fault the quorum may still be electing (controller -1): wait for it.
+        with trio.move_on_after(RESOLVE_TIMEOUT_S):
+            while True:
+                _, controller = await self._admin.describe_cluster()
+                if controller >= 0:
+                    return controller
+                await trio.sleep(0.05)
+        return None
 
     def _trio_at(self, offset_s: float) -> float:
         return trio.current_time() + (self._t0 + offset_s - time.monotonic())
