@@ -107,9 +107,9 @@ class Admin(ClusterClient):
         raise NotController("could not find the controller (is the cluster still starting?)")
 
     async def _wait_for_leaders(self, names: list[str], timeout: float) -> None:
-        """Until every new partition has a leader that itself knows it leads: each broker
-        applies committed metadata on its own, so the broker that answers the metadata
-        may be ahead of the leader a first produce goes to."""
+        """Until every new partition has a leader that itself knows it leads (or cannot be
+        reached): each broker applies committed metadata on its own, so the broker that
+        answers the metadata may be ahead of the leader a first produce goes to."""
         cluster = self._open()
         with trio.move_on_after(timeout):
             while True:
@@ -131,7 +131,9 @@ class Admin(ClusterClient):
             try:
                 body = await cluster.request(broker, ApiKey.METADATA, {"topics": names})
             except KafkaError:
-                return False
+                # A leader we cannot reach (a broker that died and is not fenced yet) is
+                # not worth waiting for: its partitions move once the controller fences it.
+                continue
             seen = {
                 (t["name"], p["partition"])
                 for t in body["topics"]

@@ -249,10 +249,13 @@ def test_old_epoch_entries_do_not_commit_by_counting_alone():
 
 def test_caught_up_fetch_parks_until_an_append_or_its_max_wait():
     core = leader_with_log()
-    fetch_from(core, 1, 1, 1, corr=1)
+    # Follower 1's fetch moves the high watermark: answered at once, so it learns it.
+    (moved,) = sends(fetch_from(core, 1, 1, 1, corr=1), FetchResponse)
+    assert moved.message.high_watermark == 1 and moved.message.records == ()
     parked = fetch_from(core, 2, 1, 1, corr=9)
     assert sends(parked, FetchResponse) == []  # parked: nothing to say yet
     assert core.next_deadline_ms() == core.clock.now_ms() + 500
+    fetch_from(core, 1, 1, 1, corr=2)  # caught up and nothing moves: parks too
     last, effects = core.append([b"x"])
     assert last == 1
     answers = {s.destination: s.message for s in sends(effects, FetchResponse)}
@@ -260,12 +263,14 @@ def test_caught_up_fetch_parks_until_an_append_or_its_max_wait():
     answer = answers[2]
     assert answer.correlation_id == 9
     assert [e.data for e in answer.records] == [b"x"]
-    fetch_from(core, 2, 2, 1, corr=10)
+    (hw_news,) = sends(fetch_from(core, 2, 2, 1, corr=10), FetchResponse)  # HW 1 -> 2
+    assert hw_news.message.high_watermark == 2
+    fetch_from(core, 2, 2, 1, corr=11)
     core.clock.advance(499)
     assert sends(core.poll(), FetchResponse) == []
     core.clock.advance(1)
     (expired,) = sends(core.poll(), FetchResponse)
-    assert expired.message.correlation_id == 10 and expired.message.records == ()
+    assert expired.message.correlation_id == 11 and expired.message.records == ()
 
 
 def test_leader_answers_a_diverging_fetch_with_the_epoch_end():
