@@ -20,7 +20,6 @@ from protocol import ApiKey, RequestHeader, api_name, supported_versions
 from protocol.errors import ErrorCode
 
 from .faults import FaultError
-from .metadata_check import MetadataError
 from .pending import PendingResponse
 from .quorum.wire import QUORUM_APIS, SENDER_FIELDS
 from .session import ConnectionSession
@@ -29,6 +28,21 @@ if TYPE_CHECKING:
     from .server import Broker
 
 Handler = Callable[[RequestHeader, dict, ConnectionSession], "dict | PendingResponse | None"]
+
+# Answered from cluster metadata: held until this broker has caught up with the quorum
+# after its start (Kafka opens its client listeners only then), so a restarted broker
+# never says "no such topic" about a topic it has simply not read back yet. Quorum,
+# membership and SASL APIs are not held: catching up needs them.
+WAIT_FOR_METADATA = frozenset(
+    {
+        ApiKey.METADATA,
+        ApiKey.CREATE_TOPICS,
+        ApiKey.PRODUCE,
+        ApiKey.FETCH,
+        ApiKey.LIST_OFFSETS,
+        ApiKey.OFFSET_FOR_LEADER_EPOCH,
+    }
+)
 
 
 class RequestHandler:
@@ -42,8 +56,8 @@ class RequestHandler:
             ApiKey.FETCH: self.fetch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
             ApiKey.BROKER_STATS: self.broker_stats,
-            ApiKey.BROKER_REGISTRATION: self.controller_only(self.broker.register_broker),
-            ApiKey.BROKER_HEARTBEAT: self.controller_only(self.broker.heartbeat),
+            ApiKey.BROKER_REGISTRATION: self.controller_only(self.broker.role.register_broker),
+            ApiKey.BROKER_HEARTBEAT: self.controller_only(self.broker.role.heartbeat),
             ApiKey.ALTER_PARTITION: self.controller_only(self.alter_partition),
             ApiKey.UPDATE_METADATA: self.update_metadata,
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
@@ -117,7 +131,14 @@ class RequestHandler:
                 return self.broker.delayed(
                     delay, self.handlers[header.api_key](header, body, session)
                 )
-        return self.handlers[header.api_key](header, body, session)
+        handler = self.handlers[header.api_key]
+        if (
+            header.api_key in WAIT_FOR_METADATA
+            and not self.broker.metadata_ready.is_set()
+            and not (header.api_key == ApiKey.PRODUCE and body["acks"] == 0)  # no answer to hold
+        ):
+            return self.broker.after_catch_up(lambda: handler(header, body, session))
+        return handler(header, body, session)
 
     def quorum(
         self, header: RequestHeader, body: dict, session: ConnectionSession
@@ -217,11 +238,13 @@ class RequestHandler:
     def create_topics(
         self, header: RequestHeader, body: dict, session: ConnectionSession
     ) -> dict | PendingResponse:
-        result = self.broker.create_topics(body["topics"], body["validate_only"])
-        return result if isinstance(result, PendingResponse) else {"topics": result}
+        # From another broker (an authenticated principal): forwarded to us as the controller.
+        return self.broker.link.create_topics(
+            body["topics"], body["validate_only"], forwarded=session.principal is not None
+        )
 
     def alter_partition(self, body: dict) -> dict:
-        return self.broker.controller.alter_partition(body)
+        return self.broker.role.alter_partition(body)
 
     def offset_for_leader_epoch(
         self, header: RequestHeader, body: dict, session: ConnectionSession
@@ -235,23 +258,14 @@ class RequestHandler:
         refusal = self.refuse_unless_member(session, header.api_key)
         if refusal is not None:
             return refusal
-        if broker.is_controller or session.principal != broker.controller_id:
-            # Only the controller pushes metadata (and never to itself).
-            return self.refuse(
-                session,
-                header.api_key,
-                f"from broker {session.principal}: only controller {broker.controller_id} "
-                f"pushes metadata to broker {broker.broker_id}",
-            )
-        try:
-            broker.receive_metadata(body["metadata"])
-        except MetadataError as exc:
-            broker.log.warning("metadata_rejected", peer=session.peer, error=str(exc))
-            return {
-                "error_code": int(ErrorCode.INVALID_REQUEST),
-                "error_message": f"metadata snapshot refused: {exc}",
-            }
-        return {"error_code": 0, "error_message": None}
+        # Every broker is a voter: its metadata is the quorum's committed log, never a
+        # pushed snapshot (Kafka's KRaft brokers take no UpdateMetadata either).
+        return self.refuse(
+            session,
+            header.api_key,
+            f"from broker {session.principal}: broker {broker.broker_id} takes metadata "
+            "from the metadata quorum only",
+        )
 
     def produce(
         self, header: RequestHeader, body: dict, session: ConnectionSession

@@ -1,74 +1,66 @@
-"""The controller role: owns cluster metadata, assigns replicas, elects leaders, persists.
+"""The controller role: owns cluster metadata, assigns replicas, elects leaders.
 
-Exactly one broker (``controller.id``, default the lowest id) runs this. Every change
-is made on a draft and persisted atomically before it becomes the controller's
-metadata and is published to the brokers: a restarted controller never forgets a
-topic or hands out an old leader epoch again, and a failed save (disk full, read-only
-directory) changes nothing anywhere — the request that caused it gets
-KAFKA_STORAGE_ERROR and the broker keeps serving.
+Runs on the active controller only: the voter that leads the metadata quorum with its
+epoch committed (broker/server.py builds it from the committed MetadataImage then, and
+drops it when leadership is lost). Every change is made on a draft; the records that
+turn the old state into it (metadata_records.records_for_change) are appended to the
+quorum, and the request that caused it is answered once they commit, so an answer never
+names a state a new controller could forget.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-from protocol.errors import ErrorCode, KafkaStorageError
+from protocol.errors import ErrorCode
 
 from .config import BrokerConfig
-from .metadata import (
-    BrokerInfo,
-    ClusterMetadata,
-    MetadataStoreError,
-    PartitionState,
-    TopicState,
-    load_metadata,
-    save_metadata,
-)
+from .metadata import BrokerInfo, ClusterMetadata, PartitionState, TopicState
 from .metadata_check import topic_name_error
+from .metadata_records import encode_record, records_for_change
+from .pending import PendingResponse
 from .placement import assign_replicas
 from .storage.limits import partition_cap_error
 from .topic_config import topic_configs_error
 
+# The pre-quorum controller's store: read once, to import it into an empty quorum.
 METADATA_FILE = "cluster-metadata.json"
 
-__all__ = ["METADATA_FILE", "Controller", "MetadataPersistError", "topic_name_error"]
-
-
-class MetadataPersistError(KafkaStorageError):
-    """The metadata change could not be saved, so it was not made."""
+__all__ = ["METADATA_FILE", "Controller", "topic_name_error"]
 
 
 class Controller:
     def __init__(
         self,
         broker_id: int,
-        data_dir: Path,
         config: BrokerConfig,
         logger: Any,
-        publish: Callable[[ClusterMetadata], None],
+        metadata: ClusterMetadata,
+        submit: Callable[[list[bytes], Any], PendingResponse],
     ) -> None:
         self.broker_id = broker_id
-        self.path = data_dir / METADATA_FILE
         self.config = config
         self.log = logger
-        self.publish = publish
-        # A corrupt file raises MetadataStoreError naming it: the broker exits with that line.
-        self.metadata = load_metadata(self.path) or ClusterMetadata()
+        # ``submit(records, answer)`` appends to the metadata quorum; the answer goes out
+        # once they commit (or NOT_CONTROLLER if this voter loses leadership first).
+        self.submit = submit
+        # Built from the committed MetadataImage when this voter became active; from then
+        # on it runs ahead of the image by the records appended but not yet committed.
+        self.metadata = metadata
         self.metadata.controller_id = broker_id
-        self.metadata.live.add(broker_id)
         self._changed = False
+        self._pending: list[bytes] = []
 
     @contextmanager
-    def _change(self, *, publish: bool = True) -> Iterator[ClusterMetadata]:
-        """Make a change on a draft; persist it; only then apply and publish it.
+    def _change(self) -> Iterator[ClusterMetadata]:
+        """Make a change on a draft; the records that turn the old state into it are queued
+        for the quorum (``_reply`` appends them with the answer).
 
         Inside the block ``self.metadata`` is the draft (helpers read it there) and
-        ``self.commit()`` marks it changed. If the block or the save fails, the committed
-        object, never touched, stays the metadata; a failed save raises
-        MetadataPersistError for the caller to answer with.
+        ``self.commit()`` marks it changed. If the block fails, the old object, never
+        touched, stays the metadata and nothing is appended.
         """
         committed = self.metadata
         draft = committed.copy()
@@ -76,39 +68,48 @@ class Controller:
         self._changed = False
         try:
             yield draft
-            if self._changed:
-                draft.epoch += 1
-                try:
-                    save_metadata(self.path, draft)
-                except OSError as exc:
-                    self.log.error("metadata_save_failed", path=str(self.path), error=str(exc))
-                    raise MetadataPersistError(
-                        f"controller {self.broker_id} cannot save cluster metadata to "
-                        f"{self.path}: {exc.strerror or exc}; nothing was changed"
-                    ) from None
         except BaseException:
             self.metadata = committed
             raise
-        if self._changed and publish:
-            self.publish(draft)
+        if self._changed:
+            draft.epoch += 1
+            self._pending += [encode_record(r) for r in records_for_change(committed, draft)]
+        else:
+            self.metadata = committed
+
+    def _reply(self, answer: Any) -> Any:
+        """``answer`` now if nothing changed, else once the queued records commit."""
+        records, self._pending = self._pending, []
+        if not records:
+            return answer
+        return self.submit(records, answer)
 
     def commit(self) -> None:
-        """Mark the draft of the current ``_change`` as changed: it will be saved, then published."""
+        """Mark the draft of the current ``_change`` as changed: its records will be appended."""
         self._changed = True
 
-    def register_self(self, info: BrokerInfo) -> None:
-        """At start, before anything is served: a failed save stops the broker with one line."""
-        try:
-            with self._change(publish=False):
-                self._register(info)
-        except MetadataPersistError as exc:
-            raise MetadataStoreError(exc.message) from None
+    def import_legacy(self, legacy: ClusterMetadata) -> dict | PendingResponse:
+        """Take the topics and brokers of a pre-quorum ``cluster-metadata.json`` into the
+        metadata log, keeping their leader and partition epochs, so an upgraded cluster
+        keeps its topics. Topics the log already has are left as they are."""
+        with self._change() as md:
+            for name, topic in legacy.topics.items():
+                if name not in md.topics:
+                    md.topics[name] = topic
+                    self.commit()
+            for node_id, info in legacy.brokers.items():
+                if node_id not in md.brokers:
+                    md.brokers[node_id] = info
+                    self.commit()
+            md.epoch = max(md.epoch, legacy.epoch)  # metadata epochs never go back
+        return self._reply({"error_code": 0})
 
-    def register_broker(self, info: BrokerInfo) -> None:
+    def register_broker(self, info: BrokerInfo, answer: dict) -> dict | PendingResponse:
         md = self.metadata
         if md.brokers.get(info.node_id) != info or info.node_id not in md.live:
             with self._change():
                 self._register(info)
+        return self._reply(answer)
 
     def _register(self, info: BrokerInfo) -> None:
         md = self.metadata
@@ -121,13 +122,14 @@ class Controller:
 
     # --- liveness and leader election ---------------------------------------------------------
 
-    def broker_alive(self, broker_id: int) -> None:
+    def broker_alive(self, broker_id: int, answer: dict) -> dict | PendingResponse:
         """A heartbeat: a fenced broker that heartbeats again is live again."""
         md = self.metadata
         if broker_id in md.brokers and broker_id not in md.live:
             with self._change():
                 self._unfence(broker_id)
                 self.commit()
+        return self._reply(answer)
 
     def _unfence(self, broker_id: int) -> bool:
         md = self.metadata
@@ -142,12 +144,12 @@ class Controller:
                     self._elect(topic.name, index, state, reason="replica_returned")
         return True
 
-    def fence(self, broker_id: int, reason: str) -> None:
+    def fence(self, broker_id: int, reason: str, answer: dict | None = None) -> Any:
         """Take a dead (or cleanly stopping) broker out: move its leaderships, shrink ISRs."""
-        if broker_id not in self.metadata.live or broker_id == self.broker_id:
-            return
-        with self._change() as md:
-            self._fence(md, broker_id, reason)
+        if broker_id in self.metadata.live and broker_id != self.broker_id:
+            with self._change() as md:
+                self._fence(md, broker_id, reason)
+        return self._reply(answer if answer is not None else {"error_code": 0})
 
     def _fence(self, md: ClusterMetadata, broker_id: int, reason: str) -> None:
         md.live.discard(broker_id)
@@ -190,21 +192,19 @@ class Controller:
             unclean=unclean,
         )
 
-    def create_topics(self, topics: list[dict], validate_only: bool = False) -> list[dict]:
+    def create_topics(
+        self, topics: list[dict], validate_only: bool = False
+    ) -> dict | PendingResponse:
+        """``{"topics": results}``, sent once the new topics' records commit."""
         if validate_only:
-            return [self._create_topic(request, True) for request in topics]
+            return {"topics": [self._create_topic(request, True) for request in topics]}
         results: list[dict] = []
-        try:
-            with self._change():
-                for request in topics:
-                    results.append(self._create_topic(request, False))
-                if any(result["error_code"] == 0 for result in results):
-                    self.commit()
-        except MetadataPersistError as exc:
-            for result in results:
-                if result["error_code"] == 0:
-                    result.update(error_code=int(exc.code), error_message=exc.message)
-        return results
+        with self._change():
+            for request in topics:
+                results.append(self._create_topic(request, False))
+            if any(result["error_code"] == 0 for result in results):
+                self.commit()
+        return self._reply({"topics": results})
 
     def _create_topic(self, request: dict, validate_only: bool) -> dict:
         name = request["name"]
@@ -260,7 +260,7 @@ class Controller:
 
     # --- ISR changes proposed by leaders -------------------------------------------------------
 
-    def alter_partition(self, request: dict) -> dict:
+    def alter_partition(self, request: dict) -> dict | PendingResponse:
         """Apply a leader's ISR proposal if it is based on the current state (Kafka's AlterPartition)."""
         topic = self.metadata.topics.get(request["topic"])
         index = request["partition"]
@@ -287,24 +287,23 @@ class Controller:
                 "error_message": f"bad ISR {request['new_isr']}",
             }
         if sorted(new_isr) != sorted(state.isr):
-            try:
-                with self._change() as md:
-                    state = md.topics[topic.name].partitions[index]
-                    self.log.info(
-                        "isr_changed",
-                        topic=topic.name,
-                        partition=index,
-                        old_isr=state.isr,
-                        new_isr=new_isr,
-                    )
-                    state.isr = new_isr
-                    state.partition_epoch += 1
-                    self.commit()
-            except MetadataPersistError as exc:
-                return {"error_code": int(exc.code), "error_message": exc.message}
-        return {
-            "error_code": 0,
-            "error_message": None,
-            "isr": state.isr,
-            "partition_epoch": state.partition_epoch,
-        }
+            with self._change() as md:
+                state = md.topics[topic.name].partitions[index]
+                self.log.info(
+                    "isr_changed",
+                    topic=topic.name,
+                    partition=index,
+                    old_isr=state.isr,
+                    new_isr=new_isr,
+                )
+                state.isr = new_isr
+                state.partition_epoch += 1
+                self.commit()
+        return self._reply(
+            {
+                "error_code": 0,
+                "error_message": None,
+                "isr": state.isr,
+                "partition_epoch": state.partition_epoch,
+            }
+        )

@@ -1,24 +1,23 @@
-"""How brokers of a cluster find and follow the controller, and how it reaches them.
+"""How a broker finds and follows the active controller, whichever voter that is.
 
-Broker side: register with the controller (retrying until it answers), then
-heartbeat; every answer may carry a newer metadata snapshot. Controller side: one
-pusher per broker sends the newest snapshot whenever metadata changes, coalescing
-bursts and retrying a broker that is paused or down.
+Register with each new active controller (retrying until it answers), then heartbeat;
+send it what only the controller decides (CreateTopics, ISR changes), here when this
+broker is the controller, else over the link, and again to the next one after
+NOT_CONTROLLER. Metadata itself comes from the quorum's committed log, on every broker.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
 from protocol import ApiKey
-from protocol.errors import KafkaError
+from protocol.errors import ErrorCode, KafkaError
 
-from .cluster_auth import ClusterCredentials
-from .metadata import BrokerInfo
-from .metadata_check import MetadataError
-from .peer import PeerConnection, log_peer_failure
+from .peer import PeerConnection
+from .pending import PendingResponse
 
 
 class VotersError(ValueError):
@@ -37,101 +36,152 @@ def parse_voters(text: str) -> dict[int, tuple[str, int]]:
     return voters
 
 
-class MetadataPusher:
-    """Keeps one broker up to date with the controller's newest snapshot."""
-
-    def __init__(
-        self,
-        target: BrokerInfo,
-        controller_id: int,
-        logger: Any,
-        credentials: ClusterCredentials | None = None,
-    ) -> None:
-        self.target = target
-        self.conn = PeerConnection(
-            target.host,
-            target.port,
-            f"controller-{controller_id}",
-            credentials=credentials,
-            peer_id=target.node_id,
-        )
-        self.log = logger.bind(target=target.node_id)
-        self.latest: dict | None = None
-        self.sent_epoch = -1
-        self._wakeup = trio.Event()
-
-    def offer(self, snapshot: dict) -> None:
-        self.latest = snapshot
-        self._wakeup.set()
-
-    async def run(self) -> None:
-        while True:
-            await self._wakeup.wait()
-            self._wakeup = trio.Event()
-            snapshot = self.latest
-            if snapshot is None or snapshot["epoch"] <= self.sent_epoch:
-                continue
-            try:
-                await self.conn.request(ApiKey.UPDATE_METADATA, {"metadata": snapshot}, timeout=5)
-                self.sent_epoch = snapshot["epoch"]
-            except KafkaError as exc:
-                log_peer_failure(self.log, "metadata_push_failed", exc)
-                # The broker also pulls the snapshot with its heartbeats; retry anyway.
-                await trio.sleep(0.2)
-                self._wakeup.set()
-
-
 class ControllerLink:
-    """A non-controller broker's line to the controller."""
+    """A broker's line to the active controller, whichever voter that is now.
 
-    def __init__(self, broker: Any, host: str, port: int) -> None:
+    Registers with each new controller, then heartbeats; ``controller_call`` calls
+    locally when this broker is the controller and retries on the next one after
+    NOT_CONTROLLER. Metadata itself comes from the quorum every voter runs.
+    """
+
+    def __init__(self, broker: Any) -> None:
         self.broker = broker
-        auth = {"credentials": broker.credentials, "peer_id": broker.controller_id}
-        self.conn = PeerConnection(host, port, f"broker-{broker.broker_id}", **auth)
-        self.isr_conn = PeerConnection(host, port, f"broker-{broker.broker_id}-isr", **auth)
+        self.conns: dict[tuple[int, str], PeerConnection] = {}
         self.log = broker.log
 
-    def _apply(self, body: dict) -> None:
-        snapshot = body.get("metadata")
-        if snapshot is not None:
-            try:
-                self.broker.receive_metadata(snapshot)
-            except MetadataError as exc:
-                self.log.warning("metadata_rejected", epoch=snapshot.get("epoch"), error=str(exc))
-            except Exception:
-                self.log.exception("metadata_apply_failed", epoch=snapshot.get("epoch"))
+    def _conn(self, target: int, lane: str) -> PeerConnection:
+        conn = self.conns.get((target, lane))
+        if conn is None:
+            b = self.broker
+            host, port = b.voters[target]
+            conn = self.conns[(target, lane)] = PeerConnection(
+                host,
+                port,
+                f"broker-{b.broker_id}" + ("-isr" if lane == "isr" else ""),
+                credentials=b.credentials,
+                peer_id=target,
+            )
+        return conn
 
-    async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+    async def request(self, target: int, api_key: int, body: dict) -> dict:
+        """One request to voter ``target`` (ISR changes on their own connection)."""
+        if api_key == ApiKey.ALTER_PARTITION:
+            return await self._conn(target, "isr").request(api_key, body, timeout=10)
+        timeout = 30 if api_key == ApiKey.CREATE_TOPICS else 5
+        return await self._conn(target, "main").request(api_key, body, timeout=timeout)
+
+    async def run(self) -> None:
         b = self.broker
         registration = {"broker_id": b.broker_id, "host": b.host, "port": b.port}
-        delay = 0.02
-        while True:
-            try:
-                self._apply(
-                    await self.conn.request(ApiKey.BROKER_REGISTRATION, registration, timeout=5)
-                )
-                break
-            except KafkaError as exc:
-                log_peer_failure(self.log, "registration_retry", exc)
-                await trio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-        self.log.info("registered_with_controller", controller=self.conn.address)
-        task_status.started()
         interval = b.config["broker.heartbeat.interval.ms"] / 1000
+        registered_with = -1
         while True:
-            await trio.sleep(interval)
-            try:
-                body = await self.conn.request(
-                    ApiKey.BROKER_HEARTBEAT,
-                    {"broker_id": b.broker_id, "metadata_epoch": b.metadata.epoch},
-                    timeout=max(interval, 5),
+            if registered_with != b.controller_id or b.controller_id < 0:
+                answer = await self.controller_call(
+                    ApiKey.BROKER_REGISTRATION, registration, b.role.register_broker, timeout=5
                 )
-                self._apply(body)
-            except KafkaError as exc:
-                self.log.warning("heartbeat_failed", error=str(exc))
+                if answer.get("error_code", 0) == 0:
+                    registered_with = b.controller_id
+                    self.log.info("registered_with_controller", controller=registered_with)
+                else:
+                    await trio.sleep(0.05)
+                continue
+            await trio.sleep(interval)
+            answer = await self.controller_call(
+                ApiKey.BROKER_HEARTBEAT,
+                {"broker_id": b.broker_id, "metadata_epoch": b.metadata.epoch},
+                b.role.heartbeat,
+                timeout=max(interval, 5),
+            )
+            if answer.get("error_code", 0) != 0:
+                self.log.warning("heartbeat_failed", error=answer.get("error_message"))
 
-    async def forward(self, api_key: int, body: dict) -> dict:
-        return await self.conn.request(api_key, body, timeout=30)
+    def create_topics(
+        self, topics: list[dict], validate_only: bool, *, forwarded: bool = False
+    ) -> dict | PendingResponse:
+        """``{"topics": results}``. A client's request goes to the active controller (here or
+        forwarded), retried on the next one after NOT_CONTROLLER; a forwarded one is answered
+        here or refused, never forwarded again (no loops while the brokers disagree)."""
+        body = {"topics": topics, "validate_only": validate_only}
+        if forwarded:
+            if self.broker.controller is None:
+                return self._not_controller_topics(topics)
+            return self.broker.controller.create_topics(topics, validate_only)
+        pending = PendingResponse()
 
-    async def alter_partition(self, request: dict) -> dict:
-        return await self.isr_conn.request(ApiKey.ALTER_PARTITION, request, timeout=10)
+        async def call() -> None:
+            answer = await self.controller_call(
+                ApiKey.CREATE_TOPICS,
+                body,
+                self.broker.role.create_topics,
+                timeout=30,
+            )
+            if "topics" not in answer:
+                answer = self._not_controller_topics(topics, answer)
+            pending.set(answer)
+
+        self.broker.nursery.start_soon(call)
+        return pending
+
+    def _not_controller_topics(self, topics: list[dict], error: dict | None = None) -> dict:
+        error = error or {
+            "error_code": int(ErrorCode.NOT_CONTROLLER),
+            "error_message": f"broker {self.broker.broker_id} is not the controller "
+            f"(the controller is {self.broker.controller_id})",
+        }
+        return {
+            "topics": [
+                {
+                    "name": t["name"],
+                    "error_code": error["error_code"],
+                    "error_message": error.get("error_message"),
+                    "num_partitions": t["num_partitions"],
+                    "replication_factor": t["replication_factor"],
+                }
+                for t in topics
+            ]
+        }
+
+    async def controller_call(
+        self, api_key: int, body: dict, local: Callable[[dict], Any], *, timeout: float
+    ) -> dict:
+        """Ask the active controller, whoever it is now: locally when it is this broker,
+        else over the link; NOT_CONTROLLER or an unreachable controller means wait for the
+        quorum to name the next one and ask again, until ``timeout``."""
+        answer: dict = {"error_code": int(ErrorCode.NOT_CONTROLLER), "error_message": None}
+        with trio.move_on_after(timeout):
+            while True:
+                unreachable = False
+                try:
+                    if self.broker.controller is not None:
+                        answer = local(body)
+                        if isinstance(answer, PendingResponse):
+                            answer = await answer.wait()
+                    elif (
+                        self.broker.controller_id >= 0
+                        and self.broker.controller_id != self.broker.broker_id
+                    ):
+                        answer = await self.request(self.broker.controller_id, api_key, body)
+                    else:
+                        answer = {
+                            "error_code": int(ErrorCode.NOT_CONTROLLER),
+                            "error_message": "no active controller yet",
+                        }
+                except KafkaError as exc:
+                    unreachable = True
+                    answer = {
+                        "error_code": int(exc.code),
+                        "error_message": f"controller unreachable: {exc}",
+                    }
+                code = answer.get("error_code", 0)
+                topic_codes = {t["error_code"] for t in answer.get("topics", [])}
+                if not (
+                    unreachable
+                    or code == ErrorCode.NOT_CONTROLLER
+                    or ErrorCode.NOT_CONTROLLER in topic_codes
+                ):
+                    return answer
+                with trio.move_on_after(0.2):
+                    await self.broker.leader_known.wait()
+                await trio.sleep(0.02)
+        return answer

@@ -47,7 +47,7 @@ from .quorum import (
     TruncateLog,
 )
 from .quorum.messages import FetchRequest, FetchSnapshotRequest, Message
-from .quorum.state import LeaderState
+from .quorum.state import FollowerState, LeaderState
 from .quorum.wire import REQUEST_KEYS, RESPONSE_TYPES, decode_request, decode_response, encode
 from .quorum_store import QuorumStore
 
@@ -105,6 +105,11 @@ class QuorumDriver:
         self.on_leader_change: Callable[[LeaderChanged], None] | None = None
         # Called with True when this voter becomes the active controller, False when not.
         self.on_active_change: Callable[[bool], None] | None = None
+        # Called after committed entries (or a leader's snapshot) reach the state machine.
+        self.on_commit: Callable[[], None] | None = None
+        # Called once, when this voter first catches up with the quorum (``caught_up``).
+        self.on_caught_up: Callable[[], None] | None = None
+        self._caught_up = False
         self._active = False
         # (last offset, pending, answer): requests answered once their records are applied.
         self._commit_waiters: list[tuple[int, PendingResponse, dict]] = []
@@ -184,6 +189,8 @@ class QuorumDriver:
                     if self.state_machine is not None:
                         self.state_machine.restore(effect.snapshot.data)
                     self.applied = effect.snapshot.snapshot_id.offset
+                    if self.on_commit is not None:
+                        self.on_commit()
             elif isinstance(effect, Send):
                 self._route(effect.destination, effect.message)
             elif isinstance(effect, HighWatermarkUpdated):
@@ -204,10 +211,16 @@ class QuorumDriver:
             self.log.info("active_controller" if self._active else "inactive_controller")
             if self.on_active_change is not None:
                 self.on_active_change(self._active)
+        if not self._caught_up and self.core is not None and self.caught_up:
+            self._caught_up = True
+            self.log.info("quorum_caught_up", applied=self.applied)
+            if self.on_caught_up is not None:
+                self.on_caught_up()
         self._wake.set()
 
     def _commit(self, high_watermark: int) -> None:
         log = self.core.log
+        before = self.applied
         while self.applied < high_watermark:
             entry = log.entry(self.applied)
             if entry is None:  # below the log start: covered by a snapshot we restored
@@ -215,6 +228,8 @@ class QuorumDriver:
             if not entry.control and self.state_machine is not None:
                 self.state_machine.apply(entry)
             self.applied += 1
+        if self.applied > before and self.on_commit is not None:
+            self.on_commit()
         while self._commit_waiters and self._commit_waiters[0][0] < self.applied:
             _, pending, answer = self._commit_waiters.pop(0)
             pending.set(answer)
@@ -264,6 +279,7 @@ class QuorumDriver:
                     self._apply(self.core.handle(voter, decode_response(api_key, body)))
                 except KafkaError as exc:
                     log_peer_failure(self.log, "quorum_request_failed", exc)
+                    self._apply(self.core.request_failed(voter, message))
                 finally:
                     self._outstanding -= 1
                     if self._outstanding == 0:
@@ -321,6 +337,19 @@ class QuorumDriver:
         """The active controller: quorum leader whose epoch start has committed (KRaft's rule)."""
         s = self.core.state if self.core else None
         return isinstance(s, LeaderState) and self.core.high_watermark > s.epoch_start_offset
+
+    @property
+    def caught_up(self) -> bool:
+        """Everything the quorum had committed when we last heard from it is applied here.
+
+        The active controller is caught up by definition; a follower once it has applied
+        up to the high watermark its leader last reported (Kafka's initial catch-up, which
+        a broker waits for before serving clients).
+        """
+        s = self.core.state if self.core else None
+        if isinstance(s, FollowerState):
+            return s.high_watermark is not None and self.applied >= s.high_watermark
+        return self.is_active
 
     def append(self, records: list[bytes]) -> int:
         """Append as the active controller; returns the last offset (commits later)."""

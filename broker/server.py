@@ -12,30 +12,37 @@ import fcntl
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from protocol import ApiKey
-from protocol.errors import ErrorCode, KafkaError
+from protocol.errors import KafkaError
 
+from .alter_partition import AlterPartitionManager
 from .apis import RequestHandler
 from .cluster_auth import Authenticator, ClusterCredentials, SecretFileError, load_credentials
 from .config import BrokerConfig, ConfigError
-from .controller import Controller, MetadataPersistError
+from .controller import METADATA_FILE, Controller
+from .controller_role import ControllerRole
 from .faults import FaultInjector
-from .membership import ControllerLink, MetadataPusher, VotersError, parse_voters
-from .metadata import BrokerInfo, ClusterMetadata, epoch_regression
-from .metadata_check import MetadataError
+from .fetcher_manager import ReplicaFetcherManager
+from .membership import ControllerLink, VotersError, parse_voters
+from .metadata import BrokerInfo, ClusterMetadata, load_metadata
+from .metadata_records import MetadataImage
 from .network import ConnectionHandler, max_connections_for
 from .partition import Partition
 from .pending import PendingResponse
 from .purgatory import MonotonicClock, Purgatory, SystemTimer, switch_interval_for
 from .quorum import QuorumConfig
 from .quorum_driver import QuorumDriver
-from .replica_fetcher import ReplicaFetcher
 from .replica_manager import ReplicaManager
+
+# A client request held for the metadata catch-up (after_catch_up) waits at most this long,
+# then is answered from what the broker knows: below a client's default request timeout.
+CATCH_UP_WAIT_S = 25
 
 
 class DataDirInUse(RuntimeError):
@@ -78,26 +85,32 @@ class Broker:
             self.voters = parse_voters(config["controller.quorum.voters"])
         except VotersError as exc:
             raise ConfigError(str(exc)) from None
-        configured = config["controller.id"]
-        self.controller_id = configured if configured >= 0 else min(self.voters, default=broker_id)
-        self.is_controller = self.controller_id == broker_id
-        if not self.is_controller and self.controller_id not in self.voters:
+        if self.voters and broker_id not in self.voters:
+            # It would be a KRaft observer (metadata by fetching the log, no vote): not built.
             raise ConfigError(
-                f"controller.id {self.controller_id} is not in controller.quorum.voters"
+                f"broker {broker_id} is not in controller.quorum.voters "
+                f"({', '.join(map(str, sorted(self.voters)))}): every broker of a cluster must "
+                "be a voter (brokers outside the voter set are not supported yet)"
             )
+        # The active controller is whichever voter leads the metadata quorum with its epoch
+        # committed (KRaft): both follow the quorum (_leader_changed, _active_changed).
+        self.controller_id = -1
         self.credentials = self._credentials(broker_id, config)
         self.authenticator = Authenticator(self.credentials, broker_id, logger)
         self.timer: SystemTimer | None = None
         self.replica_manager: ReplicaManager | None = None
-        self.controller: Controller | None = None
+        self.role = ControllerRole(BrokerInfo(broker_id, host, port), config, self.clock, logger)
         self.quorum: QuorumDriver | None = None
         self.link: ControllerLink | None = None
         self.connections: ConnectionHandler | None = None
         self.nursery: trio.Nursery | None = None
-        self.fetchers: dict[tuple[str, int], ReplicaFetcher] = {}
-        self.pushers: dict[int, MetadataPusher] = {}
-        self.heartbeats: dict[int, int] = {}
-        self._isr_in_flight: set[tuple[str, int]] = set()
+        self.fetchers: ReplicaFetcherManager | None = None
+        self.isr_proposals: AlterPartitionManager | None = None
+        self.image: MetadataImage | None = None
+        self.leader_known = trio.Event()  # set (and replaced) whenever the controller changes
+        # Set once this broker's metadata has caught up with the quorum after its start:
+        # until then client requests wait (apis.WAIT_FOR_METADATA).
+        self.metadata_ready = trio.Event()
         self.faults = FaultInjector()
 
     def _credentials(self, broker_id: int, config: BrokerConfig) -> ClusterCredentials | None:
@@ -120,15 +133,53 @@ class Broker:
 
     def load_state(self) -> None:
         """Read what must be sound before serving; raises one-line errors (corrupt metadata)."""
-        if self.quorum is None and (not self.voters or self.broker_id in self.voters):
-            # A broker outside the voter set would be a KRaft observer: not modelled yet.
+        if self.quorum is None:
+            self.image = MetadataImage()
             self.quorum = self._quorum_driver()
+            self.quorum.on_commit = self._metadata_committed
+            self.quorum.on_leader_change = self._leader_changed
+            self.quorum.on_active_change = self._active_changed
+            self.quorum.on_caught_up = self.metadata_ready.set
             self.quorum.load()
-        if self.is_controller and self.controller is None:
-            self.controller = Controller(
-                self.broker_id, self.data_dir, self.config, self.log, self.publish
-            )
-            self.controller.register_self(BrokerInfo(self.broker_id, self.host, self.port))
+            # A data dir from before the quorum: its controller's file (broker 0's, which
+            # stands first in a new quorum) is imported by whichever voter holding one
+            # becomes active while the log has no topics. Corrupt: one line, no start.
+            self.role.legacy = load_metadata(self.data_dir / METADATA_FILE)
+
+    def _metadata_committed(self) -> None:
+        """Every voter applies each commit through the one path pushes used to take."""
+        md = self.image.metadata.copy()
+        md.controller_id = self.controller_id
+        if self.replica_manager is not None and self.nursery is not None:
+            self.apply_metadata(md)
+        else:
+            self.metadata = md
+
+    def _leader_changed(self, effect: Any) -> None:
+        leader = effect.leader_id if effect.leader_id is not None else -1
+        if leader != self.controller_id:
+            self.controller_id = leader
+            self.metadata.controller_id = leader
+            self.leader_known.set()
+            self.leader_known = trio.Event()
+
+    @property
+    def controller(self) -> Controller | None:
+        return self.role.controller
+
+    @property
+    def is_controller(self) -> bool:
+        return self.role.active
+
+    def _active_changed(self, active: bool) -> None:
+        """Quorum leader with its epoch committed: the controller role, built from the image."""
+        if active:
+            self.controller_id = self.broker_id
+            self.role.activate(self.image.metadata, self.quorum.append_and_answer)
+        else:
+            self.role.deactivate()
+        self.leader_known.set()
+        self.leader_known = trio.Event()
 
     def _quorum_driver(self) -> QuorumDriver:
         """Every listed voter runs the metadata quorum; a lone broker is a one-voter quorum."""
@@ -149,6 +200,7 @@ class Broker:
             self.log,
             config=config,
             credentials=self.credentials,
+            state_machine=self.image,
         )
 
     # --- metadata -------------------------------------------------------------------------
@@ -157,7 +209,7 @@ class Broker:
         """Take the roles a metadata snapshot gives this broker; start/stop replica fetchers."""
         self.metadata = md
         rm = self.replica_manager
-        wanted: set[tuple[str, int]] = set()
+        follow: list[tuple[Partition, BrokerInfo]] = []
         for name, topic in md.topics.items():
             rm.topic_configs[name] = topic.configs
             for index, state in enumerate(topic.partitions):
@@ -165,91 +217,24 @@ class Broker:
                     continue
                 partition = rm.host_partition(name, index, state)
                 if not partition.is_leader and state.leader in md.brokers:
-                    wanted.add(partition.key)
-                    self._ensure_fetcher(partition, md.brokers[state.leader])
-        for key in list(self.fetchers):
-            if key not in wanted:
-                self.fetchers.pop(key).cancel_scope.cancel()
-
-    def _ensure_fetcher(self, partition: Partition, leader: BrokerInfo) -> None:
-        current = self.fetchers.get(partition.key)
-        if current is not None:
-            if current.leader == leader and current.leader_epoch == partition.leader_epoch:
-                return
-            current.cancel_scope.cancel()
-        fetcher = ReplicaFetcher(
-            partition,
-            leader,
-            self.broker_id,
-            self.config,
-            self.log,
-            self._follower_hw_changed,
-            self.faults,
-            self.credentials,
-        )
-        self.fetchers[partition.key] = fetcher
-        self.nursery.start_soon(fetcher.run)
+                    follow.append((partition, md.brokers[state.leader]))
+        self.fetchers.follow(follow)
 
     def _follower_hw_changed(self, partition: Partition) -> None:
         self.replica_manager.fetch_purgatory.check_and_complete(partition.key)
 
-    def receive_metadata(self, snapshot: dict) -> None:
-        """A snapshot pushed by (or pulled from) the controller; older epochs are ignored.
-
-        Checked before anything acts on it, even though the sender authenticated: topic
-        names (they become directories), replica ids, and epochs that must not go back.
-        Raises MetadataError naming the problem; the current metadata stays.
-        """
-        if snapshot["epoch"] <= self.metadata.epoch:
-            return
-        md = ClusterMetadata.parse(snapshot)
-        if md.controller_id != self.controller_id:
-            raise MetadataError(
-                f"snapshot from controller {md.controller_id}, but the controller is "
-                f"{self.controller_id}"
-            )
-        if (problem := epoch_regression(self.metadata, md)) is not None:
-            raise MetadataError(problem)
-        self.apply_metadata(md)
-
-    def publish(self, md: ClusterMetadata) -> None:
-        """Controller: apply locally, then push to every other registered broker."""
-        self.apply_metadata(md)
-        snapshot = md.to_json()
-        for node_id, info in md.brokers.items():
-            if node_id == self.broker_id:
-                continue
-            pusher = self.pushers.get(node_id)
-            if pusher is None or pusher.target != info:
-                pusher = self.pushers[node_id] = MetadataPusher(
-                    info, self.broker_id, self.log, self.credentials
-                )
-                self.nursery.start_soon(pusher.run)
-            pusher.offer(snapshot)
-
-    # --- controller-bound requests ----------------------------------------------------------
-
-    def create_topics(
-        self, topics: list[dict], validate_only: bool
-    ) -> list[dict] | PendingResponse:
-        if self.is_controller:
-            return self.controller.create_topics(topics, validate_only)
-        return self._forward(
-            ApiKey.CREATE_TOPICS, {"topics": topics, "validate_only": validate_only}
-        )
-
-    def _forward(self, api_key: int, body: dict) -> PendingResponse:
+    def after_catch_up(self, handle: Callable[[], dict | PendingResponse]) -> PendingResponse:
+        """Run ``handle`` once the metadata has caught up (or after CATCH_UP_WAIT_S, when it
+        answers from whatever this broker knows, as a client's own timeout is near)."""
         pending = PendingResponse()
 
-        async def forward() -> None:
-            try:
-                pending.set(await self.link.forward(api_key, body))
-            except KafkaError as exc:
-                pending.set(
-                    {"error_code": int(exc.code), "error_message": f"controller unreachable: {exc}"}
-                )
+        async def later() -> None:
+            with trio.move_on_after(CATCH_UP_WAIT_S):
+                await self.metadata_ready.wait()
+            result = handle()
+            pending.set(await result.wait() if isinstance(result, PendingResponse) else result)
 
-        self.nursery.start_soon(forward)
+        self.nursery.start_soon(later)
         return pending
 
     def delayed(
@@ -268,98 +253,19 @@ class Broker:
         return pending
 
     def auto_create(self, names: list[str]) -> None:
-        if self.is_controller:
-            self.controller.create_topics(
-                [
-                    {"name": n, "num_partitions": -1, "replication_factor": -1, "configs": {}}
-                    for n in names
-                ]
-            )
-
-    def propose_isr(self, partition: Partition, new_isr: list[int]) -> None:
-        """Leader: ask the controller to change the ISR; one proposal in flight per partition."""
-        key = partition.key
-        if key in self._isr_in_flight:
-            return
-        request = {
-            "broker_id": self.broker_id,
-            "topic": partition.topic,
-            "partition": partition.index,
-            "leader_epoch": partition.leader_epoch,
-            "partition_epoch": partition.partition_epoch,
-            "new_isr": new_isr,
-        }
-        if self.is_controller:
-            if self.controller.alter_partition(request).get("error_code"):
-                self.replica_manager.isr_proposal_ended(partition)
-            return
-        self._isr_in_flight.add(key)
-
-        async def send() -> None:
-            try:
-                answer = await self.link.alter_partition(request)
-                if answer.get("error_code") == 0:
-                    self.replica_manager.isr_update_accepted(
-                        partition, request["leader_epoch"], answer["isr"], answer["partition_epoch"]
-                    )
-                else:
-                    # Rejected (stale partition epoch, fenced leader): the metadata push
-                    # brings the current state, and the next follower fetch proposes again.
-                    self.replica_manager.isr_proposal_ended(partition)
-                    self.log.info(
-                        "alter_partition_rejected",
-                        topic=key[0],
-                        partition=key[1],
-                        error=answer.get("error_message"),
-                    )
-            except KafkaError as exc:
-                self.replica_manager.isr_proposal_ended(partition)
-                self.log.warning(
-                    "alter_partition_failed", topic=key[0], partition=key[1], error=str(exc)
-                )
-            finally:
-                self._isr_in_flight.discard(key)
-
-        self.nursery.start_soon(send)
+        self.link.create_topics(
+            [
+                {"name": n, "num_partitions": -1, "replication_factor": -1, "configs": {}}
+                for n in names
+            ],
+            False,
+        )
 
     async def _isr_shrink_loop(self) -> None:
         lag = self.config["replica.lag.time.max.ms"]
         while True:
             await trio.sleep(max(lag / 2, 10) / 1000)
             self.replica_manager.maybe_shrink_isr(self.clock.now_ms(), lag)
-
-    def register_broker(self, body: dict) -> dict:
-        if not body["host"] or body["port"] < 1:
-            # Never let a registration make the metadata one that brokers (or this
-            # controller, at its next start) would refuse to load.
-            return {
-                "error_code": int(ErrorCode.INVALID_REQUEST),
-                "error_message": f"cannot register {body['host']!r}:{body['port']}",
-            }
-        try:
-            self.controller.register_broker(
-                BrokerInfo(body["broker_id"], body["host"], body["port"])
-            )
-        except MetadataPersistError as exc:
-            return {"error_code": int(exc.code), "error_message": exc.message}
-        self.heartbeats[body["broker_id"]] = self.clock.now_ms()
-        return {"error_code": 0, "metadata": self.controller.metadata.to_json()}
-
-    def heartbeat(self, body: dict) -> dict:
-        broker_id = body["broker_id"]
-        try:
-            if body["shutting_down"]:
-                # Controlled shutdown: move leadership now instead of after the session timeout.
-                self.controller.fence(broker_id, reason="controlled_shutdown")
-                self.heartbeats.pop(broker_id, None)
-                return {"error_code": 0, "metadata": None}
-            self.heartbeats[broker_id] = self.clock.now_ms()
-            self.controller.broker_alive(broker_id)
-        except MetadataPersistError as exc:
-            return {"error_code": int(exc.code), "error_message": exc.message}
-        md = self.controller.metadata
-        newer = md.to_json() if body["metadata_epoch"] < md.epoch else None
-        return {"error_code": 0, "metadata": newer}
 
     def stats(self) -> dict:
         rm = self.replica_manager
@@ -433,7 +339,6 @@ class Broker:
             produce,
             now_ms=self.clock.now_ms,
         )
-        self.replica_manager.on_isr_change = self.propose_isr
         try:
             self.connections = ConnectionHandler(
                 RequestHandler(self),
@@ -448,21 +353,16 @@ class Broker:
             # Bind before any task starts, so "address in use" surfaces as a plain OSError.
             listeners = await trio.open_tcp_listeners(self.port, host=self.host)
             async with trio.open_nursery() as nursery:
-                self.nursery = nursery
+                self._wire(nursery)
                 nursery.start_soon(self.connections.serve, listeners)
                 self.load_state()
+                self.apply_metadata(self.metadata)
                 if self.quorum is not None:
                     await nursery.start(self.quorum.run)
-                if self.is_controller:
-                    self.apply_metadata(self.controller.metadata)
-                else:
-                    host, port = self.voters[self.controller_id]
-                    self.link = ControllerLink(self, host, port)
-                    await nursery.start(self.link.run)
+                nursery.start_soon(self.link.run)
                 nursery.start_soon(self._retention_loop)
                 nursery.start_soon(self._isr_shrink_loop)
-                if self.is_controller:
-                    nursery.start_soon(self._session_loop)
+                nursery.start_soon(self.role.fence_silent_brokers)
                 self.log.info(
                     "broker_started",
                     host=self.host,
@@ -478,40 +378,49 @@ class Broker:
             self.replica_manager.close()
             self.log.info("broker_stopped")
 
-    async def _session_loop(self) -> None:
-        """Controller: fence brokers whose heartbeats stopped for broker.session.timeout.ms."""
-        timeout = self.config["broker.session.timeout.ms"]
-        started = self.clock.now_ms()
-        while True:
-            await trio.sleep(min(timeout / 4, 250) / 1000)
-            now = self.clock.now_ms()
-            md = self.controller.metadata
-            for broker_id in list(md.live):
-                if broker_id == self.broker_id:
-                    continue
-                last = self.heartbeats.get(broker_id, started)
-                if now - last > timeout:
-                    try:
-                        self.controller.fence(broker_id, reason=f"no heartbeat for {now - last} ms")
-                    except MetadataPersistError:
-                        pass  # logged by the controller; tried again next round
+    def _wire(self, nursery: trio.Nursery) -> None:
+        """The parts that run tasks: the controller link, fetchers, ISR proposals."""
+        self.nursery = nursery
+        self.link = ControllerLink(self)
+        self.fetchers = ReplicaFetcherManager(
+            self.broker_id,
+            self.config,
+            self.log,
+            self.faults,
+            self.credentials,
+            self._follower_hw_changed,
+        )
+        self.fetchers.nursery = nursery
+
+        async def to_controller(api_key: int, body: dict, local: Callable) -> dict:
+            return await self.link.controller_call(api_key, body, local, timeout=10)
+
+        self.isr_proposals = AlterPartitionManager(
+            self.broker_id,
+            self.replica_manager,
+            to_controller,
+            self.role.alter_partition,
+            nursery,
+            self.log,
+        )
+        self.replica_manager.on_isr_change = self.isr_proposals.propose
 
     async def controlled_shutdown(self) -> None:
         """Tell the controller we are going, so leaders move at once (best effort)."""
         if self.quorum is not None:
             await self.quorum.resign(timeout=1)
-        if self.link is None:
+        if self.link is None or self.controller_id < 0 or self.controller_id == self.broker_id:
             return
         with trio.move_on_after(2):
             try:
-                await self.link.conn.request(
+                await self.link.request(
+                    self.controller_id,
                     ApiKey.BROKER_HEARTBEAT,
                     {
                         "broker_id": self.broker_id,
                         "metadata_epoch": self.metadata.epoch,
                         "shutting_down": True,
                     },
-                    timeout=2,
                 )
             except KafkaError as exc:
                 self.log.warning("controlled_shutdown_failed", error=str(exc))

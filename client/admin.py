@@ -107,6 +107,9 @@ class Admin(ClusterClient):
         raise NotController("could not find the controller (is the cluster still starting?)")
 
     async def _wait_for_leaders(self, names: list[str], timeout: float) -> None:
+        """Until every new partition has a leader that itself knows it leads (or cannot be
+        reached): each broker applies committed metadata on its own, so the broker that
+        answers the metadata may be ahead of the leader a first produce goes to."""
         cluster = self._open()
         with trio.move_on_after(timeout):
             while True:
@@ -114,9 +117,32 @@ class Admin(ClusterClient):
                 if all(
                     cluster.partition_count(n) and all(p.leader >= 0 for p in cluster.topics[n])
                     for n in names
-                ):
+                ) and await self._leaders_know(names):
                     return
                 await trio.sleep(0.05)
+
+    async def _leaders_know(self, names: list[str]) -> bool:
+        cluster = self._open()
+        leaders: dict[int, set[tuple[str, int]]] = {}
+        for n in names:
+            for p in cluster.topics[n]:
+                leaders.setdefault(p.leader, set()).add((n, p.partition))
+        for broker, owned in leaders.items():
+            try:
+                body = await cluster.request(broker, ApiKey.METADATA, {"topics": names})
+            except KafkaError:
+                # A leader we cannot reach (a broker that died and is not fenced yet) is
+                # not worth waiting for: its partitions move once the controller fences it.
+                continue
+            seen = {
+                (t["name"], p["partition"])
+                for t in body["topics"]
+                for p in t.get("partitions", ())
+                if p["leader"] == broker
+            }
+            if not owned <= seen:
+                return False
+        return True
 
     async def list_topics(self) -> list[str]:
         body = await self._open().refresh(None)

@@ -9,11 +9,9 @@ disk, and ``deploy.chaos_check`` judges the history.
 Bounds, so that "ISR >= min.insync.replicas" can hold and every fault is survivable:
 one broker at a time is faulted, for 1-3.5 s, so a majority always stays connected;
 an isolate cuts the victim off from every other broker or, sometimes, from some of
-them (a partial partition). The controller is spared by default: there is one
-controller and no controller failover yet, so faulting it stops failover, which is a
-known limitation, not a finding. ``target_controller=True`` (``--target-controller``)
-lets the nemesis pick any broker and, now and then, whichever broker is the active
-controller at that moment: the one switch to turn on once controllers fail over.
+them (a partial partition). By default the nemesis picks any broker and, now and
+then, whichever broker is the active controller at that moment (the quorum elects a
+new one); ``--spare-controller`` leaves the active controller alone.
 The same seed gives the same schedule.
 """
 
@@ -77,6 +75,7 @@ PRODUCER = {
 # pace. Three producers awaiting each ack got ~110 acknowledged records/s here (4,400 in
 # a 40 s run); pipelined, several thousand, also under a CPU hog.
 IN_FLIGHT = 256
+RESOLVE_TIMEOUT_S = 10.0
 
 
 class ChaosRun:
@@ -103,9 +102,8 @@ class ChaosRun:
         self.say = say
         self.target_controller = target_controller
         self.history = History(TOPIC)
-        # controller.id is unset: the controller is the lowest id until the quorum elects.
         self.schedule = plan_nemesis(
-            seed, duration_s, victims_for(brokers, 0, target_controller), kinds, brokers
+            seed, duration_s, victims_for(brokers, CONTROLLER, target_controller), kinds, brokers
         )
         self._t0 = 0.0
         self._admin: Admin | None = None
@@ -162,6 +160,9 @@ class ChaosRun:
         for f in self.schedule:
             await trio.sleep_until(self._trio_at(f.start_s))
             broker = await self._resolve(f.broker)
+            if broker is None:
+                self._log(f"nemesis: {self._describe(f)} skipped: no active controller")
+                continue
             what = self._describe(f) + (f" (broker {broker})" if f.broker == CONTROLLER else "")
             self._log(f"nemesis: {what}")
             try:
@@ -182,12 +183,19 @@ class ChaosRun:
             counts[undo] = counts.get(undo, 0) + 1
         await trio.sleep_until(self._trio_at(self.duration_s))
 
-    async def _resolve(self, broker: int) -> int:
-        """A planned victim: CONTROLLER becomes the broker that is the controller now."""
+    async def _resolve(self, broker: int) -> int | None:
+        """A planned victim: CONTROLLER becomes the broker that is the controller now
+        (None if the quorum names none for RESOLVE_TIMEOUT_S: the fault is skipped)."""
         if broker != CONTROLLER:
             return broker
-        _, controller = await self._admin.describe_cluster()
-        return controller
+        # Right after a fault the quorum may still be electing (controller -1): wait for it.
+        with trio.move_on_after(RESOLVE_TIMEOUT_S):
+            while True:
+                _, controller = await self._admin.describe_cluster()
+                if controller >= 0:
+                    return controller
+                await trio.sleep(0.05)
+        return None
 
     def _trio_at(self, offset_s: float) -> float:
         return trio.current_time() + (self._t0 + offset_s - time.monotonic())

@@ -61,17 +61,13 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
         "--spare-controller",
         dest="target_controller",
         action="store_false",
-        help="never fault the controller"
-        + (
-            " (the default: there is no controller failover yet)" if not CONTROLLER_FAILOVER else ""
-        ),
+        help="fault brokers by id only, never 'whoever is the active controller now'",
     )
     target.add_argument(
         "--target-controller",
         dest="target_controller",
         action="store_true",
-        help="fault any broker, the active controller included"
-        + (" (the default)" if CONTROLLER_FAILOVER else ""),
+        help="also fault whoever is the active controller when a fault starts (the default)",
     )
     p.add_argument(
         "--plant",

@@ -17,7 +17,7 @@ from types import ModuleType
 # Every command is imported by name: a module that fails to import stops the CLI with
 # its traceback instead of quietly vanishing from --help.
 from deploy import chaos_cli, client_cli, cluster_cli, faults_cli, stats_cli
-from deploy.bench import consume, produce, purgatory, spark_read
+from deploy.bench import consume, failover, produce, purgatory, spark_read
 
 # Each adds its subcommands with add_subcommands(sub).
 COMMAND_GROUPS: Sequence[ModuleType] = (client_cli, cluster_cli, faults_cli, chaos_cli, stats_cli)
@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, tuple[ModuleType, str]] = {
     "purgatory": (purgatory, "the seed's purgatory experiment (wheel vs heap vs trio tasks)"),
     "produce": (produce, "producer throughput and ack latency against a running broker"),
     "consume": (consume, "consumer throughput against a running broker"),
+    "failover": (failover, "kill -9 the active controller: time until a topic can be created"),
     "spark-read": (spark_read, "records/s read into a Spark DataFrame and written back"),
 }
 

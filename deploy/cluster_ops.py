@@ -82,7 +82,10 @@ def run_demo(state: ClusterState) -> list[str]:
     return trio.run(_demo, state.bootstrap, min(state.brokers, 3))
 
 
-async def _stats(state: ClusterState) -> dict[int, dict]:
+async def broker_stats_of(
+    state: ClusterState, broker_ids: list[int] | None = None
+) -> dict[int, dict]:
+    """BROKER_STATS of each live broker asked (default: all) that answers within 2 s."""
     out: dict[int, dict] = {}
 
     async def one(broker_id: int) -> None:
@@ -94,7 +97,7 @@ async def _stats(state: ClusterState) -> dict[int, dict]:
             pass
 
     async with trio.open_nursery() as nursery:
-        for i in range(state.brokers):
+        for i in range(state.brokers) if broker_ids is None else broker_ids:
             if state.status_of(i) == "alive":
                 nursery.start_soon(one, i)
     return out
@@ -130,7 +133,7 @@ def gather_status(state: ClusterState) -> dict:
     Leader, epoch and ISR come from the newest metadata any live broker holds; HW and LEO
     from the leader itself. A partition whose leader is -1 has no live ISR member: offline.
     """
-    stats = trio.run(_stats, state)
+    stats = trio.run(broker_stats_of, state)
     figures = _process_figures(state)
     newest: dict[tuple[str, int], tuple[int, dict]] = {}
     leo_by_replica: dict[tuple[str, int], dict[int, int]] = {}

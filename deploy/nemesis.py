@@ -4,7 +4,7 @@ One fault at a time, 1-3.5 s each, so a majority of the brokers always stays up 
 connected. Kinds: ``pause`` (SIGSTOP, then resume), ``kill`` (SIGKILL, then restart)
 and ``isolate`` (a network partition, ``deploy/isolation.py``, then heal). A victim is
 a broker id or ``CONTROLLER``: whichever broker is the active controller when the
-fault starts (there is one controller today; a quorum will move it).
+fault starts (the quorum elects another while it is down or cut off).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ PROCESS_FAULTS = ("pause", "kill")
 FAULT_KINDS = ("pause", "kill", "isolate")
 UNDO = {"pause": "resume", "kill": "restart", "isolate": "heal"}
 CONTROLLER = -1  # a planned victim resolved, when its fault starts, to the active controller
-# The one switch: True once any broker can take over as controller (issue 14's quorum).
-# Then the nemesis targets the active controller by default, and so does the test suite.
-CONTROLLER_FAILOVER = False
+# Any voter can take over as controller, so the nemesis targets the active controller by
+# default (``--spare-controller`` turns it off).
+CONTROLLER_FAILOVER = True
 
 
 @dataclass(frozen=True)

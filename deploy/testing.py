@@ -85,10 +85,16 @@ class LocalCluster:
 
     def __init__(self, state: ClusterState) -> None:
         self.state = state
+        # Brokers this handle paused or cut off: any broker may be the controller or a
+        # follower, and one that cannot answer (or only with stale metadata) must not be
+        # the address the handle's own reads and new clients start from.
+        self.impaired: set[int] = set()
 
     @property
     def bootstrap(self) -> str:
-        return self.state.bootstrap
+        """Every broker's address, less those this handle paused or isolated."""
+        healthy = [b for b in range(self.brokers) if b not in self.impaired]
+        return ",".join(self.address(b) for b in healthy) or self.state.bootstrap
 
     @property
     def brokers(self) -> int:
@@ -117,9 +123,11 @@ class LocalCluster:
     def pause(self, broker_id: int) -> None:
         """SIGSTOP: the broker holds its sockets but answers nothing (a stalled JVM, a GC)."""
         self.state.signal(broker_id, signal.SIGSTOP)
+        self.impaired.add(broker_id)
 
     def resume(self, broker_id: int) -> None:
         self.state.signal(broker_id, signal.SIGCONT)
+        self.impaired.discard(broker_id)
 
     def kill(self, broker_id: int) -> None:
         """SIGKILL: no clean shutdown, no flush beyond what the broker already did."""
@@ -268,6 +276,7 @@ class LocalCluster:
         self.state.check_id(broker_id)
         peers = None if from_ is None else list(from_)
         self._admin(lambda admin: isolation.isolate(admin, broker_id, peers))
+        self.impaired.add(broker_id)
 
     def clear_faults(self, broker_id: int | None = None) -> None:
         """Remove every fault from every live broker; or from one broker, together with
@@ -277,6 +286,10 @@ class LocalCluster:
         alive = [b for b in range(self.brokers) if self.state.status_of(b) == "alive"]
         among = alive if broker_id is None else sorted({broker_id, *alive})
         _, errors = self._admin(lambda admin: isolation.clear(admin, broker_id, among))
+        if broker_id is None:
+            self.impaired.clear()
+        else:
+            self.impaired.discard(broker_id)
         if errors:
             raise next(iter(errors.values()))
 

@@ -80,6 +80,8 @@ class KafkaRaftClient:
         self._out: list[Effect] = []
         self._correlation = rng.randrange(1 << 30)  # never mistake a past life's answers
         self.state: EpochState = self._initial_state(quorum_state or QuorumStateData())
+        if self.voters == {node_id} and isinstance(self.state, UnattachedState | ResignedState):
+            self.state.election_deadline = self.now()  # a lone voter needs nobody's vote
         self._announce()
 
     # ------------------------------------------------------------------ public API
@@ -138,6 +140,28 @@ class KafkaRaftClient:
         handler(self, source, message)
         return self._drain()
 
+    def request_failed(self, destination: int, message: Message) -> list[Effect]:
+        """Our request to ``destination`` failed in transit (refused, reset, timed out).
+
+        Kafka's RequestManager backs off ``retry.backoff.ms`` and asks again, rather than
+        waiting out the request timeout: a voter that restarted since we last spoke to it
+        must get our VoteRequest now, not two seconds later, or the election splits.
+        """
+        s = self.state
+        retry_at = self.now() + self.config.retry_backoff_ms
+        if isinstance(s, CandidateState) and isinstance(message, VoteRequest):
+            if message.candidate_epoch == s.epoch and destination in s.resend_at:
+                s.resend_at[destination] = retry_at
+        elif isinstance(s, FollowerState) and destination == s.leader_id:
+            if getattr(message, "correlation_id", None) == s.correlation_id:
+                s.in_flight_until = None
+                s.next_fetch_at = retry_at
+        elif isinstance(s, LeaderState) and isinstance(message, BeginQuorumEpochRequest):
+            replica = s.voters.get(destination)
+            if replica is not None and message.leader_epoch == s.epoch:
+                replica.begin_resend_at = min(replica.begin_resend_at, retry_at)
+        return self._drain()
+
     def append(
         self, records: Sequence[bytes], epoch: int | None = None
     ) -> tuple[int, list[Effect]]:
@@ -191,6 +215,17 @@ class KafkaRaftClient:
         timeout = self.config.election_timeout_ms
         return self.now() + timeout + self.rng.randrange(timeout)
 
+    def fetch_deadline(self) -> int:
+        """When a follower that hears nothing more from its leader starts an election.
+
+        Kafka's fetch timeout, plus a random quarter of it: followers that last heard the
+        leader in the same moment (it answers their parked fetches together) would
+        otherwise stand in the same millisecond, each vote for itself, and split the
+        vote, which then costs a whole randomized election timeout.
+        """
+        timeout = self.config.fetch_timeout_ms
+        return self.now() + timeout + self.rng.randrange(max(1, timeout // 4))
+
     def advance_high_watermark(self, offset: int) -> None:
         if offset > self.high_watermark:
             self.high_watermark = offset
@@ -217,11 +252,14 @@ class KafkaRaftClient:
             return ResignedState(epoch, self.random_election_deadline())
         if stored.leader_id is not None:
             return FollowerState(
-                epoch,
-                stored.leader_id,
-                now + self.config.fetch_timeout_ms,
-                voted_id=stored.voted_id,
+                epoch, stored.leader_id, self.fetch_deadline(), voted_id=stored.voted_id
             )
+        if epoch == 0 and self.log.end_offset == 0 and self.node_id == min(self.voters):
+            # A brand-new quorum: its lowest voter stands at once instead of every voter
+            # waiting out an election timeout (a lone voter elects itself right away). Only
+            # liveness depends on who stands first; a restarted voter (epoch > 0) waits, so
+            # it cannot depose a leader the others already follow.
+            return UnattachedState(epoch, now)
         return UnattachedState(epoch, self.random_election_deadline(), stored.voted_id)
 
     def _persist(self, epoch: int, leader_id: int | None, voted_id: int | None) -> None:
@@ -256,8 +294,7 @@ class KafkaRaftClient:
         voted = self._voted_in(epoch)
         self._persist(epoch, leader_id, voted)
         now = self.now()
-        deadline = now + self.config.fetch_timeout_ms
-        self._set_state(FollowerState(epoch, leader_id, deadline, voted_id=voted))
+        self._set_state(FollowerState(epoch, leader_id, self.fetch_deadline(), voted_id=voted))
         following.send_fetch(self, self.state, now)
 
     def to_candidate(self) -> None:

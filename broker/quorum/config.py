@@ -13,7 +13,7 @@ CHECK_QUORUM_TIMEOUT_FACTOR = 1.5
 @dataclass(slots=True, frozen=True)
 class QuorumConfig:
     election_timeout_ms: int = 1000  # controller.quorum.election.timeout.ms
-    fetch_timeout_ms: int = 2000  # controller.quorum.fetch.timeout.ms
+    fetch_timeout_ms: int = 1000  # controller.quorum.fetch.timeout.ms (Kafka: 2000)
     election_backoff_max_ms: int = 1000  # controller.quorum.election.backoff.max.ms
     request_timeout_ms: int = 2000  # controller.quorum.request.timeout.ms
     retry_backoff_ms: int = 20  # controller.quorum.retry.backoff.ms

@@ -75,7 +75,7 @@ def _accept_answer(
     if resp.error != ErrorCode.NONE:
         s.next_fetch_at = client.now() + client.config.retry_backoff_ms
         return None
-    s.fetch_deadline = client.now() + client.config.fetch_timeout_ms
+    s.fetch_deadline = client.fetch_deadline()
     return s
 
 
@@ -97,6 +97,7 @@ def on_fetch_response(client: KafkaRaftClient, source: int, resp: FetchResponse)
         if resp.records and resp.records[0].offset == client.log.end_offset:
             client.append_entries(resp.records)
         if resp.high_watermark is not None:
+            s.high_watermark = resp.high_watermark
             client.advance_high_watermark(min(resp.high_watermark, client.log.end_offset))
     send_fetch(client, s, client.now())
 

@@ -111,8 +111,13 @@ def on_fetch(client: KafkaRaftClient, source: int, req: FetchRequest) -> None:
         client.send(source, answer)
         return
     replica.end_offset = req.fetch_offset
+    high_watermark = s.high_watermark
     _maybe_advance_high_watermark(client, s)
-    if req.fetch_offset < client.log.end_offset or req.max_wait_ms <= 0:
+    # Answer now when there is news: entries past the fetch offset, or a high watermark this
+    # very fetch moved (the fetcher cannot know it yet; parked, it would learn it only at
+    # max_wait, and every voter would apply each change that much later).
+    moved = s.high_watermark != high_watermark
+    if req.fetch_offset < client.log.end_offset or moved or req.max_wait_ms <= 0:
         _answer(client, s, req, ErrorCode.NONE)
     else:
         s.parked[source] = (client.now() + req.max_wait_ms, req)

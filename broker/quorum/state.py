@@ -43,7 +43,7 @@ class FollowerState:
     leader_id: int
     fetch_deadline: int  # no successful fetch until then: start an election
     voted_id: int | None = None
-    high_watermark: int | None = None
+    high_watermark: int | None = None  # the leader's, as its last Fetch answer said
     correlation_id: int = 0
     in_flight_until: int | None = None  # the outstanding Fetch/FetchSnapshot expires then
     next_fetch_at: int = 0  # when to send the next one (a backoff after an error)

@@ -43,3 +43,14 @@ def test_a_planted_lost_write_fails_the_run(tmp_path):
     assert counts["lost"] == 1 and counts["violations"] >= 1
     assert "lost            1 VIOLATION(S)" in run.stdout and "acknowledged at chaos-" in run.stdout
     assert "    [lost] " in run.stdout  # each violation names the rule that fired
+
+
+def test_chaos_with_the_controller_targeted_keeps_every_promise(tmp_path):
+    # The default targets whoever is the active controller too; seed 3's schedule kills
+    # it and isolates a broker, so the quorum must elect a new controller under load.
+    run, counts = chaos("--duration", "12", "--seed", "3", "--data-dir", str(tmp_path / "c"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert counts["violations"] == 0 and counts["target_controller"]
+    nemesis = counts["nemesis"]
+    assert nemesis["controller"] >= 1 and nemesis["kill"] >= 1 and nemesis["isolate"] >= 1, nemesis
+    assert "kill the active controller" in run.stdout, run.stdout

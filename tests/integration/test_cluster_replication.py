@@ -12,7 +12,7 @@ import trio
 from client import Admin, Consumer, NewTopic, Producer
 from protocol.errors import NotEnoughReplicas, RequestTimedOut
 
-from .cluster_helpers import isr_of, partition_led_by, partition_view, segment_bytes, wait_for
+from .cluster_helpers import isr_of, partition_view, segment_bytes, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -58,11 +58,19 @@ async def test_acks_all_round_trip_replicas_identical(cluster_factory):
 
 
 async def test_paused_follower_times_out_then_isr_shrinks(cluster_factory):
-    state = await cluster_factory(3, FAST_ISR)
-    # Three partitions on three brokers: each broker leads one. Both followers get paused,
-    # so use the partition the controller (broker 0) leads: ISR changes need the controller.
-    await create(state, "slow", partitions=3)
-    p = await partition_led_by(state, "slow", lambda leader: leader == 0)
+    # Five voters, so the metadata quorum keeps its majority while both followers of a
+    # partition are paused: ISR changes commit through it. The partition is one whose
+    # followers are neither the active controller nor broker 0 (where reads bootstrap).
+    state = await cluster_factory(5, FAST_ISR)
+    await create(state, "slow", partitions=10)
+    async with Admin(state.bootstrap) as admin:
+        controller = (await admin.describe_cluster())[1]
+        parts = (await admin.describe_topics(["slow"]))["slow"].partitions
+    p, leader, f1, f2 = next(
+        (i, x.leader, *[r for r in x.replicas if r != x.leader])
+        for i, x in enumerate(parts)
+        if not {0, controller} & (set(x.replicas) - {x.leader})
+    )
     settings = {
         "retries": 0,
         "request.timeout.ms": 700,
@@ -71,29 +79,33 @@ async def test_paused_follower_times_out_then_isr_shrinks(cluster_factory):
     }
     async with Producer(state.bootstrap, acks="all", **settings) as producer:
         await producer.send("slow", b"before", partition=p)
-        state.signal(2, signal.SIGSTOP)
+        state.signal(f2, signal.SIGSTOP)
         try:
             t0 = time.monotonic()
             # The produce timeout is carried in the request (request.timeout.ms), as in Kafka.
             with pytest.raises(RequestTimedOut):
                 await producer.send("slow", b"stalled", partition=p)
             assert time.monotonic() - t0 < 5
-            await wait_for(lambda: _isr_is(state, p, [0, 1]), 20, "ISR to shrink to [0, 1]")
+            await wait_for(
+                lambda: _isr_is(state, p, sorted([leader, f1])), 20, "ISR to shrink to two"
+            )
             await producer.send("slow", b"after-shrink", partition=p)
 
-            state.signal(1, signal.SIGSTOP)
+            state.signal(f1, signal.SIGSTOP)
             # A caught-up follower stays in the ISR (Kafka's isCaughtUp); a write makes it lag.
             with pytest.raises(RequestTimedOut):
                 await producer.send("slow", b"stalled-again", partition=p)
-            await wait_for(lambda: _isr_is(state, p, [0]), 20, "ISR to shrink to [0]")
-            leo_before = (await partition_view(state, 0, "slow", p))["log_end_offset"]
+            await wait_for(lambda: _isr_is(state, p, [leader]), 20, "ISR to shrink to the leader")
+            leo_before = (await partition_view(state, leader, "slow", p))["log_end_offset"]
             with pytest.raises(NotEnoughReplicas):
                 await producer.send("slow", b"refused", partition=p)
-            assert (await partition_view(state, 0, "slow", p))["log_end_offset"] == leo_before
+            assert (await partition_view(state, leader, "slow", p))["log_end_offset"] == leo_before
         finally:
-            state.signal(1, signal.SIGCONT)
-            state.signal(2, signal.SIGCONT)
-        await wait_for(lambda: _isr_is(state, p, [0, 1, 2]), 30, "both followers to rejoin the ISR")
+            state.signal(f1, signal.SIGCONT)
+            state.signal(f2, signal.SIGCONT)
+        await wait_for(
+            lambda: _isr_is(state, p, sorted([leader, f1, f2])), 30, "both followers to rejoin"
+        )
         await producer.send("slow", b"healed", partition=p)
 
 

@@ -27,19 +27,24 @@ FAST = {
 
 
 async def test_paused_followers_rejoin_isr_without_new_writes(cluster_factory):
-    # Four brokers, so that a partition whose replicas leave out the controller exists:
-    # its ISR proposals travel over the network and can be in flight or rejected.
-    state = await cluster_factory(4, FAST)
+    # Five brokers: a partition whose replicas leave out the active controller (its ISR
+    # proposals travel over the network and can be in flight or rejected) and broker 0
+    # (where reads bootstrap), and the metadata quorum keeps its majority (3 of 5) while
+    # both its followers are paused.
+    state = await cluster_factory(5, FAST)
 
     async def all_registered():
         async with Admin(state.bootstrap) as admin:
-            return len((await admin.describe_cluster())[0]) == 4
+            return len((await admin.describe_cluster())[0]) == 5
 
-    await wait_for(all_registered, 15, "all four brokers to register")
+    await wait_for(all_registered, 15, "all five brokers to register")
     async with Admin(state.bootstrap) as admin:
-        await admin.create_topics([NewTopic("idle", 4, 3)])
+        await admin.create_topics([NewTopic("idle", 10, 3)])
         described = (await admin.describe_topics(["idle"]))["idle"]
-    index, part = next((i, p) for i, p in enumerate(described.partitions) if 0 not in p.replicas)
+        controller = (await admin.describe_cluster())[1]
+    index, part = next(
+        (i, p) for i, p in enumerate(described.partitions) if not {0, controller} & set(p.replicas)
+    )
     leader = part.leader
     followers = [b for b in part.replicas if b != leader]
     async with Producer(state.bootstrap, acks="all") as producer:

@@ -185,6 +185,11 @@ class Simulation:
             self.seq += 1
             heapq.heappush(self.messages, (at, self.seq, src, dst, message))
 
+    def _request_failed(self, src: int, dst: int, message: object) -> None:
+        node = self.nodes[src]
+        if node.core is not None:
+            self._apply(node, node.core.request_failed(dst, message))
+
     def schedule(self, delay_ms: int, action: Callable[[], None]) -> None:
         self.seq += 1
         heapq.heappush(self.actions, (self.clock.now_ms() + delay_ms, self.seq, action))
@@ -208,6 +213,10 @@ class Simulation:
                 node = self.nodes[dst]
                 if node.core is not None:
                     self._apply(node, node.core.handle(src, message))
+                elif type(message).__name__.endswith("Request"):
+                    # A request to a crashed voter is refused (a lost one, above, is not):
+                    # the sender learns of it and retries after its backoff.
+                    self.schedule(1, lambda s=src, d=dst, m=message: self._request_failed(s, d, m))
             elif t_act <= t:
                 heapq.heappop(self.actions)[2]()
             else:

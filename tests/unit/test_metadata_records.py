@@ -33,11 +33,14 @@ LOG = structlog.get_logger("test")
 def changes(tmp_path) -> list[ClusterMetadata]:
     """Every state a controller published through a busy life, oldest first."""
     states = [ClusterMetadata()]
-    ctl = Controller(0, tmp_path, BrokerConfig(), LOG, lambda md: states.append(md.copy()))
-    ctl.register_self(BrokerInfo(0, "127.0.0.1", 9092))
-    states.append(ctl.metadata.copy())
-    for i in (1, 2):
-        ctl.register_broker(BrokerInfo(i, "127.0.0.1", 9092 + i))
+
+    def submit(records: list[bytes], answer: dict) -> dict:
+        states.append(ctl.metadata.copy())  # the draft whose records were appended
+        return answer
+
+    ctl = Controller(0, BrokerConfig(), LOG, ClusterMetadata(), submit)
+    for i in (0, 1, 2):
+        ctl.register_broker(BrokerInfo(i, "127.0.0.1", 9092 + i), {})
     ctl.create_topics(
         [
             {"name": "orders", "num_partitions": 3, "replication_factor": 3, "configs": {}},
@@ -56,8 +59,8 @@ def changes(tmp_path) -> list[ClusterMetadata]:
             "new_isr": [state.leader],
         }
     )
-    ctl.broker_alive(1)
-    ctl.register_broker(BrokerInfo(2, "127.0.0.1", 9999))  # moved
+    ctl.broker_alive(1, {})
+    ctl.register_broker(BrokerInfo(2, "127.0.0.1", 9999), {})  # moved
     return states
 
 

@@ -1,15 +1,13 @@
-"""Metadata documents are checked before use; the controller persists before it applies."""
+"""Metadata documents are checked before use; the controller answers once its records commit."""
 
 from __future__ import annotations
 
 import copy
-import errno
 import json
 
 import pytest
 import structlog
 
-import broker.controller as controller_module
 from broker.config import BrokerConfig
 from broker.controller import METADATA_FILE, Controller
 from broker.metadata import (
@@ -21,6 +19,8 @@ from broker.metadata import (
     save_metadata,
 )
 from broker.metadata_check import MetadataError, check_document
+from broker.metadata_records import decode_record
+from broker.pending import PendingResponse
 from protocol.errors import ErrorCode
 
 LOG = structlog.get_logger("test")
@@ -159,98 +159,61 @@ def test_metadata_file_round_trips_and_absent_is_none(tmp_path):
     assert load_metadata(path).to_json() == md.to_json()
 
 
-# --- durable first ----------------------------------------------------------------------
+# --- answered once committed ----------------------------------------------------------
 
 
-class Published(list):
-    def __call__(self, md: ClusterMetadata) -> None:
-        self.append(md.to_json())
+class Submitted(list):
+    """Stands in for the quorum: records the appended batches, answers later."""
+
+    def __call__(self, records: list[bytes], answer: dict) -> PendingResponse:
+        pending = PendingResponse()
+        self.append((records, answer, pending))
+        return pending
 
 
 @pytest.fixture
-def controller(tmp_path):
-    published = Published()
-    ctl = Controller(0, tmp_path, BrokerConfig(), LOG, published)
-    ctl.register_self(BrokerInfo(0, "127.0.0.1", 9092))
-    for i in (1, 2):
-        ctl.register_broker(BrokerInfo(i, "127.0.0.1", 9092 + i))
+def controller():
+    submitted = Submitted()
+    ctl = Controller(0, BrokerConfig(), LOG, ClusterMetadata(), submitted)
+    for i in (0, 1, 2):
+        ctl.register_broker(BrokerInfo(i, "127.0.0.1", 9092 + i), {})
     ctl.create_topics(
         [{"name": "orders", "num_partitions": 2, "replication_factor": 3, "configs": {}}]
     )
-    published.clear()
-    return ctl, published, tmp_path / METADATA_FILE
+    submitted.clear()
+    return ctl, submitted
 
 
-@pytest.fixture
-def failing_save(monkeypatch):
-    def save(path, md):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(controller_module, "save_metadata", save)
-
-
-def test_failed_save_changes_nothing_and_answers_storage_error(controller, failing_save):
-    ctl, published, path = controller
-    before, on_disk = ctl.metadata.to_json(), path.read_bytes()
-    committed = ctl.metadata
-
-    results = ctl.create_topics(
+def test_a_change_is_answered_only_when_its_records_commit(controller):
+    ctl, submitted = controller
+    answer = ctl.create_topics(
         [
             {"name": "new", "num_partitions": 1, "replication_factor": 1, "configs": {}},
             {"name": "orders", "num_partitions": 1, "replication_factor": 1, "configs": {}},
         ]
     )
-    assert results[0]["error_code"] == ErrorCode.KAFKA_STORAGE_ERROR
-    assert "No space left" in results[0]["error_message"]
-    assert results[1]["error_code"] == ErrorCode.TOPIC_ALREADY_EXISTS
+    assert isinstance(answer, PendingResponse) and answer.body is None
+    [(records, body, pending)] = submitted
+    assert [decode_record(r)["type"] for r in records] == ["Topic", "Partition"]
+    assert [t["error_code"] for t in body["topics"]] == [0, ErrorCode.TOPIC_ALREADY_EXISTS]
+    assert pending is answer
 
-    state = ctl.metadata.topics["orders"].partitions[0]
-    answer = ctl.alter_partition(
-        {
-            "broker_id": state.leader,
-            "topic": "orders",
-            "partition": 0,
-            "leader_epoch": state.leader_epoch,
-            "partition_epoch": state.partition_epoch,
-            "new_isr": [state.leader],
-        }
+
+def test_a_request_that_changes_nothing_is_answered_at_once(controller):
+    ctl, submitted = controller
+    answer = ctl.create_topics(
+        [{"name": "orders", "num_partitions": 1, "replication_factor": 1, "configs": {}}]
     )
-    assert answer["error_code"] == ErrorCode.KAFKA_STORAGE_ERROR
-
-    with pytest.raises(controller_module.MetadataPersistError):
-        ctl.fence(1, reason="test")
-    with pytest.raises(controller_module.MetadataPersistError):
-        ctl.register_broker(BrokerInfo(7, "10.0.0.7", 1))
-
-    assert ctl.metadata is committed
-    assert ctl.metadata.to_json() == before
-    assert path.read_bytes() == on_disk
-    assert published == []
-
-
-def test_after_a_failed_save_the_next_change_succeeds(controller, failing_save, monkeypatch):
-    ctl, published, path = controller
-    epoch = ctl.metadata.epoch
-    with pytest.raises(controller_module.MetadataPersistError):
-        ctl.fence(1, reason="disk full")
-    monkeypatch.setattr(controller_module, "save_metadata", save_metadata)
-    ctl.fence(1, reason="disk back")
-    assert 1 not in ctl.metadata.live and ctl.metadata.epoch == epoch + 1
-    assert load_metadata(path).to_json() == ctl.metadata.to_json()
-    assert [md["epoch"] for md in published] == [epoch + 1]
+    assert answer["topics"][0]["error_code"] == ErrorCode.TOPIC_ALREADY_EXISTS
+    assert ctl.broker_alive(1, {"error_code": 0}) == {"error_code": 0}
+    assert submitted == []
 
 
 def test_committed_metadata_object_is_never_mutated(controller):
-    ctl, _, _ = controller
+    ctl, _ = controller
     committed = ctl.metadata
     snapshot = committed.to_json()
     ctl.fence(2, reason="test")
     assert ctl.metadata is not committed
     assert committed.to_json() == snapshot  # brokers holding it saw no half-made change
     assert 2 not in ctl.metadata.live
-
-
-def test_controller_refuses_to_start_on_a_corrupt_file(tmp_path):
-    (tmp_path / METADATA_FILE).write_text('{"epoch": "7"}')
-    with pytest.raises(MetadataStoreError, match=METADATA_FILE):
-        Controller(0, tmp_path, BrokerConfig(), LOG, Published())

@@ -65,7 +65,7 @@ def elect(core: KafkaRaftClient) -> list:
 
 
 def test_unattached_voter_stands_for_election_within_a_randomized_timeout():
-    core = make()
+    core = make(node_id=1)
     assert core.role == "unattached" and core.epoch == 0
     assert T <= core.next_deadline_ms() < 2 * T
     core.clock.advance(core.next_deadline_ms() - 1)
@@ -76,9 +76,25 @@ def test_unattached_voter_stands_for_election_within_a_randomized_timeout():
     assert core.role == "candidate" and core.epoch == 1
     # its own vote is durable before any VoteRequest leaves
     first_send = next(i for i, e in enumerate(effects) if isinstance(e, Send))
-    assert effects[0] == PersistQuorumState(QuorumStateData(1, None, 0))
+    assert effects[0] == PersistQuorumState(QuorumStateData(1, None, 1))
     assert first_send > 0
-    assert {s.destination for s in sends(effects, VoteRequest)} == {1, 2}
+    assert {s.destination for s in sends(effects, VoteRequest)} == {0, 2}
+
+
+def test_a_new_quorums_lowest_voter_and_a_lone_voter_stand_at_once():
+    fresh = make(node_id=0)
+    assert fresh.next_deadline_ms() == fresh.now()
+    fresh.poll()
+    assert fresh.role == "candidate" and fresh.epoch == 1
+    lone = make(node_id=4, voters=(4,), quorum_state=QuorumStateData(7, 4, 4))
+    lone.poll()
+    assert lone.role == "leader" and lone.epoch == 8
+
+
+def test_a_restarted_lowest_voter_waits_so_it_cannot_depose_a_running_leader():
+    core = make(node_id=0, quorum_state=QuorumStateData(3, None, None))
+    assert core.role == "unattached"
+    assert T <= core.next_deadline_ms() - core.now() < 2 * T
 
 
 def test_the_timeout_is_seeded_so_runs_reproduce():
@@ -152,7 +168,9 @@ def test_follower_fetches_and_starts_an_election_after_the_fetch_timeout():
     core.clock.advance(CONFIG.fetch_timeout_ms - 1)
     core.poll()
     assert core.role == "follower"
-    core.clock.advance(1)
+    # The timeout is jittered by up to a quarter of itself (no split votes between
+    # followers that last heard the leader at the same moment).
+    core.clock.advance(CONFIG.fetch_timeout_ms // 4 + 1)
     core.poll()
     assert core.role == "candidate" and core.epoch == 3
 
@@ -231,10 +249,13 @@ def test_old_epoch_entries_do_not_commit_by_counting_alone():
 
 def test_caught_up_fetch_parks_until_an_append_or_its_max_wait():
     core = leader_with_log()
-    fetch_from(core, 1, 1, 1, corr=1)
+    # Follower 1's fetch moves the high watermark: answered at once, so it learns it.
+    (moved,) = sends(fetch_from(core, 1, 1, 1, corr=1), FetchResponse)
+    assert moved.message.high_watermark == 1 and moved.message.records == ()
     parked = fetch_from(core, 2, 1, 1, corr=9)
     assert sends(parked, FetchResponse) == []  # parked: nothing to say yet
     assert core.next_deadline_ms() == core.clock.now_ms() + 500
+    fetch_from(core, 1, 1, 1, corr=2)  # caught up and nothing moves: parks too
     last, effects = core.append([b"x"])
     assert last == 1
     answers = {s.destination: s.message for s in sends(effects, FetchResponse)}
@@ -242,12 +263,14 @@ def test_caught_up_fetch_parks_until_an_append_or_its_max_wait():
     answer = answers[2]
     assert answer.correlation_id == 9
     assert [e.data for e in answer.records] == [b"x"]
-    fetch_from(core, 2, 2, 1, corr=10)
+    (hw_news,) = sends(fetch_from(core, 2, 2, 1, corr=10), FetchResponse)  # HW 1 -> 2
+    assert hw_news.message.high_watermark == 2
+    fetch_from(core, 2, 2, 1, corr=11)
     core.clock.advance(499)
     assert sends(core.poll(), FetchResponse) == []
     core.clock.advance(1)
     (expired,) = sends(core.poll(), FetchResponse)
-    assert expired.message.correlation_id == 10 and expired.message.records == ()
+    assert expired.message.correlation_id == 11 and expired.message.records == ()
 
 
 def test_leader_answers_a_diverging_fetch_with_the_epoch_end():
