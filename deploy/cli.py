@@ -7,17 +7,15 @@ non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
-import errno
-import resource
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from types import ModuleType
 
 # Every command is imported by name: a module that fails to import stops the CLI with
 # its traceback instead of quietly vanishing from --help.
-from deploy import chaos_cli, client_cli, cluster_cli, faults_cli, stats_cli
+from deploy import broker_cli, chaos_cli, client_cli, cluster_cli, faults_cli, stats_cli
 from deploy.bench import consume, failover, produce, purgatory, spark_read
+from deploy.broker_cli import CommandError
 
 # Each adds its subcommands with add_subcommands(sub).
 COMMAND_GROUPS: Sequence[ModuleType] = (client_cli, cluster_cli, faults_cli, chaos_cli, stats_cli)
@@ -32,97 +30,6 @@ BENCHMARKS: dict[str, tuple[ModuleType, str]] = {
 }
 
 
-class CommandError(Exception):
-    """A user-facing failure: printed as one line."""
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
-    return host, int(port)
-
-
-def _add_broker(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("broker", help="run one broker in the foreground")
-    p.add_argument("--id", type=int, default=0, help="broker id (default 0)")
-    p.add_argument(
-        "--listen",
-        type=parse_listen,
-        default=("127.0.0.1", 9092),
-        help="HOST:PORT to listen on (default 127.0.0.1:9092; anything but loopback is your explicit choice)",
-    )
-    p.add_argument(
-        "--data-dir", type=Path, required=True, help="directory for this broker's logs and metadata"
-    )
-    p.add_argument("--config", type=Path, help="TOML file of broker settings (Kafka key names)")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one setting (repeatable)",
-    )
-    p.set_defaults(func=_run_broker)
-
-
-def _run_broker(args: argparse.Namespace) -> int:
-    from broker.config import ConfigError, load_config, parse_set_options
-    from broker.logs import configure_logging
-    from broker.metadata import MetadataStoreError
-    from broker.server import DataDirInUse, run_broker
-
-    try:
-        config = load_config(args.config, parse_set_options(args.set))
-    except ConfigError as exc:
-        raise CommandError(f"{exc}; see README.md 'Broker configuration' for every key") from None
-    host, port = args.listen
-    logger = configure_logging(args.id, level=config["log.level"], fmt=config["log.format"])
-    try:
-        run_broker(args.id, host, port, args.data_dir, config, logger)
-    except DataDirInUse as exc:
-        raise CommandError(f"{exc}; stop it first or choose another --data-dir") from None
-    except (ConfigError, MetadataStoreError) as exc:
-        raise CommandError(str(exc)) from None
-    except (OSError, BaseExceptionGroup) as exc:
-        # trio's nursery wraps a failed bind in an ExceptionGroup: unwrap it to one line.
-        error = _only_os_error(exc)
-        if error is None:
-            raise
-        raise CommandError(describe_start_error(error, host, port, args.data_dir)) from None
-    return 0
-
-
-def _only_os_error(exc: BaseException) -> OSError | None:
-    """The OSError inside ``exc`` when that is all it holds (else None: a real bug)."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc if isinstance(exc, OSError) else None
-
-
-def describe_start_error(exc: OSError, host: str, port: int, data_dir: Path) -> str:
-    """Name the real problem: the port, the data dir, or the file-descriptor limit."""
-    reason = (exc.strerror or str(exc)).lower()
-    if exc.errno in (errno.EMFILE, errno.ENFILE):
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        return (
-            f"too many open files (limit {soft}) while starting on {data_dir}: raise it with "
-            "'ulimit -n' (a broker keeps files open for each partition's segments)"
-        )
-    if exc.filename is not None:  # a file operation: the data dir is the problem
-        return f"cannot use data dir {data_dir}: {reason} ({exc.filename})"
-    if exc.errno == errno.EADDRINUSE:
-        return (
-            f"port {port} on {host} is in use (another broker or program listens there): "
-            "stop it or choose another --listen port"
-        )
-    if exc.errno == errno.EADDRNOTAVAIL:
-        return f"cannot listen on {host}:{port}: {host} is not an address of this machine"
-    if exc.errno == errno.EACCES:
-        return f"cannot listen on {host}:{port}: permission denied (ports below 1024 need root)"
-    return f"cannot listen on {host}:{port}: {reason}"
-
-
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks; each prints one JSON line of figures")
     benches = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
@@ -135,7 +42,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minibroker", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_broker(sub)
+    broker_cli.add_arguments(sub.add_parser("broker", help="run one broker in the foreground"))
     for module in COMMAND_GROUPS:
         module.add_subcommands(sub)
     _add_bench(sub)

@@ -145,7 +145,8 @@ class ClusterState:
                 return None
 
         return (
-            "deploy.cli" in cmdline
+            # deploy.cli: a broker started by an older minibroker, still ours to stop.
+            ("deploy.broker_cli" in cmdline or "deploy.cli" in cmdline)
             and option("--data-dir") == str(self.root / f"broker-{broker_id}")
             and option("--listen") == f"{self.host}:{self.port(broker_id)}"
         )

@@ -1,6 +1,6 @@
 """Start, stop, pause and kill broker *processes*: used by `minibroker cluster` and by the tests.
 
-A broker is `python -m deploy.cli broker ...` in its own process with its own data
+A broker is `python -m deploy.broker_cli ...` in its own process with its own data
 directory; readiness means it answered an ApiVersions request on its port.
 """
 
@@ -154,8 +154,7 @@ class BrokerProcess:
         cmd = [
             sys.executable,
             "-m",
-            "deploy.cli",
-            "broker",
+            "deploy.broker_cli",
             "--id",
             str(self.broker_id),
             "--listen",

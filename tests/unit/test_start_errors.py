@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.cli import describe_start_error
+from deploy.broker_cli import describe_start_error
 from deploy.launcher import TEST_PORTS, ephemeral_range, free_port, free_port_range, port_holder
 from protocol import FrameDecoder
 from protocol.errors import FrameTooLarge
