@@ -248,9 +248,7 @@ def render_status(status: dict) -> str:
     lag = " ".join(f"{v}:{n}" for v, n in sorted(q.get("voter_lag", {}).items()))
     lines += [
         "",
-        # "Quorum leader", not "active controller", until the controller runs on the
-        # quorum: today controller.id (broker 0) still acts as the controller.
-        f"controller quorum: leader {_dash(q.get('active_controller'))}, "
+        f"controller quorum: active controller {_dash(q.get('active_controller'))}, "
         f"epoch {_dash(q.get('epoch'))}, commit index (hw) {_dash(q.get('high_watermark'))}, "
         f"voter lag {lag or '-'}",
     ]
