@@ -59,6 +59,10 @@ class RequestHandler:
             ApiKey.BROKER_REGISTRATION: self.controller_only(self.broker.role.register_broker),
             ApiKey.BROKER_HEARTBEAT: self.controller_only(self.broker.role.heartbeat),
             ApiKey.ALTER_PARTITION: self.controller_only(self.alter_partition),
+            ApiKey.ALLOCATE_PRODUCER_IDS: self.controller_only(
+                self.broker.role.allocate_producer_ids
+            ),
+            ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
             ApiKey.UPDATE_METADATA: self.update_metadata,
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             ApiKey.FAULTS: self.faults,
@@ -286,6 +290,11 @@ class RequestHandler:
             if refusal is not None:
                 return refusal
         return self.broker.replica_manager.fetch(body, session)
+
+    def init_producer_id(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse:
+        return self.broker.producer_ids.init_producer_id(body)
 
     def list_offsets(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         return self.broker.replica_manager.list_offsets(body)

@@ -175,6 +175,15 @@ DEFS: dict[str, ConfigDef] = {
     "broker.heartbeat.interval.ms": ConfigDef(
         int, 2000, "How often a broker heartbeats to the controller.", 1
     ),
+    "producer.id.expiration.ms": ConfigDef(
+        int,
+        86400000,
+        "Forget an idempotent producer's sequence state after it has been silent this long.",
+        1,
+    ),
+    "producer.id.expiration.check.interval.ms": ConfigDef(
+        int, 600000, "How often expired producer ids are looked for.", 1
+    ),
     "unclean.leader.election.enable": ConfigDef(
         bool, False, "Allow a leader from outside the ISR (may lose data)."
     ),

@@ -27,6 +27,8 @@ from .topic_config import topic_configs_error
 
 # The pre-quorum controller's store: read once, to import it into an empty quorum.
 METADATA_FILE = "cluster-metadata.json"
+# Producer ids per AllocateProducerIds answer (Kafka's ProducerIdsBlock.PRODUCER_ID_BLOCK_SIZE).
+PRODUCER_ID_BLOCK = 1000
 
 __all__ = ["METADATA_FILE", "Controller", "topic_name_error"]
 
@@ -257,6 +259,25 @@ class Controller:
         self.metadata.topics[name] = TopicState(name, partitions, dict(request["configs"]))
         self.log.info("topic_created", topic=name, partitions=num_partitions, replication_factor=rf)
         return result
+
+    # --- producer ids -------------------------------------------------------------------------
+
+    def allocate_producer_ids(self, broker_id: int) -> dict | PendingResponse:
+        """A block of PRODUCER_ID_BLOCK ids for ``broker_id``, answered once its record
+        commits: a new controller continues after it, so no id is handed out twice."""
+        with self._change() as md:
+            start = md.next_producer_id
+            md.next_producer_id = start + PRODUCER_ID_BLOCK
+            self.commit()
+        self.log.info("producer_ids_allocated", broker_id=broker_id, start=start)
+        return self._reply(
+            {
+                "error_code": 0,
+                "error_message": None,
+                "producer_id_start": start,
+                "producer_id_len": PRODUCER_ID_BLOCK,
+            }
+        )
 
     # --- ISR changes proposed by leaders -------------------------------------------------------
 

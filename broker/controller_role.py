@@ -91,6 +91,9 @@ class ControllerRole:
     def alter_partition(self, body: dict) -> dict | PendingResponse:
         return self.controller.alter_partition(body)
 
+    def allocate_producer_ids(self, body: dict) -> dict | PendingResponse:
+        return self.controller.allocate_producer_ids(body["broker_id"])
+
     def create_topics(self, body: dict) -> dict | PendingResponse:
         return self.controller.create_topics(body["topics"], body["validate_only"])
 

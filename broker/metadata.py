@@ -50,11 +50,15 @@ class ClusterMetadata:
     topics: dict[str, TopicState] = field(default_factory=dict)
     # Registered brokers that are not fenced (heartbeating within the session timeout).
     live: set[int] = field(default_factory=set)
+    # The first producer id no broker has been given yet (KIP-730's ProducerIdsRecord):
+    # in the metadata log, so ids stay unique across controller failover.
+    next_producer_id: int = 0
 
     def to_json(self) -> dict:
         return {
             "controller_id": self.controller_id,
             "epoch": self.epoch,
+            "next_producer_id": self.next_producer_id,
             "brokers": [asdict(b) for b in sorted(self.brokers.values(), key=lambda b: b.node_id)],
             "live_brokers": sorted(self.live),
             "topics": [
@@ -94,6 +98,7 @@ class ClusterMetadata:
                 for name, t in self.topics.items()
             },
             set(self.live),
+            self.next_producer_id,
         )
 
     @classmethod
@@ -106,6 +111,7 @@ class ClusterMetadata:
         """Build from a document already checked (``parse`` for anything untrusted)."""
         md = cls(controller_id=data.get("controller_id", -1), epoch=data.get("epoch", 0))
         md.live = set(data.get("live_brokers", []))
+        md.next_producer_id = data.get("next_producer_id", 0)
         for b in data.get("brokers", []):
             md.brokers[b["node_id"]] = BrokerInfo(b["node_id"], b["host"], b["port"])
         for t in data.get("topics", []):

@@ -14,6 +14,8 @@ Record types, after Kafka's (metadata/src/main/resources/common/metadata/*.json)
     Partition        PartitionRecord / PartitionChangeRecord: the partition's whole new
                      state (leader, epochs, replicas, ISR), so applying one twice is harmless
                      and no record depends on the exact state before it.
+    ProducerIds      ProducerIdsRecord     (next_producer_id): a block of producer ids
+                     was handed to a broker (KIP-730)
 
 Encoded with msgpack, one record per log entry; an unknown type or a malformed record raises
 MetadataRecordError (a bug or a newer peer: never silently skipped, or voters would diverge).
@@ -89,6 +91,8 @@ def records_for_change(old: ClusterMetadata, new: ClusterMetadata) -> list[dict]
             was = before.partitions[index] if before and index < len(before.partitions) else None
             if was != p:
                 out.append(_partition_record(name, index, p))
+    if new.next_producer_id != old.next_producer_id:
+        out.append({"type": "ProducerIds", "next_producer_id": new.next_producer_id})
     return out
 
 
@@ -152,7 +156,13 @@ def _partition(md: ClusterMetadata, r: dict) -> None:
         topic.partitions[index] = state
 
 
+def _producer_ids(md: ClusterMetadata, r: dict) -> None:
+    # Ids only move forward: a replayed or reordered record never hands out a block twice.
+    md.next_producer_id = max(md.next_producer_id, r["next_producer_id"])
+
+
 _APPLY = {
+    "ProducerIds": _producer_ids,
     "RegisterBroker": _register,
     "FenceBroker": _fence,
     "UnfenceBroker": _unfence,

@@ -132,6 +132,13 @@ class ReplicaManager:
                     "log_close_failed", topic=partition.topic, partition=partition.index
                 )
 
+    def remove_expired_producers(self, now_ms: int) -> int:
+        """Kafka's producer-id expiration task, over every partition."""
+        expiration = self.config["producer.id.expiration.ms"]
+        return sum(
+            p.log.producers.remove_expired(now_ms, expiration) for p in self.partitions.values()
+        )
+
     def delete_old_segments(self) -> int:
         return sum(p.log.delete_old_segments(p.high_watermark) for p in self.partitions.values())
 

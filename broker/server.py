@@ -12,6 +12,7 @@ import fcntl
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from .metadata_records import MetadataImage
 from .network import ConnectionHandler, max_connections_for
 from .partition import Partition
 from .pending import PendingResponse
+from .producer_ids import ProducerIdManager
 from .purgatory import MonotonicClock, Purgatory, SystemTimer, switch_interval_for
 from .quorum import QuorumConfig
 from .quorum_driver import QuorumDriver
@@ -106,6 +108,7 @@ class Broker:
         self.nursery: trio.Nursery | None = None
         self.fetchers: ReplicaFetcherManager | None = None
         self.isr_proposals: AlterPartitionManager | None = None
+        self.producer_ids: ProducerIdManager | None = None
         self.image: MetadataImage | None = None
         self.leader_known = trio.Event()  # set (and replaced) whenever the controller changes
         # Set once this broker's metadata has caught up with the quorum after its start:
@@ -361,6 +364,8 @@ class Broker:
                     await nursery.start(self.quorum.run)
                 nursery.start_soon(self.link.run)
                 nursery.start_soon(self._retention_loop)
+                nursery.start_soon(self._producer_expiration_loop)
+                nursery.start_soon(self._prefetch_producer_ids)
                 nursery.start_soon(self._isr_shrink_loop)
                 nursery.start_soon(self.role.fence_silent_brokers)
                 self.log.info(
@@ -405,6 +410,15 @@ class Broker:
         )
         self.replica_manager.on_isr_change = self.isr_proposals.propose
 
+        async def allocate_producer_ids() -> dict:
+            return await to_controller(
+                ApiKey.ALLOCATE_PRODUCER_IDS,
+                {"broker_id": self.broker_id},
+                self.role.allocate_producer_ids,
+            )
+
+        self.producer_ids = ProducerIdManager(allocate_producer_ids, nursery, self.log)
+
     async def controlled_shutdown(self) -> None:
         """Tell the controller we are going, so leaders move at once (best effort)."""
         if self.quorum is not None:
@@ -436,6 +450,18 @@ class Broker:
                 continue
             if deleted:
                 self.log.info("retention_deleted_segments", count=deleted)
+
+    async def _prefetch_producer_ids(self) -> None:
+        await self.metadata_ready.wait()
+        self.producer_ids.prefetch()
+
+    async def _producer_expiration_loop(self) -> None:
+        interval = self.config["producer.id.expiration.check.interval.ms"] / 1000
+        while True:
+            await trio.sleep(interval)
+            expired = self.replica_manager.remove_expired_producers(int(time.time() * 1000))
+            if expired:
+                self.log.info("producer_ids_expired", count=expired)
 
 
 async def serve(broker: Broker) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import trio
 
 from protocol import encode_batch
+from protocol.batch import restamp_producer
 
 from .records import Headers, RecordMetadata
 
@@ -40,6 +41,7 @@ class ProducerBatch:
         "acked_at",
         "attempts",
         "base_offset",
+        "base_sequence",
         "count",
         "created_ms",
         "deadline_ms",
@@ -68,18 +70,39 @@ class ProducerBatch:
         self.base_offset = -1
         self.error: BaseException | None = None
         self.acked_at = 0.0
+        # An idempotent producer's sequence, set when the batch is first sent; -1: none.
+        self.base_sequence = -1
 
     @property
     def sealed(self) -> bool:
         return self.payload is not None
 
-    def seal(self) -> bytes:
-        """Encode once (one encode_batch call); retries resend the same bytes."""
+    def seal(self, producer: tuple[int, int, int] | None = None) -> bytes:
+        """Encode once (one encode_batch call); retries resend the same bytes.
+
+        ``producer``: (producer_id, epoch, base_sequence) of an idempotent producer.
+        """
         if self.payload is None:
             self.count = len(self.records)
-            self.payload = encode_batch(self.records)
+            if producer is None:
+                self.payload = encode_batch(self.records)
+            else:
+                self.payload = encode_batch(
+                    self.records,
+                    producer_id=producer[0],
+                    producer_epoch=producer[1],
+                    base_sequence=producer[2],
+                )
+                self.base_sequence = producer[2]
             self.records = []
         return self.payload
+
+    def restamp(self, producer_id: int, epoch: int, base_sequence: int) -> None:
+        """New producer fields for a sealed batch (after an epoch bump): CRC only."""
+        buf = bytearray(self.payload)
+        restamp_producer(buf, producer_id, epoch, base_sequence)
+        self.payload = bytes(buf)
+        self.base_sequence = base_sequence
 
     def complete(self, base_offset: int) -> None:
         self.base_offset = base_offset
@@ -247,9 +270,23 @@ class RecordAccumulator:
         return batch
 
     def reenqueue(self, batch: ProducerBatch, retry_at_ms: float) -> None:
-        """Put a batch back at the front of its partition to retry after a backoff."""
+        """Put a batch back at the front of its partition to retry after a backoff.
+
+        An idempotent producer's batches go back in sequence order (Kafka's
+        insertInSequenceOrder): two failed batches retried the wrong way round would be
+        refused as out of order forever.
+        """
         batch.retry_at_ms = retry_at_ms
-        self.batches.setdefault((batch.topic, batch.partition), deque()).appendleft(batch)
+        dq = self.batches.setdefault((batch.topic, batch.partition), deque())
+        if batch.base_sequence < 0:
+            dq.appendleft(batch)
+            return
+        index = 0
+        for queued in dq:
+            if queued.base_sequence < 0 or queued.base_sequence > batch.base_sequence:
+                break
+            index += 1
+        dq.insert(index, batch)
 
     def expired(self, now_ms: float) -> list[ProducerBatch]:
         """Remove and return waiting batches whose delivery.timeout.ms has passed."""

@@ -73,6 +73,14 @@ def _string(key: str, value: Any) -> str:
     return value
 
 
+def _bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"config '{key}': expected true or false, got {value!r}")
+
+
 def parse_acks(key: str, value: Any) -> int:
     """Kafka spells acks as all, -1, 0 or 1; the wire wants -1, 0 or 1."""
     text = str(value).strip().lower()
@@ -127,6 +135,13 @@ SETTINGS: dict[str, Setting] = {
     "max.request.size": Setting(
         _int(1), 1048576, _P, "Largest record (and batch) the producer will send."
     ),
+    "enable.idempotence": Setting(
+        _bool,
+        True,
+        _P,
+        "Retries never store a record twice nor reorder (needs acks=all, retries > 0, "
+        "max.in.flight.requests.per.connection <= 5; Kafka 3.x's default).",
+    ),
     "max.in.flight.requests.per.connection": Setting(
         _int(1), 5, _P, "Unanswered produce requests per broker."
     ),
@@ -177,6 +192,7 @@ def load_config(role: str, *sources: Mapping[str, Any] | None) -> dict[str, Any]
     """Defaults for ``role``, overlaid with each source in order, every value validated."""
     known = [k for k, s in SETTINGS.items() if role in s.roles]
     values: dict[str, Any] = {}
+    given: set[str] = set()
     for key in known:
         setting = SETTINGS[key]
         values[key] = setting.parse(key, setting.default)
@@ -186,12 +202,35 @@ def load_config(role: str, *sources: Mapping[str, Any] | None) -> dict[str, Any]
                 where = "" if key not in SETTINGS else f" (it is not a {role} setting)"
                 raise ValueError(f"unknown config key '{key}'{where or _suggest(key, known)}")
             values[key] = SETTINGS[key].parse(key, raw)
-    _check_consistency(role, values)
+            given.add(key)
+    _check_consistency(role, values, given)
     return values
 
 
-def _check_consistency(role: str, values: dict[str, Any]) -> None:
+# What idempotence needs, as Kafka's ProducerConfig checks it.
+_IDEMPOTENCE_NEEDS = (
+    ("acks", lambda v: v == -1, "acks to all"),
+    ("retries", lambda v: v > 0, "retries above 0"),
+    (
+        "max.in.flight.requests.per.connection",
+        lambda v: v <= 5,
+        "max.in.flight.requests.per.connection to at most 5",
+    ),
+)
+
+
+def _check_consistency(role: str, values: dict[str, Any], given: set[str]) -> None:
     if role == "producer":
+        for key, ok, needed in _IDEMPOTENCE_NEEDS:
+            if ok(values[key]):
+                continue
+            if "enable.idempotence" in given and values["enable.idempotence"]:
+                raise ValueError(
+                    f"config '{key}': must set {needed} to use the idempotent producer "
+                    "(or set enable.idempotence=false)"
+                )
+            # Kafka 3.2+: idempotence on by default only, so a conflicting setting turns it off.
+            values["enable.idempotence"] = False
         floor = values["linger.ms"] + values["request.timeout.ms"]
         if values["delivery.timeout.ms"] < floor:
             raise ValueError(

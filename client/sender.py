@@ -5,6 +5,10 @@ in-flight slot on that broker); each request then runs as its own task so up to
 ``max.in.flight.requests.per.connection`` are outstanding per broker. Retriable
 failures go back to the front of their partition after ``retry.backoff.ms`` and a
 metadata refresh, until ``retries`` or ``delivery.timeout.ms`` runs out.
+
+With ``enable.idempotence`` (client/idempotence.py) nothing is sent before the producer
+has an id; a batch keeps its sequence across retries, and a retried batch goes out only
+when no other batch of its partition is in flight, so retries never reorder.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import trio
 
 from protocol import ApiKey
 from protocol.errors import (
+    ErrorCode,
     KafkaError,
     NetworkException,
     RequestTimedOut,
@@ -26,6 +31,7 @@ from protocol.errors import (
 
 from .accumulator import DeliveryHandle, Parked, ProducerBatch, RecordAccumulator
 from .cluster import Cluster
+from .idempotence import IdempotenceState
 from .records import RecordMetadata
 
 
@@ -48,6 +54,9 @@ class Sender:
         self.max_block_ms: int = config["max.block.ms"]
         self.in_flight: dict[int, int] = defaultdict(int)
         self.in_flight_batches: set[ProducerBatch] = set()
+        self.idempotence = IdempotenceState() if config["enable.idempotence"] else None
+        self._in_flight_by_partition: dict[tuple[str, int], int] = defaultdict(int)
+        self._init_running = False
         self.parked: dict[str, tuple[Parked, float]] = {}
         self.space_freed = trio.Event()
         self._wakeup = trio.Event()
@@ -100,6 +109,8 @@ class Sender:
                 for batch in self.acc.expired(now):
                     self._fail(batch, self._expiry_error(batch))
                 ready, next_ms = self.acc.ready(now)
+                if ready and self.idempotence is not None and not self._producer_id_ready():
+                    ready = []
                 sent = self._send_ready(ready) if ready else False
                 if self.cluster.stale:  # metadata.max.age.ms: notice leader moves without an error
                     self._metadata_needed = True
@@ -121,6 +132,69 @@ class Sender:
             f" {age:.0f} ms has passed since batch creation (delivery.timeout.ms)"
         )
 
+    # --- idempotence ------------------------------------------------------------------------
+
+    def _producer_id_ready(self) -> bool:
+        """May sequenced batches go out now? Bumps the epoch or asks for an id first."""
+        idem = self.idempotence
+        if idem.bump_needed:
+            if self.in_flight_batches:
+                return False  # their answers may still resolve sequences of this epoch
+            if idem.bump_epoch():
+                self._restamp_waiting()
+        if idem.has_producer_id:
+            return True
+        if not self._init_running:
+            self._init_running = True
+            self._nursery.start_soon(self._init_producer_id)
+        return False
+
+    def _restamp_waiting(self) -> None:
+        """After a bump: batches already sequenced get new sequences, in their order."""
+        idem = self.idempotence
+        for key, dq in self.acc.batches.items():
+            for batch in dq:
+                if batch.base_sequence >= 0:
+                    batch.restamp(
+                        idem.producer_id, idem.epoch, idem.take_sequence(key, batch.count)
+                    )
+
+    async def _init_producer_id(self) -> None:
+        idem = self.idempotence
+        try:
+            answer = await self.cluster.any_request(
+                ApiKey.INIT_PRODUCER_ID,
+                {"transactional_id": None, "producer_id": -1, "producer_epoch": -1},
+            )
+        except KafkaError as exc:
+            if not exc.retriable:
+                for batch in self.acc.drain_all():
+                    self._fail(batch, exc)
+            await trio.sleep(self.backoff_ms / 1000)
+        else:
+            idem.set_producer_id(answer["producer_id"], answer["producer_epoch"])
+            self._restamp_waiting()
+        finally:
+            self._init_running = False
+            self.wake()
+
+    def _seal(self, batch: ProducerBatch, key: tuple[str, int]) -> None:
+        idem = self.idempotence
+        if idem is None or batch.sealed:
+            batch.seal()
+        else:
+            sequence = idem.take_sequence(key, len(batch.records))
+            batch.seal((idem.producer_id, idem.epoch, sequence))
+
+    def _earlier_pending(self, batch: ProducerBatch) -> bool:
+        """Is a batch of the same partition with a lower sequence in flight or queued?"""
+        key = (batch.topic, batch.partition)
+        seq = batch.base_sequence
+        for other in self.in_flight_batches:
+            if (other.topic, other.partition) == key and 0 <= other.base_sequence < seq:
+                return True
+        return any(0 <= other.base_sequence < seq for other in self.acc.batches.get(key, ()))
+
     def _send_ready(self, ready: list[tuple[str, int]]) -> bool:
         by_node: dict[int, list[tuple[str, int]]] = defaultdict(list)
         for key in ready:
@@ -137,13 +211,23 @@ class Sender:
             size = 0
             for key in keys:
                 head = self.acc.batches[key][0]
-                head.seal()
+                if (
+                    self.idempotence is not None
+                    and head.attempts
+                    and self._in_flight_by_partition[key]
+                ):
+                    continue  # a retry goes out alone, after the partition's in-flight batches
+                self._seal(head, key)
                 if batches and size + len(head.payload) > self.max_request_size:
                     break
                 batches.append(self.acc.pop(key))
                 size += len(head.payload)
+            if not batches:
+                continue
             self.in_flight[node] += 1
             self.in_flight_batches.update(batches)
+            for batch in batches:
+                self._in_flight_by_partition[(batch.topic, batch.partition)] += 1
             self._nursery.start_soon(self._produce, node, batches)
             sent = True
         return sent
@@ -180,6 +264,8 @@ class Sender:
         finally:
             self.in_flight[node] -= 1
             self.in_flight_batches.difference_update(batches)
+            for batch in batches:
+                self._in_flight_by_partition[(batch.topic, batch.partition)] -= 1
             self.wake()
 
     def _handle_response(self, batches: list[ProducerBatch], response: dict) -> None:
@@ -198,7 +284,13 @@ class Sender:
                 )
             elif result["error_code"]:
                 error = error_class(result["error_code"])(result.get("error_message") or "")
-                self._retry_or_fail(batch, error)
+                if (
+                    result["error_code"] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+                    and self.idempotence is not None
+                ):
+                    self._out_of_order(batch, error)
+                else:
+                    self._retry_or_fail(batch, error)
             else:
                 self._complete(batch, result["base_offset"])
 
@@ -215,12 +307,26 @@ class Sender:
         else:
             self._fail(batch, error)
 
+    def _out_of_order(self, batch: ProducerBatch, error: KafkaError) -> None:
+        """Behind a batch being retried: wait for it. The oldest pending one: the leader
+        has no state leading here (it was not written), so bump the epoch and resend."""
+        if not self._earlier_pending(batch):
+            self.idempotence.request_bump()
+        if now_ms() + self.backoff_ms < batch.deadline_ms:
+            self.acc.reenqueue(batch, now_ms() + self.backoff_ms)
+        else:
+            self._fail(batch, error)
+
     def _complete(self, batch: ProducerBatch, base_offset: int) -> None:
         self.acc.release(batch)
         batch.complete(base_offset)
         self._space_freed()
 
     def _fail(self, batch: ProducerBatch, error: BaseException) -> None:
+        if self.idempotence is not None and batch.base_sequence >= 0:
+            # Its sequence may never reach the leader: a hole every later batch would be
+            # refused for. A new epoch starts the sequences over.
+            self.idempotence.request_bump()
         self.acc.release(batch)
         batch.fail(error)
         self._space_freed()

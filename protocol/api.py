@@ -39,6 +39,7 @@ class ApiKey(IntEnum):
     SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
+    INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     SASL_AUTHENTICATE = 36
     VOTE = 52
@@ -46,6 +47,7 @@ class ApiKey(IntEnum):
     END_QUORUM_EPOCH = 54
     ALTER_PARTITION = 56
     FETCH_SNAPSHOT = 59
+    ALLOCATE_PRODUCER_IDS = 67
     BROKER_REGISTRATION = 62
     BROKER_HEARTBEAT = 63
     # minibroker's own APIs (no Kafka equivalent) live above 10000.
@@ -167,6 +169,34 @@ PRODUCE_RESP = struct(
     {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
 )
 
+# --- InitProducerId (KIP-98; KIP-360's producer_id/epoch fields) and AllocateProducerIds ---
+
+PRODUCER_ID = INT64
+PRODUCER_EPOCH = integer("int16", min=-1)
+INIT_PRODUCER_ID_REQ = struct(
+    {},
+    {
+        "transactional_id": (nullable(STRING), None),
+        "transaction_timeout_ms": (INT32, 60000),
+        "producer_id": (PRODUCER_ID, -1),
+        "producer_epoch": (PRODUCER_EPOCH, -1),
+    },
+)
+INIT_PRODUCER_ID_RESP = struct(
+    {"error_code": ERROR, "producer_id": PRODUCER_ID, "producer_epoch": PRODUCER_EPOCH},
+    {"error_message": ERROR_MESSAGE},
+)
+# A broker asks the active controller for a block of ids (KIP-730), on the metadata log.
+ALLOCATE_PRODUCER_IDS_REQ = struct({"broker_id": NODE_ID})
+ALLOCATE_PRODUCER_IDS_RESP = struct(
+    {
+        "error_code": ERROR,
+        "producer_id_start": PRODUCER_ID,
+        "producer_id_len": integer("int32", min=0),
+    },
+    {"error_message": ERROR_MESSAGE},
+)
+
 # --- Fetch ---------------------------------------------------------------------------------
 
 FETCH_REQ = struct(
@@ -255,7 +285,10 @@ METADATA_SNAPSHOT = struct(
             )
         ),
     },
-    {"live_brokers": (array(NODE_ID), [])},
+    {
+        "live_brokers": (array(NODE_ID), []),
+        "next_producer_id": (integer("int64", min=0), 0),
+    },
 )
 
 BROKER_REGISTRATION_REQ = struct(
@@ -435,6 +468,8 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.OFFSET_FOR_LEADER_EPOCH: {
         0: (OFFSET_FOR_LEADER_EPOCH_REQ, OFFSET_FOR_LEADER_EPOCH_RESP)
     },
+    ApiKey.INIT_PRODUCER_ID: {0: (INIT_PRODUCER_ID_REQ, INIT_PRODUCER_ID_RESP)},
+    ApiKey.ALLOCATE_PRODUCER_IDS: {0: (ALLOCATE_PRODUCER_IDS_REQ, ALLOCATE_PRODUCER_IDS_RESP)},
     ApiKey.FAULTS: {0: (FAULTS_REQ, FAULTS_RESP)},
     ApiKey.VOTE: {0: (VOTE_REQ, VOTE_RESP)},
     ApiKey.BEGIN_QUORUM_EPOCH: {0: (BEGIN_QUORUM_EPOCH_REQ, BEGIN_QUORUM_EPOCH_RESP)},

@@ -11,6 +11,9 @@ Layout (big-endian), after Kafka's v2 batch:
     first_timestamp  int64   ms
     max_timestamp    int64   ms
     record_count     int32
+    [producer_id     int64   only when attributes has PRODUCER_FLAG (KIP-98's fields,
+     producer_epoch  int16   which Kafka's v2 header always carries; ours are optional so
+     base_sequence   int32]  logs written before the idempotent producer read unchanged)
     records          msgpack array of [timestamp_delta, key, value(, headers)]
 
 Because the CRC starts after the crc field, offsets and epochs can be set without
@@ -43,7 +46,21 @@ LAST_DELTA = struct.Struct(">i")  # last_offset_delta @LAST_DELTA_AT
 _BASE_OFFSET = struct.Struct(">q")
 _EPOCH = struct.Struct(">i")
 _LENGTH = struct.Struct(">i")
+_CRC = struct.Struct(">I")
+CRC_AT = 16
 NO_TIMESTAMP = -1
+# attributes bit: producer fields follow the fixed header (inside the CRC).
+PRODUCER_FLAG = 0x0100
+PRODUCER_FIELDS = struct.Struct(">qhi")  # producer_id, producer_epoch, base_sequence
+NO_PRODUCER_ID = -1
+MAX_SEQUENCE = 2**31 - 1  # sequences wrap to 0 after this, as Kafka's
+
+
+def increment_sequence(sequence: int, increment: int) -> int:
+    """``sequence + increment`` on Kafka's int32 sequence ring (wraps to 0, never negative)."""
+    if sequence > MAX_SEQUENCE - increment:
+        return increment - (MAX_SEQUENCE - sequence) - 1
+    return sequence + increment
 
 
 class CorruptBatch(ProtocolError):
@@ -73,6 +90,13 @@ class BatchHeader(NamedTuple):
     @property
     def next_offset(self) -> int:
         return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def records_at(self) -> int:
+        """Where the records array starts, relative to the batch."""
+        if self.attributes & PRODUCER_FLAG:
+            return HEADER_SIZE + PRODUCER_FIELDS.size
+        return HEADER_SIZE
 
 
 class Record:
@@ -115,8 +139,14 @@ def encode_batch(
     base_offset: int = 0,
     leader_epoch: int = -1,
     attributes: int = 0,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = 0,
+    base_sequence: int = 0,
 ) -> bytes:
-    """Encode ``(timestamp_ms, key, value, headers)`` tuples as one batch."""
+    """Encode ``(timestamp_ms, key, value, headers)`` tuples as one batch.
+
+    A ``producer_id`` >= 0 makes it an idempotent producer's batch (PRODUCER_FLAG).
+    """
     if not records:
         raise ValueError("a batch needs at least one record")
     first_ts = records[0][0]
@@ -132,6 +162,9 @@ def encode_batch(
             append((ts - first_ts, key, value))
     payload = msgpack.packb(rows, use_bin_type=True)
     count = len(records)
+    if producer_id >= 0:
+        attributes |= PRODUCER_FLAG
+        payload = PRODUCER_FIELDS.pack(producer_id, producer_epoch, base_sequence) + payload
     tail = struct.pack(">hiqqi", attributes, count - 1, first_ts, max_ts, count) + payload
     crc = zlib.crc32(tail)
     head = struct.pack(">qiiI", base_offset, len(tail) + 8, leader_epoch, crc)
@@ -196,13 +229,16 @@ def check_batch(buf: bytes | bytearray | memoryview, pos: int, size: int) -> Bat
     crc = zlib.crc32(view)
     if crc != header.crc:
         raise CorruptBatch(f"batch at byte {pos}: CRC {crc:#010x} != stored {header.crc:#010x}")
-    count, header_bytes = _array_header(view[HEADER_SIZE - CRC_START :])
+    records_at = header.records_at
+    if size < records_at:
+        raise CorruptBatch(f"batch at byte {pos}: cut off inside its producer fields")
+    count, header_bytes = _array_header(view[records_at - CRC_START :])
     if count != header.record_count:
         raise CorruptBatch(
             f"batch at byte {pos}: record_count {header.record_count} but the records "
             f"array holds {count}"
         )
-    room = size - HEADER_SIZE - header_bytes
+    room = size - records_at - header_bytes
     if count * MIN_RECORD_SIZE > room:
         raise CorruptBatch(
             f"batch at byte {pos}: record_count {count} cannot fit in {room} bytes of records"
@@ -245,11 +281,32 @@ def patch_leader_epoch(buf: bytearray | memoryview, pos: int, epoch: int) -> Non
     _EPOCH.pack_into(buf, pos + EPOCH_AT, epoch)
 
 
+def producer_fields(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
+) -> tuple[int, int, int] | None:
+    """``(producer_id, producer_epoch, base_sequence)`` of an idempotent batch, else None."""
+    if not header.attributes & PRODUCER_FLAG:
+        return None
+    return PRODUCER_FIELDS.unpack_from(buf, pos + HEADER_SIZE)
+
+
+def restamp_producer(
+    buf: bytearray, producer_id: int, producer_epoch: int, base_sequence: int
+) -> None:
+    """Give a one-batch buffer new producer fields and a CRC to match (a client re-sending
+    a batch under a bumped epoch, KIP-360). Per batch work: one CRC, no re-encode."""
+    header = unpack_header(buf, 0)
+    if not header.attributes & PRODUCER_FLAG:
+        raise ValueError("the batch carries no producer fields")
+    PRODUCER_FIELDS.pack_into(buf, HEADER_SIZE, producer_id, producer_epoch, base_sequence)
+    _CRC.pack_into(buf, CRC_AT, zlib.crc32(memoryview(buf)[CRC_START : header.size]))
+
+
 def decode_records(
     buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
 ) -> list[Record]:
     """Decode one batch's records (client side: this is the only per-record decode)."""
-    start = pos + HEADER_SIZE
+    start = pos + header.records_at
     try:
         rows = msgpack.unpackb(memoryview(buf)[start : pos + header.size], raw=False, use_list=True)
     except Exception as exc:  # msgpack raises a zoo of types on hostile bytes

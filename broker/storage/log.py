@@ -25,19 +25,23 @@ from protocol.batch import (
     LAST_DELTA_AT,
     LENGTH_AT,
     LOG_OVERHEAD,
+    PRODUCER_FLAG,
     CorruptBatch,
     check_batch,
     patch_base_offset,
     patch_leader_epoch,
+    producer_fields,
 )
 from protocol.errors import (
     CorruptMessage,
+    InvalidRecord,
     MessageTooLarge,
     OffsetOutOfRange,
     RecordListTooLarge,
 )
 
-from .segment import Segment, scan_segment, walk_to
+from .producer_state import ProducerStateManager
+from .segment import BatchInfo, Segment, scan_segment, walk_to
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +61,20 @@ class LogConfig:
 
 
 class AppendInfo:
-    """Where an append landed: the broker answers the producer and moves the HW with it."""
+    """Where an append landed: the broker answers the producer and moves the HW with it.
 
-    __slots__ = ("first_offset", "last_offset", "max_timestamp", "num_bytes", "record_count")
+    ``duplicate``: an idempotent producer's retry of a batch the log already holds; the
+    offsets are the original's and nothing was written.
+    """
+
+    __slots__ = (
+        "duplicate",
+        "first_offset",
+        "last_offset",
+        "max_timestamp",
+        "num_bytes",
+        "record_count",
+    )
 
     def __init__(
         self,
@@ -68,12 +83,14 @@ class AppendInfo:
         max_timestamp: int,
         record_count: int,
         num_bytes: int,
+        duplicate: bool = False,
     ):
         self.first_offset = first_offset
         self.last_offset = last_offset
         self.max_timestamp = max_timestamp
         self.record_count = record_count
         self.num_bytes = num_bytes
+        self.duplicate = duplicate
 
 
 class ReadResult:
@@ -105,6 +122,7 @@ class Log:
         self._bases: list[int] = []
         self.log_start_offset = 0
         self._unflushed = 0
+        self.producers = ProducerStateManager(directory, self.log)
 
     # --- opening and recovery ---------------------------------------------------------------
 
@@ -146,6 +164,7 @@ class Log:
             segments.append(segment)
         if not segments:
             segments.append(Segment(self.dir, 0, self.config.index_interval_bytes, now))
+        scans: dict[int, list[BatchInfo]] = {}
         keep = len(segments)
         for i, segment in enumerate(segments):
             if i and segment.base_offset != segments[i - 1].next_offset:
@@ -163,6 +182,7 @@ class Log:
             segment.max_timestamp = scan.max_timestamp
             segment.rebuild_index(scan.batches)
             segment.close_handle()
+            scans[segment.base_offset] = scan.batches
             if scan.problem is not None:
                 keep = i + 1
                 self.log.warning(
@@ -176,12 +196,41 @@ class Log:
             moved = segment.quarantine()
             self.log.warning("log_recovery_quarantined_segment", file=str(moved))
         self.segments = segments[:keep]
-        self._recover(self.segments[-1])
-        self.segments[-1].activate()
+        active = self.segments[-1]
+        scans[active.base_offset] = self._recover(active)
+        active.activate()
         self._bases = [s.base_offset for s in self.segments]
         self.log_start_offset = self.segments[0].base_offset
+        self._rebuild_producer_state(scans)
 
-    def _recover(self, segment: Segment) -> None:
+    def _rebuild_producer_state(self, scans: dict[int, list[BatchInfo]] | None = None) -> None:
+        """Producer state at the log end: newest snapshot at or below it, then the batches
+        after it (``scans``: what opening the log already read, so nothing is read twice)."""
+        producers = self.producers
+        start = producers.load_latest(self.log_end_offset)
+        replay_from = self.log_start_offset if start is None else max(start, self.log_start_offset)
+        replayed = 0
+        for segment in self.segments:
+            if segment.next_offset <= replay_from:
+                continue
+            batches = scans.get(segment.base_offset) if scans else None
+            if batches is None:
+                batches = scan_segment(segment, verify=False).batches
+            for b in batches:
+                if b.producer is not None and b.base_offset >= replay_from:
+                    pid, epoch, seq = b.producer
+                    count = b.next_offset - b.base_offset
+                    producers.update(pid, epoch, seq, count, b.base_offset, b.max_timestamp)
+                    replayed += 1
+        if replayed or start is not None:
+            self.log.info(
+                "producer_state_loaded",
+                snapshot_offset=start,
+                batches_replayed=replayed,
+                producers=len(producers),
+            )
+
+    def _recover(self, segment: Segment) -> list[BatchInfo]:
         """Validate every batch of the active segment; cut a torn or corrupt tail."""
         scan = scan_segment(segment, verify=True)
         if scan.problem is not None:
@@ -196,6 +245,7 @@ class Log:
         segment.next_offset = scan.next_offset
         segment.max_timestamp = scan.max_timestamp
         segment.rebuild_index(scan.batches)
+        return scan.batches
 
     # --- properties -----------------------------------------------------------------------
 
@@ -245,8 +295,25 @@ class Log:
         return batches
 
     def append_as_leader(self, records: bytes | bytearray, leader_epoch: int) -> AppendInfo:
-        """Validate, assign offsets from the LEO in place, write."""
+        """Validate, check an idempotent producer's sequence, assign offsets from the LEO in
+        place, write."""
         batches = self._validate(records)
+        producer = None
+        if batches[0][1].attributes & PRODUCER_FLAG or len(batches) > 1:
+            producer = self._producer_batch(records, batches)
+            if producer is not None:
+                pid, epoch, seq = producer
+                header = batches[0][1]
+                original = self.producers.check(pid, epoch, seq, header.record_count)
+                if original is not None:
+                    return AppendInfo(
+                        original.first_offset,
+                        original.last_offset,
+                        -1,
+                        original.last_offset - original.first_offset + 1,
+                        0,
+                        duplicate=True,
+                    )
         buf = records if isinstance(records, bytearray) else bytearray(records)
         offset = first = self.log_end_offset
         max_ts = -1
@@ -261,7 +328,22 @@ class Log:
             if header.max_timestamp > max_ts:
                 max_ts = header.max_timestamp
         self._write(buf, first, offset, max_ts, count, starts)
+        if producer is not None:
+            self.producers.update(*producer, count, first, max_ts)
         return AppendInfo(first, offset - 1, max_ts, count, len(buf))
+
+    @staticmethod
+    def _producer_batch(records: bytes | bytearray, batches: list) -> tuple[int, int, int] | None:
+        """The producer fields of an idempotent produce, which must be one batch (Kafka's
+        rule: a sequence check spanning batches could half-accept a request)."""
+        fields = [producer_fields(records, position, header) for position, header in batches]
+        if all(f is None for f in fields):
+            return None
+        if len(batches) > 1:
+            raise InvalidRecord(
+                "an idempotent producer's produce must carry exactly one batch per partition"
+            )
+        return fields[0]
 
     def append_as_follower(self, records: bytes | bytearray) -> AppendInfo:
         """Copy the leader's batches verbatim; they must continue our log exactly."""
@@ -280,6 +362,12 @@ class Log:
                 max_ts = header.max_timestamp
         starts = [(position, header.base_offset) for position, header in batches]
         self._write(records, first, expected, max_ts, count, starts)
+        for position, header in batches:
+            if header.attributes & PRODUCER_FLAG:
+                pid, epoch, seq = producer_fields(records, position, header)
+                self.producers.update(
+                    pid, epoch, seq, header.record_count, header.base_offset, header.max_timestamp
+                )
         return AppendInfo(first, expected - 1, max_ts, count, len(records))
 
     def _write(
@@ -329,6 +417,8 @@ class Log:
         segment.activate()
         self.segments.append(segment)
         self._bases.append(segment.base_offset)
+        # Kafka snapshots producer state on roll: a crash then replays one segment at most.
+        self._snapshot_producers(segment.base_offset)
         self.log.debug("segment_rolled", base_offset=segment.base_offset)
         return segment
 
@@ -436,6 +526,7 @@ class Log:
         segment.rebuild_index(kept)
         self.log_start_offset = min(self.log_start_offset, segment.next_offset)
         self.log.info("log_truncated", to_offset=segment.next_offset, bytes_removed=removed)
+        self._rebuild_producer_state()
         return removed
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
@@ -453,6 +544,8 @@ class Log:
         self._bases = [offset]
         self.log_start_offset = offset
         self._unflushed = 0
+        self.producers.delete_snapshots_above(-1)
+        self.producers.clear()
         self.log.info("log_truncated_fully", start_offset=offset)
 
     # --- timestamps and retention ---------------------------------------------------------
@@ -508,9 +601,18 @@ class Log:
         self.active.flush()
         self._unflushed = 0
 
+    def _snapshot_producers(self, offset: int) -> None:
+        if not self.producers and not self.producers.snapshot_offsets():
+            return  # a log no idempotent producer ever wrote to keeps no snapshot files
+        try:
+            self.producers.take_snapshot(offset)
+        except OSError as exc:  # an optimisation only: the next open replays the log
+            self.log.warning("producer_snapshot_failed", offset=offset, error=str(exc))
+
     def close(self) -> None:
         try:
             self.flush()
+            self._snapshot_producers(self.log_end_offset)
         finally:
             for segment in self.segments:
                 segment.close()

@@ -36,6 +36,8 @@ from protocol.batch import (
     LAST_DELTA,
     LAST_DELTA_AT,
     LOG_OVERHEAD,
+    PRODUCER_FIELDS,
+    PRODUCER_FLAG,
     CorruptBatch,
     check_batch,
 )
@@ -64,6 +66,8 @@ class BatchInfo(NamedTuple):
     size: int
     next_offset: int
     max_timestamp: int
+    # (producer_id, producer_epoch, base_sequence) of an idempotent producer's batch.
+    producer: tuple[int, int, int] | None = None
 
 
 class ScanResult(NamedTuple):
@@ -424,7 +428,16 @@ def scan_segment(segment: Segment, *, verify: bool) -> ScanResult:
             problem = f"batch at byte {position}: record count {h[8]}, last delta {h[5]}"
             break
         expected = base + h[5] + 1
-        batches.append(BatchInfo(position, base, size, expected, h[7]))
+        producer = None
+        if h[4] & PRODUCER_FLAG:
+            if size < HEADER_SIZE + PRODUCER_FIELDS.size:
+                problem = f"batch at byte {position} is cut off inside its producer fields"
+                break
+            if rel + HEADER_SIZE + PRODUCER_FIELDS.size > len(chunk):
+                chunk = segment.pread(min(chunk_size, file_size - position), position)
+                chunk_start, rel = position, 0
+            producer = PRODUCER_FIELDS.unpack_from(chunk, rel + HEADER_SIZE)
+        batches.append(BatchInfo(position, base, size, expected, h[7], producer))
         if h[7] > max_ts:
             max_ts = h[7]
         position += size

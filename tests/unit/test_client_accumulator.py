@@ -129,3 +129,33 @@ def test_acks_zero_gives_offset_minus_one():
 def test_record_size_counts_key_value_and_headers():
     assert record_size(None, None, []) < record_size(b"k", b"v" * 10, [("h", b"x")])
     assert record_size(b"kk", b"vvv", []) == record_size(None, None, []) + 5
+
+
+def test_retried_idempotent_batches_go_back_in_sequence_order():
+    acc = RecordAccumulator(batch_size=10, linger_ms=0, delivery_timeout_ms=1000)
+    sealed = []
+    for seq in (0, 1, 2):
+        acc.append("t", 0, (1, None, b"x" * 20, []), 20, now_ms=0)
+        popped = acc.pop(("t", 0))
+        popped.base_sequence = seq
+        sealed.append(popped)
+    fresh, _, _ = acc.append("t", 0, (1, None, b"y", []), 1, now_ms=0)
+    # Answers arrive out of order: 2 fails first, then 0, then 1.
+    for i in (2, 0, 1):
+        acc.reenqueue(sealed[i], 5)
+    assert [b.base_sequence for b in acc.batches[("t", 0)]] == [0, 1, 2, -1]
+    assert acc.batches[("t", 0)][-1] is fresh
+
+
+def test_idempotence_state_sequences_and_epoch_bump():
+    from client.idempotence import MAX_EPOCH, IdempotenceState
+
+    state = IdempotenceState()
+    state.set_producer_id(5, 0)
+    assert [state.take_sequence(("t", 0), 3) for _ in range(2)] == [0, 3]
+    assert state.take_sequence(("t", 1), 1) == 0
+    state.request_bump()
+    assert state.bump_epoch() and state.epoch == 1 and not state.bump_needed
+    assert state.take_sequence(("t", 0), 1) == 0
+    state.epoch = MAX_EPOCH
+    assert not state.bump_epoch() and not state.has_producer_id  # a new id is needed

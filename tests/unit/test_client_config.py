@@ -90,3 +90,23 @@ def test_every_setting_is_documented():
     for role in ("producer", "consumer", "admin"):
         for key, _default, doc in describe(role):
             assert doc, key
+
+
+def test_idempotence_is_on_by_default_and_off_when_a_setting_conflicts():
+    assert load_config("producer")["enable.idempotence"] is True
+    # Kafka 3.2+: not asked for explicitly, so acks=1 quietly turns it off.
+    assert load_config("producer", {"acks": "1"})["enable.idempotence"] is False
+    assert load_config("producer", {"enable.idempotence": "false"})["enable.idempotence"] is False
+
+
+@pytest.mark.parametrize(
+    ("setting", "needed"),
+    [
+        ({"acks": "1"}, "acks to all"),
+        ({"retries": 0}, "retries above 0"),
+        ({"max.in.flight.requests.per.connection": 6}, "at most 5"),
+    ],
+)
+def test_explicit_idempotence_with_a_conflicting_setting_is_refused(setting, needed):
+    with pytest.raises(ValueError, match=needed):
+        load_config("producer", {"enable.idempotence": True, **setting})

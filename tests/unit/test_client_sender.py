@@ -34,6 +34,10 @@ class ScriptedCluster:
     async def refresh(self, topics=()):
         self.refreshes += 1
 
+    async def any_request(self, api_key, body, timeout=None):
+        self.init_requests = getattr(self, "init_requests", 0) + 1
+        return {"error_code": 0, "producer_id": 42, "producer_epoch": 0}
+
     async def request(self, node, api_key, body, *, timeout=None, expect_response=True):
         self.requests.append(body)
         answer = self.answers.pop(0)
@@ -129,3 +133,34 @@ async def test_deliver_and_flush_skip_the_linger():
             await sender.flush()
         assert later.done.is_set() and acc.ready(0.0)[0] == []
         nursery.cancel_scope.cancel()
+
+
+# --- the idempotent producer (client/idempotence.py) ------------------------------------------
+
+
+def producer_fields_of(request):
+    from protocol import iter_batches
+    from protocol.batch import producer_fields
+
+    data = request["topics"][0]["partitions"][0]["records"]
+    ((pos, header),) = iter_batches(data)
+    return producer_fields(data, pos, header)
+
+
+async def test_an_idempotent_batch_keeps_its_sequence_across_retries():
+    result, cluster = await run_sender([NetworkException("cut"), ok(3)])
+    assert result.offset == 3
+    assert cluster.init_requests == 1
+    assert [producer_fields_of(r) for r in cluster.requests] == [(42, 0, 0), (42, 0, 0)]
+
+
+async def test_out_of_order_for_the_oldest_batch_bumps_the_epoch_and_resends_from_zero():
+    result, cluster = await run_sender([err(45), ok(9)])
+    assert result.offset == 9
+    assert [producer_fields_of(r) for r in cluster.requests] == [(42, 0, 0), (42, 1, 0)]
+
+
+async def test_without_idempotence_batches_carry_no_producer_fields():
+    result, cluster = await run_sender([ok(1)], **{"enable.idempotence": False})
+    assert result.offset == 1 and producer_fields_of(cluster.requests[0]) is None
+    assert not hasattr(cluster, "init_requests")

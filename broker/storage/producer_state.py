@@ -1,0 +1,233 @@
+"""Idempotent producers' state in one partition: Kafka's ProducerStateManager (KIP-98).
+
+Per producer id: its epoch and the sequence ranges and offsets of its last five batches
+(Kafka's NumBatchesToRetain; a client keeps at most five in flight per partition, so a
+retry always finds its original here). The leader checks each idempotent batch before
+it is appended: an exact duplicate is answered with its original offsets and not
+written again, a gap is OUT_OF_ORDER_SEQUENCE_NUMBER, an older epoch is
+INVALID_PRODUCER_EPOCH. Followers record what they copy, so a new leader already knows
+every producer (that is what keeps a retry after failover from being stored twice).
+
+The state is derived from the log: rebuilt at open from the newest snapshot file at or
+below the log end plus the batches after it, and again after a truncation. Snapshots
+(``<offset>.snapshot``, msgpack behind a CRC) are taken when a segment rolls and when the
+log closes, so a clean restart replays nothing and a crash replays the active segment.
+An unreadable snapshot is skipped with a warning: the log itself is the truth.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from protocol.batch import increment_sequence
+from protocol.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber
+
+# Kafka's ProducerStateEntry.NumBatchesToRetain.
+BATCHES_TO_RETAIN = 5
+SNAPSHOT_SUFFIX = ".snapshot"
+SNAPSHOTS_KEPT = 2
+_CRC = struct.Struct(">I")
+_VERSION = 1
+
+
+class BatchMetadata:
+    """One appended batch of a producer: its sequence range and where it landed."""
+
+    __slots__ = ("first_offset", "first_seq", "last_offset", "last_seq")
+
+    def __init__(self, first_seq: int, last_seq: int, first_offset: int, last_offset: int):
+        self.first_seq = first_seq
+        self.last_seq = last_seq
+        self.first_offset = first_offset
+        self.last_offset = last_offset
+
+
+class ProducerEntry:
+    __slots__ = ("batches", "epoch", "last_timestamp", "producer_id")
+
+    def __init__(self, producer_id: int, epoch: int) -> None:
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.batches: deque[BatchMetadata] = deque(maxlen=BATCHES_TO_RETAIN)
+        self.last_timestamp = -1
+
+    @property
+    def last_seq(self) -> int:
+        return self.batches[-1].last_seq if self.batches else -1
+
+    def find_duplicate(self, epoch: int, first_seq: int, last_seq: int) -> BatchMetadata | None:
+        if epoch != self.epoch:
+            return None
+        for batch in self.batches:
+            if batch.first_seq == first_seq and batch.last_seq == last_seq:
+                return batch
+        return None
+
+
+class ProducerStateManager:
+    def __init__(self, directory: Path, logger: Any) -> None:
+        self.dir = directory
+        self.log = logger
+        self.producers: dict[int, ProducerEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self.producers)
+
+    # --- the leader's check and every replica's update -------------------------------------
+
+    def check(
+        self, producer_id: int, epoch: int, first_seq: int, record_count: int
+    ) -> BatchMetadata | None:
+        """Before a leader appends: the original of a duplicate (answer with it, write
+        nothing), None to append, or OutOfOrderSequenceNumber / InvalidProducerEpoch.
+
+        A producer we know nothing of (new, expired, or older than the log) may start at
+        any sequence, as Kafka accepts since KIP-360; a new epoch must start at 0.
+        """
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return None
+        last_seq = increment_sequence(first_seq, record_count - 1)
+        duplicate = entry.find_duplicate(epoch, first_seq, last_seq)
+        if duplicate is not None:
+            return duplicate
+        if epoch < entry.epoch:
+            raise InvalidProducerEpoch(
+                f"producer {producer_id}: epoch {epoch} is older than the current {entry.epoch}"
+            )
+        if epoch > entry.epoch:
+            if first_seq != 0:
+                raise OutOfOrderSequenceNumber(
+                    f"producer {producer_id}: new epoch {epoch} must start at sequence 0, "
+                    f"got {first_seq}"
+                )
+            return None
+        if entry.batches and first_seq != increment_sequence(entry.last_seq, 1):
+            raise OutOfOrderSequenceNumber(
+                f"producer {producer_id} epoch {epoch}: sequence {first_seq} does not follow "
+                f"{entry.last_seq}"
+            )
+        return None
+
+    def update(
+        self,
+        producer_id: int,
+        epoch: int,
+        first_seq: int,
+        record_count: int,
+        first_offset: int,
+        timestamp: int,
+    ) -> None:
+        """An idempotent batch is in the log (appended, copied or replayed)."""
+        entry = self.producers.get(producer_id)
+        if entry is None or epoch > entry.epoch:
+            entry = self.producers[producer_id] = ProducerEntry(producer_id, epoch)
+        elif epoch < entry.epoch:
+            return  # only a replay of an old batch gets here; its epoch is over
+        entry.batches.append(
+            BatchMetadata(
+                first_seq,
+                increment_sequence(first_seq, record_count - 1),
+                first_offset,
+                first_offset + record_count - 1,
+            )
+        )
+        if timestamp > entry.last_timestamp:
+            entry.last_timestamp = timestamp
+
+    def remove_expired(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget producers silent for ``producer.id.expiration.ms``; returns how many."""
+        expired = [
+            pid for pid, e in self.producers.items() if now_ms - e.last_timestamp >= expiration_ms
+        ]
+        for pid in expired:
+            del self.producers[pid]
+        return len(expired)
+
+    def clear(self) -> None:
+        self.producers.clear()
+
+    # --- snapshots ------------------------------------------------------------------------
+
+    def snapshot_offsets(self) -> list[int]:
+        return sorted(
+            int(p.name[: -len(SNAPSHOT_SUFFIX)])
+            for p in self.dir.glob("*" + SNAPSHOT_SUFFIX)
+            if p.name[: -len(SNAPSHOT_SUFFIX)].isdigit()
+        )
+
+    def _path(self, offset: int) -> Path:
+        return self.dir / f"{offset:020d}{SNAPSHOT_SUFFIX}"
+
+    def take_snapshot(self, offset: int) -> None:
+        """Write the state as of ``offset`` (the log end); keep the newest few snapshots."""
+        body = msgpack.packb(
+            [
+                _VERSION,
+                offset,
+                [
+                    [
+                        e.producer_id,
+                        e.epoch,
+                        e.last_timestamp,
+                        [
+                            [b.first_seq, b.last_seq, b.first_offset, b.last_offset]
+                            for b in e.batches
+                        ],
+                    ]
+                    for e in self.producers.values()
+                ],
+            ]
+        )
+        path = self._path(offset)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(_CRC.pack(zlib.crc32(body)) + body)
+        os.replace(tmp, path)
+        for old in self.snapshot_offsets()[:-SNAPSHOTS_KEPT]:
+            self._path(old).unlink(missing_ok=True)
+
+    def delete_snapshots_above(self, offset: int) -> None:
+        """A truncation: snapshots past the new log end describe records that are gone."""
+        for snap in self.snapshot_offsets():
+            if snap > offset:
+                self._path(snap).unlink(missing_ok=True)
+
+    def load_latest(self, log_end_offset: int) -> int | None:
+        """Load the newest readable snapshot at or below ``log_end_offset``; its offset, or
+        None (then the caller replays the whole log)."""
+        self.producers.clear()
+        self.delete_snapshots_above(log_end_offset)
+        for offset in reversed(self.snapshot_offsets()):
+            path = self._path(offset)
+            try:
+                self._read(path.read_bytes(), offset)
+                return offset
+            except (OSError, ValueError) as exc:
+                self.producers.clear()
+                self.log.warning("producer_snapshot_unreadable", file=str(path), reason=str(exc))
+        return None
+
+    def _read(self, raw: bytes, offset: int) -> None:
+        if len(raw) < _CRC.size or _CRC.unpack_from(raw)[0] != zlib.crc32(raw[_CRC.size :]):
+            raise ValueError("CRC mismatch or truncated file")
+        try:
+            version, at, producers = msgpack.unpackb(raw[_CRC.size :])
+            if version != _VERSION or at != offset:
+                raise ValueError(f"version {version} / offset {at} in a file named {offset}")
+            for pid, epoch, last_ts, batches in producers:
+                entry = self.producers[pid] = ProducerEntry(pid, epoch)
+                entry.last_timestamp = last_ts
+                for first_seq, last_seq, first_offset, last_offset in batches:
+                    entry.batches.append(
+                        BatchMetadata(first_seq, last_seq, first_offset, last_offset)
+                    )
+        except (TypeError, msgpack.ExtraData, msgpack.UnpackException) as exc:
+            raise ValueError(f"malformed snapshot: {exc}") from None
