@@ -93,6 +93,7 @@ class ChaosRun:
         *,
         kinds: Sequence[str] = FAULT_KINDS,
         target_controller: bool = CONTROLLER_FAILOVER,
+        idempotence: bool = True,
     ) -> None:
         self.state = ClusterState(data_dir, free_port_range(brokers), brokers, BROKER_CONFIG)
         self.seed = seed
@@ -101,7 +102,8 @@ class ChaosRun:
         self.producers = producers
         self.say = say
         self.target_controller = target_controller
-        self.history = History(TOPIC)
+        self.history = History(TOPIC, idempotent=idempotence)
+        self.producer_config = {**PRODUCER, "enable.idempotence": idempotence}
         self.schedule = plan_nemesis(
             seed, duration_s, victims_for(brokers, CONTROLLER, target_controller), kinds, brokers
         )
@@ -222,7 +224,7 @@ class ChaosRun:
         """Pipelined: up to IN_FLIGHT records wait for their acks while more are queued."""
         sends = self.history.sends
         in_flight: deque = deque()
-        async with Producer(self.state.bootstrap, PRODUCER) as producer:
+        async with Producer(self.state.bootstrap, self.producer_config) as producer:
             seq = 0
             while not stop.is_set():
                 send = Send(f"p{producer_id}-{seq}".encode(), seq % self.partitions)

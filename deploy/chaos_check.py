@@ -12,11 +12,15 @@ checks, for acks=all with ISR >= min.insync.replicas:
   it saw (below the HW) is still there at the end;
 - not healed: after the nemesis stops, every ISR is full again and every replica agrees.
 
+With the idempotent producer (the default; ``History.idempotent``) two more, as Jepsen
+checks them: a value twice in the final log is a ``duplicate``, and one producer's
+records within a partition stored in another order than sent is a ``nonmonotonic_send``.
+
 Every violation is reported under the name of the rule that fired, and a history can
 be saved to disk and judged again later (``save_history`` / ``load_history``).
 
-A send that failed may still have been written (a timeout says nothing either way; the
-client retries without idempotence), so "failed but present" is reported, not judged.
+A send that failed may still have been written (a timeout says nothing either way), so
+"failed but present" is reported, not judged.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ class History:
     # (seconds since the workload started, what happened): the nemesis' timeline
     events: list[tuple[float, str]] = field(default_factory=list)
     workload_s: float = 0.0  # how long the producers ran
+    # Producers ran with enable.idempotence: duplicates and reordering are violations.
+    idempotent: bool = True
 
 
 @dataclass
@@ -86,6 +92,8 @@ def check(history: History) -> Verdict:
         "hw_regressions": hw_regressions(history.hw_samples),
         "consumer_gaps": consumer_gaps(history.consumed, history.final),
         "not_healed": [] if history.healed else ["the cluster did not heal (full ISR, equal HW)"],
+        "duplicate": duplicates(history.final) if history.idempotent else [],
+        "nonmonotonic_send": nonmonotonic_sends(history.final) if history.idempotent else [],
     }
     present = set(history.final.values())
     by_outcome: dict[str, int] = defaultdict(int)
@@ -120,6 +128,40 @@ def lost_writes(history: History) -> list[str]:
             where = f"{history.topic}-{s.partition}@{s.offset}"
             now = "nothing" if there is None else repr(there.decode(errors="replace"))
             out.append(f"{s.value.decode()} acknowledged at {where}, which now holds {now}")
+    return out
+
+
+def duplicates(final: dict[tuple[int, int], bytes]) -> list[str]:
+    """Values stored at more than one offset (every value is unique as sent)."""
+    where: dict[bytes, list[tuple[int, int]]] = defaultdict(list)
+    for key, value in sorted(final.items()):
+        where[value].append(key)
+    return [
+        f"{value.decode()} is stored {len(keys)} times: "
+        + ", ".join(f"partition {p} offset {o}" for p, o in keys)
+        for value, keys in where.items()
+        if len(keys) > 1
+    ]
+
+
+def nonmonotonic_sends(final: dict[tuple[int, int], bytes]) -> list[str]:
+    """One producer's records (``p{producer}-{seq}``) in a partition, read in offset order,
+    must have rising sequence numbers: idempotence never reorders a producer's sends."""
+    last: dict[tuple[int, str], tuple[int, int]] = {}
+    out = []
+    for (partition, offset), value in sorted(final.items()):
+        producer, _, seq_text = value.decode().rpartition("-")
+        if not seq_text.isdigit():
+            continue
+        seq = int(seq_text)
+        before = last.get((partition, producer))
+        if before is not None and seq < before[0]:
+            out.append(
+                f"partition {partition}: {value.decode()} at offset {offset} after "
+                f"{producer}-{before[0]} at offset {before[1]}"
+            )
+        if before is None or seq >= before[0]:
+            last[(partition, producer)] = (seq, offset)
     return out
 
 
@@ -199,6 +241,7 @@ def save_history(history: History, path: Path) -> None:
         "nemesis": history.nemesis,
         "events": history.events,
         "workload_s": history.workload_s,
+        "idempotent": history.idempotent,
     }
     data = json.dumps(doc).encode()
     Path(path).write_bytes(gzip.compress(data, 6) if str(path).endswith(".gz") else data)
@@ -218,12 +261,21 @@ def load_history(path: Path) -> History:
     h.nemesis = doc["nemesis"]
     h.events = [(t, text) for t, text in doc["events"]]
     h.workload_s = doc["workload_s"]
+    h.idempotent = doc.get("idempotent", False)  # histories from before the rule
     return h
 
 
 # --- planted violations: prove the checker catches each kind ------------------------------
 
-PLANTS = ("lose-ack", "diverge", "hw-regress", "consumer-gap", "silent")
+PLANTS = (
+    "lose-ack",
+    "diverge",
+    "hw-regress",
+    "consumer-gap",
+    "silent",
+    "duplicate",
+    "reorder",
+)
 
 
 def plant(history: History, kind: str) -> None:
@@ -244,5 +296,28 @@ def plant(history: History, kind: str) -> None:
         del history.consumed[i]
     elif kind == "silent":
         next(s for s in history.sends if s.outcome == "ok").outcome = "pending"
+    elif kind == "duplicate":
+        # The newest record of a partition stored again at its end: a retry stored twice.
+        partition, offset = max(history.final)
+        history.final[(partition, offset + 1)] = history.final[(partition, offset)]
+    elif kind == "reorder":
+        _swap_two_sends(history)
     else:
         raise ValueError(f"unknown plant {kind!r}; one of {', '.join(PLANTS)}")
+
+
+def _swap_two_sends(history: History) -> None:
+    """Two acknowledged records of one producer in one partition trade places everywhere
+    (final log, acks, what the consumer saw): only their order is wrong."""
+    by_key: dict[tuple[int, str], list[Send]] = defaultdict(list)
+    for s in history.sends:
+        if s.outcome == "ok":
+            by_key[(s.partition, s.value.decode().rpartition("-")[0])].append(s)
+    a, b = next(sends[:2] for sends in by_key.values() if len(sends) >= 2)
+    a.offset, b.offset = b.offset, a.offset
+    history.final[(a.partition, a.offset)] = a.value
+    history.final[(b.partition, b.offset)] = b.value
+    swapped = {a.offset: a.value, b.offset: b.value}
+    history.consumed = [
+        (p, o, swapped.get(o, v) if p == a.partition else v) for p, o, v in history.consumed
+    ]

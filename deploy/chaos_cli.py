@@ -70,6 +70,13 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
         help="also fault whoever is the active controller when a fault starts (the default)",
     )
     p.add_argument(
+        "--no-idempotence",
+        dest="idempotence",
+        action="store_false",
+        help="producers with enable.idempotence=false: retries may store a record twice, "
+        "which is then reported, not judged",
+    )
+    p.add_argument(
         "--plant",
         choices=PLANTS,
         help="doctor the history with one violation before checking (tests the checker)",
@@ -106,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         args.partitions,
         kinds=args.faults,
         target_controller=args.target_controller,
+        idempotence=args.idempotence,
     )
     targets = (
         "any broker, the active controller included"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import msgpack
 import pyarrow as pa
 
-from protocol import HEADER_SIZE, CorruptBatch
+from protocol import BatchHeader, CorruptBatch
 
 from .fetch import Chunk
 
@@ -49,8 +49,9 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _rows(chunk: Chunk, pos: int, size: int, base: int) -> list:
-    view = memoryview(chunk.buf)[pos + HEADER_SIZE : pos + size]
+def _rows(chunk: Chunk, pos: int, header: BatchHeader) -> list:
+    base = header.base_offset
+    view = memoryview(chunk.buf)[pos + header.records_at : pos + header.size]
     try:
         rows = msgpack.unpackb(view, raw=False, use_list=False)
     except Exception as exc:  # msgpack raises many types on hostile bytes
@@ -71,7 +72,7 @@ def to_record_batch(
     headers: list = []
     for pos, header in chunk.batches:
         base = header.base_offset
-        rows = _rows(chunk, pos, header.size, base)
+        rows = _rows(chunk, pos, header)
         if len(rows) != header.record_count:
             raise CorruptBatch(f"batch at offset {base}: records do not match count")
         lo = max(chunk.low - base, 0)

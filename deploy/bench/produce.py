@@ -91,6 +91,7 @@ async def produce(args: argparse.Namespace) -> dict[str, Any]:
                 latencies.append(handle.acked_at - sent_at)
 
     async with Producer(bootstrap, settings) as producer:
+        idempotence = producer.config["enable.idempotence"]
         interval = 1.0 / args.throughput if args.throughput > 0 else 0.0
         monotonic = time.monotonic
         enqueue = producer.enqueue
@@ -121,6 +122,7 @@ async def produce(args: argparse.Namespace) -> dict[str, Any]:
         "params": {
             "record_size": args.record_size,
             "acks": args.acks,
+            "enable_idempotence": idempotence,
             "throughput": args.throughput,
             "partitions": args.partitions,
             "replication_factor": args.replication_factor,

@@ -16,6 +16,8 @@ RULE_OF = {
     "hw-regress": "hw_regressions",
     "consumer-gap": "consumer_gaps",
     "silent": "unresolved",
+    "duplicate": "duplicate",
+    "reorder": "nonmonotonic_send",
 }
 
 
@@ -74,3 +76,11 @@ def test_the_nemesis_is_seeded_bounded_and_spares_the_controller():
     for before, after in itertools.pairwise(one):
         assert before.end_s < after.start_s  # one fault at a time
     assert all(0 < f.start_s < f.end_s <= 30 for f in one)
+
+
+def test_duplicates_and_reordering_are_judged_only_for_idempotent_producers():
+    history = clean_history()
+    plant(history, "duplicate")
+    history.idempotent = False  # Kafka without idempotence allows a retry stored twice
+    verdict = check(history)
+    assert verdict.ok and verdict.counts["duplicates"] == 1
