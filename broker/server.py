@@ -293,6 +293,8 @@ class Broker:
                     "high_watermark": p.high_watermark,
                     "log_end_offset": p.log.log_end_offset,
                     "log_start_offset": p.log.log_start_offset,
+                    # Idempotent producers whose sequences this replica tracks.
+                    "producers": len(p.log.producers),
                 }
                 for p in rm.partitions.values()
             ],

@@ -159,7 +159,7 @@ def report(verdict: Verdict, data_dir: Path | None = None) -> None:
     """Per rule ok or how many fired; then every violation named by its rule."""
     print()
     for rule, items in verdict.violations.items():
-        print(f"{rule:<15} {'ok' if not items else f'{len(items)} VIOLATION(S)'}")
+        print(f"{rule:<18} {'ok' if not items else f'{len(items)} VIOLATION(S)'}")
     lines = verdict.lines()
     for line in lines[:SHOWN]:
         print(f"    {line}")

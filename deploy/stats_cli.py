@@ -47,12 +47,14 @@ def render(body: dict) -> str:
         lines.append(f"{name:<10}" + "".join(f"{figures[f]:>11}" for f in PURGATORY_FIELDS))
     lines += [
         "",
-        f"{'topic-partition':<28} {'leader':>6} {'epoch':>5} {'isr':<12} {'hw':>8} {'leo':>8}",
+        f"{'topic-partition':<28} {'leader':>6} {'epoch':>5} {'isr':<12} {'hw':>8} {'leo':>8} "
+        f"{'producers':>9}",
     ]
     for p in stats["partitions"]:
         lines.append(
             f"{p['topic'] + '-' + str(p['partition']):<28} {p['leader']:>6} {p['leader_epoch']:>5} "
-            f"{','.join(map(str, p['isr'])):<12} {p['high_watermark']:>8} {p['log_end_offset']:>8}"
+            f"{','.join(map(str, p['isr'])):<12} {p['high_watermark']:>8} {p['log_end_offset']:>8} "
+            f"{p.get('producers', 0):>9}"
         )
     return "\n".join(lines)
 
