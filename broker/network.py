@@ -195,15 +195,20 @@ class ConnectionHandler:
         decoder = FrameDecoder(self.max_frame_bytes)
         outbox = Outbox(self.queued_response_bytes, self.send_stall_s)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._write, stream, outbox, nursery.cancel_scope, log)
+            outbox.attach(
+                stream,
+                lambda: nursery.start_soon(self._write, stream, outbox, nursery.cancel_scope, log),
+            )
             try:
                 await self._read_loop(stream, decoder, outbox, session, log)
             finally:
+                outbox.close()  # before the socket closes and its descriptor can be reused
                 nursery.cancel_scope.cancel()
 
     async def _write(self, stream, outbox: Outbox, scope: trio.CancelScope, log: Any) -> None:
-        await outbox.run_writer(stream)
-        # Returned: nothing was accepted by the client's socket for send_stall_s.
+        if await outbox.run_writer(stream):
+            return  # drained: the next frame put in the queue starts a writer again
+        # Nothing was accepted by the client's socket for send_stall_s.
         log.warning(
             "connection_closed_send_stalled",
             stall_ms=int(self.send_stall_s * 1000),

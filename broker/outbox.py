@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable
 
 import trio
 
@@ -31,10 +32,11 @@ _SEND_SLICE = 1 << 18
 class Outbox:
     __slots__ = (
         "_busy",
+        "_closed",
         "_fd",
         "_frames",
         "_room",
-        "_writer",
+        "_start_writer",
         "limit",
         "queued",
         "reserved",
@@ -44,13 +46,35 @@ class Outbox:
     def __init__(self, limit: int, stall_s: float) -> None:
         self.limit = limit
         self.stall_s = stall_s
-        self._fd = -1  # the socket, once a writer runs on one
-        self._busy = False  # the writer is in the middle of a send
+        self._fd = -1  # the socket, once attached to one
+        self._busy = False  # a writer task is draining the queue
+        self._closed = False
+        self._start_writer: Callable[[], None] | None = None
         self._frames: deque[bytes | memoryview] = deque()
         self.queued = 0  # bytes in _frames or being written now
         self.reserved = 0  # bytes promised to parked requests, not answered yet
-        self._writer = trio.lowlevel.ParkingLot()
         self._room = trio.lowlevel.ParkingLot()
+
+    def attach(self, stream: trio.abc.SendStream, start_writer: Callable[[], None]) -> None:
+        """Write to ``stream``; ``start_writer()`` starts a task running ``run_writer``.
+
+        A writer task exists only while something waits to be sent: most answers are
+        written by ``put`` itself, so an idle or long-polling connection costs no task
+        for writing (with 10,000 connections, one task fewer each).
+        """
+        sock = getattr(stream, "socket", None)  # memory streams (tests) get no fast path
+        self._fd = sock.fileno() if sock is not None else -1
+        self._start_writer = start_writer
+
+    def close(self) -> None:
+        """The connection is ending: later answers (a parked request completing as its
+        connection goes) are dropped, never written to a descriptor that may already
+        belong to a new connection."""
+        self._closed = True
+        self._fd = -1
+        self._start_writer = None
+        self._frames.clear()
+        self.queued = 0
 
     @property
     def full(self) -> bool:
@@ -64,6 +88,8 @@ class Outbox:
         long polls expiring in one tick that wake-up was the larger part of each answer.
         What the socket does not take now is queued for the writer.
         """
+        if self._closed:
+            return
         if self._fd >= 0 and not self._frames and not self._busy:
             try:
                 sent = os.write(self._fd, frame)
@@ -75,7 +101,9 @@ class Outbox:
                 frame = memoryview(frame)[sent:]
         self._frames.append(frame)
         self.queued += len(frame)
-        self._writer.unpark()
+        if not self._busy and self._start_writer is not None:
+            self._busy = True
+            self._start_writer()
 
     def reserve(self, nbytes: int) -> None:
         self.reserved += nbytes
@@ -90,15 +118,13 @@ class Outbox:
         while self.full:
             await self._room.park()
 
-    async def run_writer(self, stream: trio.abc.SendStream) -> None:
-        """Send queued frames until cancelled; return only if the client stopped reading."""
+    async def run_writer(self, stream: trio.abc.SendStream) -> bool:
+        """Send queued frames until none is left (True), or until the client stopped
+        reading (False: a slice made no progress for ``stall_s``)."""
+        self._busy = True
         frames = self._frames
-        # A socket gets the write(2) fast path; other streams (tests' memory streams) do not.
-        sock = getattr(stream, "socket", None)
-        fd = self._fd = sock.fileno() if sock is not None else -1
-        while True:
-            while not frames:
-                await self._writer.park()
+        fd = self._fd
+        while frames:
             first = frames.popleft()
             if len(first) >= _COALESCE_BYTES:
                 chunk: bytes | memoryview = first
@@ -110,13 +136,13 @@ class Outbox:
                     parts.append(part)
                     size += len(part)
                 chunk = first if len(parts) == 1 else b"".join(parts)
-            self._busy = True
             if not await self._send(stream, fd, chunk):
-                return
-            self._busy = False
+                return False
             self.queued -= len(chunk)
             if not self.full:
                 self._room.unpark_all()
+        self._busy = False
+        return True
 
     async def _send(self, stream: trio.abc.SendStream, fd: int, chunk: bytes | memoryview) -> bool:
         # Fast path, measured (bench longpoll): nearly every answer fits the socket buffer,

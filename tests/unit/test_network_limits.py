@@ -129,3 +129,24 @@ async def test_a_parked_fetch_is_clamped_and_dies_with_its_connection(tmp_path):
         assert fetches.stats()["expired"] == 0
     finally:
         manager.close()
+
+
+async def test_outbox_writes_at_once_and_starts_a_writer_only_for_what_is_left():
+    import socket
+
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+    started = []
+    outbox = Outbox(limit=1 << 30, stall_s=60)
+    outbox.attach(stream, lambda: started.append(True))
+    outbox.put(b"hello")
+    assert theirs.recv(100) == b"hello" and not started and outbox.queued == 0
+    # Far more than a socket buffer holds: the rest waits for a writer task.
+    outbox.put(b"z" * (64 << 20))
+    assert started == [True] and 0 < outbox.queued < 64 << 20
+    outbox.close()
+    outbox.put(b"after close")  # a parked request completing as its connection goes
+    assert outbox.queued == 0 and not outbox._frames
+    theirs.close()
+    await stream.aclose()
