@@ -73,6 +73,13 @@ DEFS: dict[str, ConfigDef] = {
     "connections.max.idle.ms": ConfigDef(
         int, 600000, "Close connections that send nothing for this long.", 1
     ),
+    "metrics.port": ConfigDef(
+        int,
+        0,
+        "Serve Prometheus metrics on 127.0.0.1 at this port (0: off).",
+        0,
+        max=65535,
+    ),
     "max.connections": ConfigDef(
         int,
         -1,

@@ -18,6 +18,7 @@ import errno
 import math
 import os
 import resource
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -35,7 +36,10 @@ from protocol.errors import ErrorCode, InvalidRequest, UnsupportedVersion
 
 from .outbox import Outbox
 from .pending import PendingResponse
+from .request_metrics import RequestMetrics
 from .session import ConnectionSession
+
+_now = time.monotonic
 
 _RECV_BYTES = 1 << 18
 _FRAMES_PER_TURN = 32
@@ -62,7 +66,12 @@ def max_connections_for(configured: int) -> int:
 
 
 def _answer_when_done(
-    correlation_id: int, pending: PendingResponse, outbox: Outbox, reserved: int, log: Any
+    correlation_id: int,
+    pending: PendingResponse,
+    outbox: Outbox,
+    reserved: int,
+    log: Any,
+    timing: tuple[RequestMetrics, int, float, float, float] | None,
 ) -> None:
     """Queue a parked request's answer from its completion, in the same turn."""
 
@@ -76,6 +85,12 @@ def _answer_when_done(
                 correlation_id, error_body(ErrorCode.UNKNOWN_SERVER_ERROR, "unencodable answer")
             )
         outbox.put(frame)
+        if timing is not None:
+            metrics, api_key, received, started, parked = timing
+            done = _now()
+            metrics.record(
+                api_key, started - received, parked - started, done - parked, done - received
+            )
 
     pending.add_done_callback(answer)
 
@@ -104,8 +119,10 @@ class ConnectionHandler:
         max_connections_per_ip: int = 2**31 - 1,
         queued_response_bytes: int = 1 << 25,
         send_stall_ms: int = 60000,
+        metrics: RequestMetrics | None = None,
     ) -> None:
         self.dispatcher = dispatcher
+        self.metrics = metrics
         self.max_frame_bytes = max_frame_bytes
         self.idle_s = idle_ms / 1000
         self.log = logger
@@ -238,6 +255,7 @@ class ConnectionHandler:
                     idle.deadline = trio.current_time() + idle_s
                 try:
                     data = os.read(fd, _RECV_BYTES)
+                    received = _now()
                 except BlockingIOError:
                     now = trio.current_time()
                     if idle.deadline - now < idle_s - slack:
@@ -256,7 +274,7 @@ class ConnectionHandler:
                         idle.deadline = math.inf
                         await outbox.wait_room()
                         idle.deadline = trio.current_time() + idle_s
-                    if not self._one(payload, outbox, session, log):
+                    if not self._one(payload, outbox, session, log, received):
                         return
                     if not n % _FRAMES_PER_TURN:
                         # A 256 KiB read can hold thousands of small requests: let the others
@@ -267,7 +285,7 @@ class ConnectionHandler:
         if idle.cancelled_caught:
             log.info("connection_idle_closed", idle_ms=int(idle_s * 1000))
 
-    def _one(self, payload: bytes, outbox: Outbox, session, log) -> bool:
+    def _one(self, payload: bytes, outbox: Outbox, session, log, received: float) -> bool:
         try:
             header, raw = decode_request_envelope(payload)
         except ProtocolError as exc:
@@ -285,19 +303,26 @@ class ConnectionHandler:
             )
             outbox.put(encode_response(header.correlation_id, error_body(exc.code, exc.message)))
             return True
+        started = _now()
         try:
             result = self.dispatcher.handle(header, body, session)
         except Exception as exc:
             log.exception("request_failed", api_key=header.api_key)
             result = error_body(ErrorCode.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
-        if result is None:
-            return True
+        metrics = self.metrics
         if isinstance(result, PendingResponse):
             # Charge the most it may answer now, so many parked fetches completing at once
             # cannot overshoot the budget.
             reserved = max(result.max_bytes, _PARKED_BYTES)
             outbox.reserve(reserved)
-            _answer_when_done(header.correlation_id, result, outbox, reserved, log)
-        else:
+            timing = None
+            if metrics is not None:
+                timing = (metrics, header.api_key, received, started, _now())
+            _answer_when_done(header.correlation_id, result, outbox, reserved, log, timing)
+            return True
+        if result is not None:
             outbox.put(encode_response(header.correlation_id, result))
+        if metrics is not None:
+            done = _now()
+            metrics.record(header.api_key, started - received, done - started, 0.0, done - received)
         return True

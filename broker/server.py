@@ -41,6 +41,7 @@ from .purgatory import MonotonicClock, Purgatory, SystemTimer, switch_interval_f
 from .quorum import QuorumConfig
 from .quorum_driver import QuorumDriver
 from .replica_manager import ReplicaManager
+from .request_metrics import RequestMetrics
 
 # A client request held for the metadata catch-up (after_catch_up) waits at most this long,
 # then is answered from what the broker knows: below a client's default request timeout.
@@ -109,6 +110,8 @@ class Broker:
         self.fetchers: ReplicaFetcherManager | None = None
         self.isr_proposals: AlterPartitionManager | None = None
         self.producer_ids: ProducerIdManager | None = None
+        self.request_metrics = RequestMetrics()
+        self._metrics_server: Any = None
         self.image: MetadataImage | None = None
         self.leader_known = trio.Event()  # set (and replaced) whenever the controller changes
         # Set once this broker's metadata has caught up with the quorum after its start:
@@ -282,6 +285,7 @@ class Broker:
                 "produce": rm.produce_purgatory.stats(),
                 "fetch": rm.fetch_purgatory.stats(),
             },
+            "requests": self.request_metrics.snapshot(),
             "partitions": [
                 {
                     "topic": p.topic,
@@ -354,9 +358,15 @@ class Broker:
                 max_connections_per_ip=config["max.connections.per.ip"],
                 queued_response_bytes=config["queued.max.response.bytes"],
                 send_stall_ms=config["connections.max.send.stall.ms"],
+                metrics=self.request_metrics,
             )
             # Bind before any task starts, so "address in use" surfaces as a plain OSError.
             listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+            if config["metrics.port"]:
+                # Imported only when asked for: prometheus-client costs every broker ~4 MB.
+                from .prometheus_export import serve_metrics
+
+                self._metrics_server = serve_metrics(self, config["metrics.port"])
             async with trio.open_nursery() as nursery:
                 self._wire(nursery)
                 nursery.start_soon(self.connections.serve, listeners)
@@ -381,6 +391,8 @@ class Broker:
                 )
                 task_status.started()
         finally:
+            if self._metrics_server is not None:
+                self._metrics_server.shutdown()
             self.timer.shutdown()
             self.replica_manager.close()
             self.log.info("broker_stopped")

@@ -65,22 +65,24 @@ def run(args: argparse.Namespace) -> int:
         run_broker(args.id, host, port, args.data_dir, config, logger)
     except DataDirInUse as exc:
         raise CommandError(f"{exc}; stop it first or choose another --data-dir") from None
-    except (ConfigError, MetadataStoreError) as exc:
-        raise CommandError(str(exc)) from None
-    except (OSError, BaseExceptionGroup) as exc:
-        # trio's nursery wraps a failed bind in an ExceptionGroup: unwrap it to one line.
-        error = _only_os_error(exc)
-        if error is None:
-            raise
-        raise CommandError(describe_start_error(error, host, port, args.data_dir)) from None
+    except (ConfigError, MetadataStoreError, OSError, BaseExceptionGroup) as exc:
+        # trio's nursery wraps a failed bind (or a refused setting) in an ExceptionGroup:
+        # unwrap it to one line.
+        error = _only_error(exc)
+        if isinstance(error, (ConfigError, MetadataStoreError)):
+            raise CommandError(str(error)) from None
+        if isinstance(error, OSError):
+            raise CommandError(describe_start_error(error, host, port, args.data_dir)) from None
+        raise
     return 0
 
 
-def _only_os_error(exc: BaseException) -> OSError | None:
-    """The OSError inside ``exc`` when that is all it holds (else None: a real bug)."""
+def _only_error(exc: BaseException) -> BaseException:
+    """The one exception inside ``exc`` when that is all a group holds (a group of several
+    is a real bug and stays as it is)."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    return exc if isinstance(exc, OSError) else None
+    return exc
 
 
 def describe_start_error(exc: OSError, host: str, port: int, data_dir: Path) -> str:

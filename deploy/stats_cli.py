@@ -35,16 +35,41 @@ async def _fetch(args: argparse.Namespace) -> dict:
         return await admin.broker_stats(args.broker)
 
 
+def _ms(bound: float | None) -> str:
+    """A histogram bucket bound: the quantile is at most this."""
+    if bound is None:
+        return "-"
+    return "<=" + (f"{bound:g}ms" if bound != float("inf") else "inf")
+
+
 def render(body: dict) -> str:
     stats = body["stats"]
     lines = [
         f"broker {body['broker_id']}  uptime {stats['uptime_ms'] / 1000:.1f}s  "
         f"controller {stats['controller_id']}  connections {stats['connections']}",
         "",
-        f"{'purgatory':<10}" + "".join(f"{f:>11}" for f in PURGATORY_FIELDS),
+        f"{'purgatory':<10}" + "".join(f"{f:>11}" for f in PURGATORY_FIELDS) + "  late p99",
     ]
     for name, figures in stats["purgatory"].items():
-        lines.append(f"{name:<10}" + "".join(f"{figures[f]:>11}" for f in PURGATORY_FIELDS))
+        late = figures.get("expiry_lateness", {}).get("p99_ms_le")
+        lines.append(
+            f"{name:<10}"
+            + "".join(f"{figures[f]:>11}" for f in PURGATORY_FIELDS)
+            + f"  {_ms(late)}"
+        )
+    requests = stats.get("requests") or {}
+    if requests:
+        lines += [
+            "",
+            f"{'api':<24} {'requests':>9} {'total p50':>10} {'total p99':>10} "
+            f"{'local p99':>10} {'remote p99':>10}",
+        ]
+        for api, r in requests.items():
+            lines.append(
+                f"{api:<24} {r['requests']:>9} {_ms(r['total']['p50_ms_le']):>10} "
+                f"{_ms(r['total']['p99_ms_le']):>10} {_ms(r['local']['p99_ms_le']):>10} "
+                f"{_ms(r['remote']['p99_ms_le']):>10}"
+            )
     lines += [
         "",
         f"{'topic-partition':<28} {'leader':>6} {'epoch':>5} {'isr':<12} {'hw':>8} {'leo':>8} "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Hashable, Iterable
 
+from ..histogram import Histogram
 from .bucket import TimerTask
 from .operation import DelayedOperation
 from .timer import Timer
@@ -70,6 +71,8 @@ class Purgatory:
         self._watched_ops = 0
         self._cancelled = 0
         self._expired = 0
+        # Deadline to completion of each expired op (trio thread only).
+        self.expiry_lateness = Histogram()
         # Completions (expiry included), counted by whichever thread completes an op
         # (force_complete calls count_completion): an itertools.count's __next__ is one C
         # call, atomic under the GIL, so no lock; _completed() reads it.
@@ -165,12 +168,18 @@ class Purgatory:
     def expire_batch(self, batch: list[DelayedOperation]) -> int:
         """Expire a batch the timer handed over; returns how many this call expired."""
         expired = 0
+        now_ms = self.timer.clock.now_ms
+        lateness = self.expiry_lateness
         try:
             for op in batch:
                 if op.force_complete():  # a trigger may have got there first
                     if op.owner is self:
                         expired += 1
                     op.on_expiration()
+                    # Deadline to answer handed over (the connection writes it in the
+                    # completion): how late this purgatory makes a timeout happen.
+                    late_ms = now_ms() - op.expiration_ms
+                    lateness.observe(late_ms / 1000 if late_ms > 0 else 0.0)
         finally:
             self._expired += expired
         return expired
@@ -292,4 +301,5 @@ class Purgatory:
             "estimated": self._watched_ops - self._estimate_base,
             "keys": len(self._watchers),
             "timer_size": self.timer.size,
+            "expiry_lateness": self.expiry_lateness.summary(),
         }

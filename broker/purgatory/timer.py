@@ -9,9 +9,12 @@ from __future__ import annotations
 from typing import Protocol
 
 from .bucket import TimerTask
+from .clock import Clock
 
 
 class Timer(Protocol):
+    clock: Clock  # what expiration_ms is measured on (expiry lateness reads it)
+
     def add(self, task: TimerTask) -> None:
         """Schedule ``task`` to expire ``task.delay_ms`` from now (each task once)."""
 

@@ -41,7 +41,9 @@ def test_a_planted_lost_write_fails_the_run(tmp_path):
     run, counts = chaos("--duration", "4", "--seed", "1", "--plant", "lose-ack")
     assert run.returncode == 1, run.stdout + run.stderr
     assert counts["lost"] == 1 and counts["violations"] >= 1
-    assert "lost               1 VIOLATION(S)" in run.stdout and "acknowledged at chaos-" in run.stdout
+    assert (
+        "lost               1 VIOLATION(S)" in run.stdout and "acknowledged at chaos-" in run.stdout
+    )
     assert "    [lost] " in run.stdout  # each violation names the rule that fired
 
 

@@ -1,0 +1,132 @@
+"""The broker's figures as a Prometheus endpoint (``metrics.port``), via prometheus-client.
+
+A custom collector reads the broker's own counters at scrape time, so the request path
+pays nothing for Prometheus (its metric objects take a lock per observation). The scrape
+runs on prometheus-client's HTTP thread while the trio thread keeps changing those
+counters: every collection iterates over copies (``list(...)``, one C call each under
+the GIL), so a scrape sees a slightly stale but never a torn structure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.exposition import start_http_server
+
+from protocol import api_name
+
+from .config import ConfigError
+from .histogram import Histogram
+from .request_metrics import PHASES
+
+_PARTITION_GAUGES = (
+    ("high_watermark", "The partition's high watermark on this replica."),
+    ("log_end_offset", "The partition's log end offset on this replica."),
+    ("log_start_offset", "The partition's log start offset on this replica."),
+    ("isr_size", "Replicas in the ISR."),
+    ("replicas", "Replicas assigned."),
+    ("leader", "1 if this broker leads the partition."),
+    ("under_min_isr", "1 if the leader's ISR is below min.insync.replicas."),
+    ("producers", "Idempotent producers whose sequences this replica tracks."),
+    ("log_size_bytes", "Bytes of the partition's segments on this broker."),
+)
+
+
+def _histogram(family: HistogramMetricFamily, labels: list[str], h: Histogram) -> None:
+    family.add_metric(labels, buckets=h.cumulative(), sum_value=h.sum)
+
+
+class BrokerCollector:
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[Any]:
+        b = self.broker
+        labels = {"broker": str(b.broker_id)}
+        requests = CounterMetricFamily(
+            "minibroker_requests", "Requests answered, per API.", labels=["broker", "api"]
+        )
+        times = HistogramMetricFamily(
+            "minibroker_request_time_seconds",
+            "Request time per API and phase (queue, local, remote = purgatory, total).",
+            labels=["broker", "api", "phase"],
+        )
+        for key, m in list(b.request_metrics.apis.items()):
+            name = api_name(key)
+            requests.add_metric([labels["broker"], name], m.total.count)
+            for phase in PHASES:
+                _histogram(times, [labels["broker"], name, phase], getattr(m, phase))
+        yield requests
+        yield times
+
+        pending = GaugeMetricFamily(
+            "minibroker_purgatory_pending", "Operations parked.", labels=["broker", "purgatory"]
+        )
+        expired = CounterMetricFamily(
+            "minibroker_purgatory_expired", "Operations expired.", labels=["broker", "purgatory"]
+        )
+        lateness = HistogramMetricFamily(
+            "minibroker_purgatory_expiry_lateness_seconds",
+            "From an operation's deadline to its answer being handed to the connection.",
+            labels=["broker", "purgatory"],
+        )
+        rm = b.replica_manager
+        for purgatory in (rm.produce_purgatory, rm.fetch_purgatory):
+            stats = purgatory.stats()
+            pending.add_metric([labels["broker"], purgatory.name], stats["pending"])
+            expired.add_metric([labels["broker"], purgatory.name], stats["expired"])
+            _histogram(lateness, [labels["broker"], purgatory.name], purgatory.expiry_lateness)
+        yield pending
+        yield expired
+        yield lateness
+
+        connections = b.connections.open_connections if b.connections else 0
+        yield GaugeMetricFamily(
+            "minibroker_connections", "Open client and peer connections.", value=connections
+        )
+        families = {
+            name: GaugeMetricFamily(
+                f"minibroker_partition_{name}", doc, labels=["broker", "topic", "partition"]
+            )
+            for name, doc in _PARTITION_GAUGES
+        }
+        for p in list(rm.partitions.values()):
+            values = {
+                "high_watermark": p.high_watermark,
+                "log_end_offset": p.log.log_end_offset,
+                "log_start_offset": p.log.log_start_offset,
+                "isr_size": len(p.isr),
+                "replicas": len(p.replicas),
+                "leader": int(p.is_leader),
+                "under_min_isr": int(p.is_leader and p.is_under_min_isr()),
+                "producers": len(p.log.producers),
+                "log_size_bytes": p.log.size_bytes,
+            }
+            for name, value in values.items():
+                families[name].add_metric([labels["broker"], p.topic, str(p.index)], value)
+        yield from families.values()
+
+
+def serve_metrics(broker: Any, port: int, host: str = "127.0.0.1") -> Any:
+    """Start the endpoint on its own thread; returns the server (``shutdown()`` stops it).
+
+    A port that cannot be had is a ConfigError naming ``metrics.port``: the broker's own
+    port is fine, and the one-line start error must not blame it.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(broker))
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise ConfigError(
+            f"metrics.port {port}: cannot listen on {host}:{port}: "
+            f"{(exc.strerror or str(exc)).lower()}; choose another port or 0 to turn it off"
+        ) from None
+    return server
