@@ -269,17 +269,27 @@ class ConnectionHandler:
                 except ProtocolError as exc:
                     log.warning("connection_closed_bad_frame", error=str(exc))
                     return
-                for n, payload in enumerate(frames, 1):
-                    if outbox.full:  # checked first: the common case costs no coroutine call
-                        idle.deadline = math.inf
-                        await outbox.wait_room()
-                        idle.deadline = trio.current_time() + idle_s
-                    if not self._one(payload, outbox, session, log, received):
-                        return
-                    if not n % _FRAMES_PER_TURN:
-                        # A 256 KiB read can hold thousands of small requests: let the others
-                        # (and expired operations) run in between.
-                        await trio.lowlevel.checkpoint()
+                # The answers to one read's requests leave together (Outbox.cork); every
+                # await below is preceded by uncork, so nothing held waits with it.
+                outbox.cork()
+                try:
+                    for n, payload in enumerate(frames, 1):
+                        if outbox.full:  # checked first: the common case costs no call
+                            outbox.uncork()
+                            idle.deadline = math.inf
+                            await outbox.wait_room()
+                            idle.deadline = trio.current_time() + idle_s
+                            outbox.cork()
+                        if not self._one(payload, outbox, session, log, received):
+                            return
+                        if not n % _FRAMES_PER_TURN:
+                            # A 256 KiB read can hold thousands of small requests: let the
+                            # others (and expired operations) run in between.
+                            outbox.uncork()
+                            await trio.lowlevel.checkpoint()
+                            outbox.cork()
+                finally:
+                    outbox.uncork()
                 # Let writers and parked requests run between bursts from a fast client.
                 await trio.lowlevel.checkpoint()
         if idle.cancelled_caught:

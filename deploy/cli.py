@@ -14,7 +14,7 @@ from types import ModuleType
 # Every command is imported by name: a module that fails to import stops the CLI with
 # its traceback instead of quietly vanishing from --help.
 from deploy import broker_cli, chaos_cli, client_cli, cluster_cli, faults_cli, stats_cli
-from deploy.bench import consume, failover, longpoll, produce, purgatory, spark_read
+from deploy.bench import consume, failover, longpoll, produce, purgatory, requests, spark_read
 from deploy.broker_cli import CommandError
 
 # Each adds its subcommands with add_subcommands(sub).
@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, tuple[ModuleType, str]] = {
     "consume": (consume, "consumer throughput against a running broker"),
     "failover": (failover, "kill -9 the active controller: time until a topic can be created"),
     "longpoll": (longpoll, "thousands of connections each holding a long-poll fetch"),
+    "requests": (requests, "plain request rate, pipelined (ApiVersions or an empty fetch)"),
     "spark-read": (spark_read, "records/s read into a Spark DataFrame and written back"),
 }
 
