@@ -53,6 +53,7 @@ class ProducerBatch:
         "retry_at_ms",
         "size",
         "topic",
+        "unresolved",
     )
 
     def __init__(self, topic: str, partition: int, created_ms: float, deadline_ms: float) -> None:
@@ -72,6 +73,9 @@ class ProducerBatch:
         self.acked_at = 0.0
         # An idempotent producer's sequence, set when the batch is first sent; -1: none.
         self.base_sequence = -1
+        # Its last attempt may have been written (no answer, or a timeout after the append):
+        # it must be resolved under its own epoch before any epoch bump re-stamps it.
+        self.unresolved = False
 
     @property
     def sealed(self) -> bool:

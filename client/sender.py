@@ -34,6 +34,12 @@ from .cluster import Cluster
 from .idempotence import IdempotenceState
 from .records import RecordMetadata
 
+# Errors a leader answers after it appended the batch (acks=all timing out, or the ISR
+# shrinking under it): the records may survive, so the batch's fate is unknown.
+_WRITTEN_MAYBE = frozenset(
+    {ErrorCode.REQUEST_TIMED_OUT, ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND}
+)
+
 
 def now_ms() -> float:
     return time.monotonic() * 1000
@@ -57,6 +63,7 @@ class Sender:
         self.idempotence = IdempotenceState() if config["enable.idempotence"] else None
         self._in_flight_by_partition: dict[tuple[str, int], int] = defaultdict(int)
         self._init_running = False
+        self._resolving = False
         self.parked: dict[str, tuple[Parked, float]] = {}
         self.space_freed = trio.Event()
         self._wakeup = trio.Event()
@@ -110,7 +117,11 @@ class Sender:
                     self._fail(batch, self._expiry_error(batch))
                 ready, next_ms = self.acc.ready(now)
                 if ready and self.idempotence is not None and not self._producer_id_ready():
-                    ready = []
+                    # Before a bump only batches whose fate is unknown may go, as they are.
+                    batches = self.acc.batches
+                    ready = (
+                        [k for k in ready if batches[k][0].unresolved] if self._resolving else []
+                    )
                 sent = self._send_ready(ready) if ready else False
                 if self.cluster.stale:  # metadata.max.age.ms: notice leader moves without an error
                     self._metadata_needed = True
@@ -137,7 +148,14 @@ class Sender:
     def _producer_id_ready(self) -> bool:
         """May sequenced batches go out now? Bumps the epoch or asks for an id first."""
         idem = self.idempotence
+        self._resolving = False
         if idem.bump_needed:
+            if self._unresolved_pending():
+                # A batch that may have been written is resent first with its own epoch
+                # and sequence, so the leader answers "duplicate" rather than storing it
+                # again under the new epoch (Kafka's unresolved sequences).
+                self._resolving = True
+                return False
             if self.in_flight_batches:
                 return False  # their answers may still resolve sequences of this epoch
             if idem.bump_epoch():
@@ -148,6 +166,11 @@ class Sender:
             self._init_running = True
             self._nursery.start_soon(self._init_producer_id)
         return False
+
+    def _unresolved_pending(self) -> bool:
+        if any(b.unresolved for b in self.in_flight_batches):
+            return True
+        return any(b.unresolved for dq in self.acc.batches.values() for b in dq)
 
     def _restamp_waiting(self) -> None:
         """After a bump: batches already sequenced get new sequences, in their order."""
@@ -258,6 +281,7 @@ class Sender:
             )
         except Exception as exc:
             for batch in batches:
+                batch.unresolved = True  # no answer: it may or may not have been written
                 self._retry_or_fail(batch, exc)
         else:
             self._handle_response(batches, response)
@@ -284,6 +308,8 @@ class Sender:
                 )
             elif result["error_code"]:
                 error = error_class(result["error_code"])(result.get("error_message") or "")
+                # Appended but not acknowledged: written on the leader, maybe kept.
+                batch.unresolved = result["error_code"] in _WRITTEN_MAYBE
                 if (
                     result["error_code"] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
                     and self.idempotence is not None

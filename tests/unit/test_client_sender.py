@@ -164,3 +164,32 @@ async def test_without_idempotence_batches_carry_no_producer_fields():
     result, cluster = await run_sender([ok(1)], **{"enable.idempotence": False})
     assert result.offset == 1 and producer_fields_of(cluster.requests[0]) is None
     assert not hasattr(cluster, "init_requests")
+
+
+def test_a_batch_of_unknown_fate_is_resolved_under_its_own_epoch_before_a_bump():
+    from client.accumulator import RecordAccumulator as Acc
+
+    config = load_config("producer", {"linger.ms": 0})
+    acc = Acc(config["batch.size"], 0, config["delivery.timeout.ms"])
+    sender = Sender(config, ScriptedCluster([]), acc)
+    sender.idempotence.set_producer_id(42, 0)
+    batch, _, _ = acc.append("t", 0, (1, None, b"v", []), 11, now_ms=0)
+    sender._seal(batch, ("t", 0))  # as the sender seals a batch it is about to send
+    acc.pop(("t", 0))
+    batch.attempts = 1
+    batch.unresolved = True  # its request got no answer
+    acc.reenqueue(batch, 0)
+    sender.idempotence.request_bump()  # another batch was given up on
+    assert not sender._producer_id_ready() and sender._resolving
+    assert sender.idempotence.epoch == 0 and producer_fields_of_batch(batch) == (42, 0, 0)
+    batch.unresolved = False  # answered: written (duplicate) or refused (out of order)
+    assert sender._producer_id_ready()
+    assert sender.idempotence.epoch == 1 and producer_fields_of_batch(batch) == (42, 1, 0)
+
+
+def producer_fields_of_batch(batch):
+    from protocol import iter_batches
+    from protocol.batch import producer_fields
+
+    ((pos, header),) = iter_batches(batch.payload)
+    return producer_fields(batch.payload, pos, header)
