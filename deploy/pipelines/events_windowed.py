@@ -5,7 +5,8 @@ from a topic (the record key is not needed: ``user`` is the grouping key), group
 ``user`` and tumbling ``--window``, and once the watermark (max event time seen minus
 ``--watermark``) passes a window's end, emits that window exactly once, both to
 ``--output-topic`` (key = user, value = JSON) and as Parquet files under
-``--output``. Events later than the watermark are dropped, as Spark does.
+``--output``. Events later than the watermark are dropped, as Spark does. The output
+topic is created when it does not exist.
 
     python -m deploy.pipelines.events_windowed --bootstrap 127.0.0.1:9092 \
         --output /tmp/events-out --trigger available-now
@@ -21,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .session import add_spark_arguments, spark_session
+from .session import add_spark_arguments, ensure_topic, spark_session
 
 EVENT_SCHEMA = "user STRING, amount BIGINT, event_time TIMESTAMP"
 
@@ -81,9 +82,11 @@ def windowed_counts(events: Any, window: str, watermark: str) -> Any:
 
 
 def start_queries(spark: Any, args: argparse.Namespace) -> list[Any]:
-    """Start the topic and the Parquet query; the caller awaits them."""
+    """Start the topic and the Parquet query; the caller awaits them. The output topic is
+    created if missing (one partition: a window's results are few)."""
     from pyspark.sql import functions as F
 
+    ensure_topic(args.bootstrap, args.output_topic)
     reader = (
         spark.readStream.format("minibroker")
         .option("kafka.bootstrap.servers", args.bootstrap)

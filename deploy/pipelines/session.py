@@ -36,3 +36,23 @@ def spark_session(app_name: str, master: str) -> Any:
     )
     register(spark)
     return spark
+
+
+def ensure_topic(bootstrap: str, name: str, partitions: int = 1) -> bool:
+    """Create ``name`` (the broker's default replication factor) unless it exists.
+
+    Topics are not auto-created (``auto.create.topics.enable`` is false, see README), so a
+    job writing results to a topic of its own creates it, and runs as its README recipe
+    is written. Returns True if it created the topic.
+    """
+    from client import NewTopic, SyncAdmin
+    from client.errors import TopicAlreadyExists
+
+    with SyncAdmin(bootstrap) as admin:
+        if name in admin.list_topics():
+            return False
+        try:
+            admin.create_topics([NewTopic(name, partitions, -1)])
+        except TopicAlreadyExists:  # created meanwhile by another run
+            return False
+    return True
