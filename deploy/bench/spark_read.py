@@ -3,9 +3,15 @@
 Fills ``--topic`` with ``--records`` records of ``--record-size`` bytes if it holds
 fewer (the fill is not timed), then, in one SparkSession (``--master``, default
 local[2]), times ``count()`` over a batch read of the whole topic and a write of
-its key and value to ``TOPIC-copy`` (acks=all). A small read first spawns Spark's
-Python workers, so neither figure includes that one-off cost (about 5 s). Ends
-with one JSON line. Needs the ``spark`` extra and Java 17.
+its key and value to ``TOPIC-copy`` (acks=all, idempotent producer), both topics
+created with ``--replication-factor``. A small read first spawns Spark's Python
+workers, so no figure includes that one-off cost (about 5 s).
+
+Every Spark job has a fixed cost (planning, scheduling, a Python worker round trip:
+about 0.4 s for a trivial Python data source, the floor of Spark's Python data source
+API itself), so each of read and write is also timed on a tiny range (one record per
+partition) and the JSON line gives the fixed cost apart from the per-record rate
+``(records - tiny) / (time - tiny time)``. Needs the ``spark`` extra and Java 17.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 import trio
 
-from client import Consumer, Producer
+from client import Admin, Consumer, Producer
 
 from .common import add_connection_arguments, bootstrap_of, ensure_topic, report
 
@@ -37,6 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--partitions", type=int, default=2, help="partitions when creating the topic (default 2)"
     )
+    p.add_argument(
+        "--replication-factor",
+        type=int,
+        default=-1,
+        help="replication factor of the topics it creates (default: the broker's)",
+    )
     add_connection_arguments(p)
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--no-write", action="store_true", help="time the read only")
@@ -44,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 async def _fill(bootstrap: str, args: argparse.Namespace) -> int:
     """Top the topic up to --records records; returns how many it holds."""
-    await ensure_topic(bootstrap, args.topic, args.partitions)
+    await ensure_topic(bootstrap, args.topic, args.partitions, args.replication_factor)
     async with Consumer(bootstrap) as consumer:
         count = await consumer.partitions_for(args.topic)
         parts = [(args.topic, p) for p in range(count)]
@@ -88,30 +100,43 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             reader = spark.read.format("minibroker").option("kafka.bootstrap.servers", bootstrap)
             return reader.option("subscribe", args.topic).options(**options).load()
 
-        source(endingOffsets=json.dumps({args.topic: {"0": 1}})).count()  # spawn the workers
-        start = time.monotonic()
-        rows = source().count()
-        read_s = time.monotonic() - start
+        tiny_range = json.dumps({args.topic: {str(p): 1 for p in range(args.partitions)}})
+        source(endingOffsets=tiny_range).count()  # spawn the workers
+        tiny_rows, tiny_read_s = _timed(lambda: source(endingOffsets=tiny_range).count())
+        rows, read_s = _timed(lambda: source().count())
         figures: dict[str, Any] = {
             "benchmark": "spark-read",
             "records": rows,
             "read_s": round(read_s, 3),
             "read_records_per_sec": round(rows / read_s, 1),
+            "read_fixed_cost_s": round(tiny_read_s, 3),
+            "read_per_record_rate": _rate(rows - tiny_rows, read_s - tiny_read_s),
         }
         if not args.no_write:
             copy = f"{args.topic}-copy"
-            trio.run(ensure_topic, bootstrap, copy, args.partitions)
-            start = time.monotonic()
-            source().select("key", "value").write.format("minibroker").mode("append").option(
-                "kafka.bootstrap.servers", bootstrap
-            ).option("topic", copy).save()
-            write_s = time.monotonic() - start
+            trio.run(ensure_topic, bootstrap, copy, args.partitions, args.replication_factor)
+
+            def write(**options: str) -> int:
+                source(**options).select("key", "value").write.format("minibroker").mode(
+                    "append"
+                ).option("kafka.bootstrap.servers", bootstrap).option("topic", copy).save()
+                return 0
+
+            write(endingOffsets=tiny_range)  # the first write's one-off costs (workers, ids)
+            _, tiny_write_s = _timed(lambda: write(endingOffsets=tiny_range))
+            _, write_s = _timed(write)
             figures.update(
-                write_s=round(write_s, 3), write_records_per_sec=round(rows / write_s, 1)
+                write_s=round(write_s, 3),
+                write_records_per_sec=round(rows / write_s, 1),
+                write_fixed_cost_s=round(tiny_write_s, 3),
+                write_per_record_rate=_rate(rows - tiny_rows, write_s - tiny_write_s),
+                write_includes="reading the source again",
+                write_acks="all",
+                write_replication_factor=trio.run(_replication_factor, bootstrap, copy),
             )
-            figures["write_includes"] = "reading the source again; acks=all"
         figures["params"] = {
             "topic": args.topic,
+            "partitions": args.partitions,
             "available": available,
             "master": args.master,
             "bootstrap": bootstrap,
@@ -119,6 +144,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         return figures
     finally:
         spark.stop()
+
+
+def _timed(work: Any) -> tuple[Any, float]:
+    start = time.monotonic()
+    result = work()
+    return result, time.monotonic() - start
+
+
+def _rate(records: int, seconds: float) -> float | None:
+    return round(records / seconds, 1) if seconds > 0 else None
+
+
+async def _replication_factor(bootstrap: str, topic: str) -> int:
+    async with Admin(bootstrap) as admin:
+        return len((await admin.describe_topics([topic]))[topic].partitions[0].replicas)
 
 
 def run(args: argparse.Namespace) -> int:
