@@ -89,7 +89,8 @@ def to_record_batch(
         stamps += map(header.first_timestamp.__add__, fields[0])
         offsets += range(base + lo, base + lo + len(rows))
         if include_headers:
-            headers += [r[3] if len(r) > 3 else () for r in rows]
+            # No headers is null, as spark-sql-kafka reads it (not an empty array).
+            headers += [r[3] if len(r) > 3 else None for r in rows]
     n = len(offsets)
     if not n:
         return None
@@ -103,5 +104,9 @@ def to_record_batch(
         pa.array([CREATE_TIME] * n, pa.int32()),
     ]
     if include_headers:
-        columns.append(pa.array([[tuple(h) for h in hs] for hs in headers], HEADER_TYPE))
+        columns.append(
+            pa.array(
+                [None if hs is None else [tuple(h) for h in hs] for hs in headers], HEADER_TYPE
+            )
+        )
     return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))

@@ -237,8 +237,10 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
     ours, client = _split(options, _READ_KEYS, "consumer")
     if "endingoffsets" in ours and streaming:
         raise OptionError("option 'endingOffsets' applies to batch reads only")
-    if "maxoffsetspertrigger" in ours and not streaming:
-        raise OptionError("option 'maxOffsetsPerTrigger' applies to streaming reads only")
+    if not streaming:
+        # A streaming-only option in a batch read is ignored, as spark-sql-kafka does, so a
+        # job can switch between read and readStream without editing its options.
+        ours.pop("maxoffsetspertrigger", None)
     starting: OffsetSpec = "latest" if streaming else "earliest"
     if "startingoffsets" in ours:
         allowed = ("earliest", "latest") if streaming else ("earliest",)

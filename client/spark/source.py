@@ -121,11 +121,24 @@ def _resolve(spec: OffsetSpec, default_each: int, snap: lookup.Snapshot) -> Offs
 
 
 def _check_json_partitions(spec: OffsetSpec, snap: lookup.Snapshot, name: str) -> None:
-    if isinstance(spec, dict):
-        unknown = sorted(set(spec) - set(snap.partitions))
-        if unknown:
-            names = ", ".join(f"{tp.topic}-{tp.partition}" for tp in unknown)
-            raise OptionError(f"option '{name}' names partitions the query does not read: {names}")
+    """JSON offsets name exactly the partitions read, as spark-sql-kafka requires."""
+    if not isinstance(spec, dict):
+        return
+
+    def names(tps: set) -> str:
+        return ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(tps))
+
+    unknown = set(spec) - set(snap.partitions)
+    if unknown:
+        raise OptionError(
+            f"option '{name}' names partitions the query does not read: {names(unknown)}"
+        )
+    missing = set(snap.partitions) - set(spec)
+    if missing:
+        raise OptionError(
+            f"option '{name}' contains specific offsets, so it must specify all "
+            f"TopicPartitions (use -1 for latest, -2 for earliest); missing: {names(missing)}"
+        )
 
 
 class BatchReader(DataSourceReader):
