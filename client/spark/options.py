@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import load_config
+from ..config import SETTINGS, load_config
 from ..records import TopicPartition
+from . import kafka_keys
 
 EARLIEST = -2  # Kafka's JSON spelling of "earliest" in startingOffsets
 LATEST = -1  # ... and of "latest" in startingOffsets / endingOffsets
@@ -33,7 +34,6 @@ UNSUPPORTED = {
     "minoffsetspertrigger": "minOffsetsPerTrigger",
     "maxtriggerdelay": "maxTriggerDelay",
     "groupidprefix": "groupIdPrefix",
-    "kafka.group.id": "kafka.group.id",
     "fetchoffset.numretries": "fetchOffset.numRetries",
     "fetchoffset.retryintervalms": "fetchOffset.retryIntervalMs",
     "kafkaconsumer.polltimeoutms": "kafkaConsumer.pollTimeoutMs",
@@ -141,7 +141,24 @@ def _split(options: Mapping[str, str], known: dict[str, str], role: str) -> tupl
 def _client_config(
     role: str, bootstrap: str, client: dict[str, str], defaults: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    settings = {**(defaults or {}), **client}
+    """The ``kafka.*`` settings as the client's config: ours honoured, the other role's and
+    Kafka's that mean nothing here accepted with a warning (client/spark/kafka_keys.py)."""
+    honoured = {key for key, setting in SETTINGS.items() if role in setting.roles}
+    kept: dict[str, str] = {}
+    for key, value in client.items():
+        if key.lower() in SETTINGS and key.lower() not in honoured:
+            other = "consumer" if role == "producer" else "producer"
+            doing = "writing" if role == "producer" else "reading"
+            kafka_keys.log.warning(
+                f"option 'kafka.{key}' is a {other} setting: accepted and ignored when {doing}"
+            )
+        else:
+            kept[key] = value
+    try:
+        kept = kafka_keys.screen(kept, honoured)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    settings = {**(defaults or {}), **kept}
     try:
         return load_config(role, settings, {"bootstrap.servers": bootstrap})
     except ValueError as exc:

@@ -100,3 +100,52 @@ def test_offsets_json_round_trip():
     offsets = {TP("a", 0): 3, TP("a", 10): 4, TP("b", 1): 0}
     assert to_json(offsets) == {"a": {"0": 3, "10": 4}, "b": {"1": 0}}
     assert from_json(to_json(offsets)) == offsets
+
+
+# --- kafka.* settings a ported spark-sql-kafka job carries (client/spark/kafka_keys.py) -----
+
+
+def test_every_kafka_key_is_accepted_honoured_or_ignored_with_a_warning(caplog):
+    options = {
+        "kafka.bootstrap.servers": "h:1",
+        "subscribe": "t",
+        "kafka.security.protocol": "PLAINTEXT",
+        "kafka.isolation.level": "read_committed",
+        "kafka.group.id": "ported-job",
+        "kafka.fetch.max.wait.ms": "250",  # ours: honoured
+        "kafka.linger.ms": "5",  # a producer setting in a read: ignored, said so
+        "kafka.ssl.truststore.location": "/etc/x.jks",
+    }
+    with caplog.at_level("WARNING", logger="minibroker.spark"):
+        read = parse_read_options(options, streaming=False)
+    assert read.client_config["fetch.max.wait.ms"] == 250
+    warned = caplog.text
+    for key in ("security.protocol", "isolation.level", "group.id", "linger.ms", "ssl."):
+        assert f"kafka.{key}" in warned
+    assert "read the same" in warned  # it says what the setting means here
+    write = parse_write_options(
+        {
+            "kafka.bootstrap.servers": "h:1",
+            "topic": "t",
+            "kafka.enable.idempotence": "false",
+            "kafka.compression.type": "none",
+            "kafka.acks": "1",
+        }
+    )
+    assert write.client_config["enable.idempotence"] is False
+    assert write.client_config["acks"] == 1
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("kafka.security.protocol", "SASL_SSL", "no TLS and no SASL"),
+        ("kafka.compression.type", "zstd", "not compressed"),
+        ("kafka.isolation.level", "dirty", "read_uncommitted or read_committed"),
+        ("kafka.value.deserializer", "x.Y", "DataFrame operations"),
+        ("kafka.lingr.ms", "5", "did you mean 'linger.ms'"),
+    ],
+)
+def test_a_kafka_value_that_cannot_be_honoured_fails_saying_so(key, value, message):
+    with pytest.raises(OptionError, match=message):
+        parse_write_options({"kafka.bootstrap.servers": "h:1", "topic": "t", key: value})
