@@ -17,7 +17,7 @@ from protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from protocol.errors import ErrorCode, UnknownTopicOrPartition
 
 from ..cluster import Cluster
-from ..offsets import list_offsets
+from ..offsets import list_offsets, refine_by_time
 from ..records import TopicPartition
 from .options import Subscription
 
@@ -47,6 +47,30 @@ def earliest_offsets(
     config: dict[str, Any], tps: list[TopicPartition]
 ) -> dict[TopicPartition, int]:
     return trio.run(_offsets, config, tps, EARLIEST_TIMESTAMP)
+
+
+def offsets_for_times(
+    config: dict[str, Any], wanted: dict[TopicPartition, int]
+) -> dict[TopicPartition, int]:
+    """Per partition the first offset whose record's timestamp is at or after the given
+    one, or -1 when there is none (Kafka's offsetsForTimes, exact to the record)."""
+    return trio.run(_times, config, wanted)
+
+
+async def _times(config: dict[str, Any], wanted: dict[TopicPartition, int]) -> dict:
+    async def ask(cluster: Cluster) -> dict:
+        if not wanted:
+            return {}
+        found = await list_offsets(cluster, dict(wanted), backoff=_backoff(config))
+        out = {}
+        for tp, hit in found.items():
+            if hit.offset >= 0:  # the broker names the batch; the record is found in it
+                limit = config["max.partition.fetch.bytes"]
+                hit = await refine_by_time(cluster, tp, hit, wanted[tp], limit)
+            out[tp] = hit.offset
+        return out
+
+    return await _with_cluster(config, ask)
 
 
 async def _with_cluster(config: dict[str, Any], fn: Any, *args: Any) -> Any:

@@ -26,11 +26,6 @@ LATEST = -1  # ... and of "latest" in startingOffsets / endingOffsets
 
 # Options a Kafka user may bring along that this source does not implement (yet).
 UNSUPPORTED = {
-    "startingtimestamp": "startingTimestamp",
-    "startingoffsetsbytimestamp": "startingOffsetsByTimestamp",
-    "startingoffsetsbytimestampstrategy": "startingOffsetsByTimestampStrategy",
-    "endingtimestamp": "endingTimestamp",
-    "endingoffsetsbytimestamp": "endingOffsetsByTimestamp",
     "minoffsetspertrigger": "minOffsetsPerTrigger",
     "maxtriggerdelay": "maxTriggerDelay",
     "groupidprefix": "groupIdPrefix",
@@ -49,6 +44,11 @@ _READ_KEYS = {
     "failondataloss": "failOnDataLoss",
     "minpartitions": "minPartitions",
     "includeheaders": "includeHeaders",
+    "startingtimestamp": "startingTimestamp",
+    "startingoffsetsbytimestamp": "startingOffsetsByTimestamp",
+    "startingoffsetsbytimestampstrategy": "startingOffsetsByTimestampStrategy",
+    "endingtimestamp": "endingTimestamp",
+    "endingoffsetsbytimestamp": "endingOffsetsByTimestamp",
 }
 _WRITE_KEYS = {"bootstrap.servers": "bootstrap.servers", "topic": "topic"}
 # Set by Spark itself on some paths; not ours to judge.
@@ -80,6 +80,8 @@ class Subscription:
 
 # "earliest" / "latest", or {TopicPartition: offset} with EARLIEST/LATEST allowed as values.
 OffsetSpec = str | dict[TopicPartition, int]
+# By time: one timestamp (ms) for every partition, or {TopicPartition: timestamp}.
+TimeSpec = int | dict[TopicPartition, int]
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,12 @@ class ReadOptions:
     min_partitions: int | None
     include_headers: bool
     streaming: bool
+    # startingTimestamp / startingOffsetsByTimestamp (they win over startingOffsets, as in
+    # spark-sql-kafka), endingTimestamp / endingOffsetsByTimestamp (batch), and what a
+    # starting time with no record at or after it does: "error" or "latest".
+    starting_time: TimeSpec | None = None
+    ending_time: TimeSpec | None = None
+    starting_time_strategy: str = "error"
 
 
 @dataclass(frozen=True)
@@ -249,6 +257,33 @@ def parse_offsets(name: str, value: str, *, allowed: tuple[str, ...], json_min: 
     return out
 
 
+def parse_time_spec(ours: Mapping[str, str], single: str, per_partition: str) -> TimeSpec | None:
+    """``startingTimestamp`` (one time for all) wins over ``startingOffsetsByTimestamp``."""
+    single_key, json_key = single.lower(), per_partition.lower()
+    if single_key in ours:
+        text = ours[single_key].strip()
+        if not text.isdigit():
+            raise OptionError(f"option '{single}' must be a timestamp in ms, got {text!r}")
+        return int(text)
+    if json_key not in ours:
+        return None
+    spec = _json(per_partition, ours[json_key])
+    if not isinstance(spec, dict) or not all(isinstance(v, dict) for v in spec.values()):
+        raise OptionError(
+            f'option \'{per_partition}\' must be JSON like {{"t": {{"0": 1700000000000}}}}'
+        )
+    out: dict[TopicPartition, int] = {}
+    for topic, parts in spec.items():
+        for part, ts in parts.items():
+            if not str(part).isdigit() or type(ts) is not int or ts < 0:
+                raise OptionError(
+                    f"option '{per_partition}': '{topic}' partition {part!r} -> {ts!r} must map "
+                    "a partition number to a timestamp in ms"
+                )
+            out[TopicPartition(topic, int(part))] = ts
+    return out
+
+
 def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
     """Validate everything a read needs; raise OptionError naming the first bad option."""
     ours, client = _split(options, _READ_KEYS, "consumer")
@@ -274,6 +309,15 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         ending = parse_offsets(
             "endingOffsets", ours["endingoffsets"], allowed=("latest",), json_min=LATEST
         )
+    if streaming and ("endingtimestamp" in ours or "endingoffsetsbytimestamp" in ours):
+        raise OptionError(
+            "options 'endingTimestamp' / 'endingOffsetsByTimestamp' apply to batch reads only"
+        )
+    strategy = ours.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise OptionError(
+            f"option 'startingOffsetsByTimestampStrategy' must be error or latest, got {strategy!r}"
+        )
     limit = ours.get("maxoffsetspertrigger")
     min_parts = ours.get("minpartitions")
     return ReadOptions(
@@ -290,6 +334,9 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         else parse_positive_int("minPartitions", min_parts),
         include_headers=parse_bool("includeHeaders", ours.get("includeheaders", "false")),
         streaming=streaming,
+        starting_time=parse_time_spec(ours, "startingTimestamp", "startingOffsetsByTimestamp"),
+        ending_time=parse_time_spec(ours, "endingTimestamp", "endingOffsetsByTimestamp"),
+        starting_time_strategy=strategy,
     )
 
 

@@ -37,6 +37,7 @@ from .options import (
     OffsetSpec,
     OptionError,
     ReadOptions,
+    TimeSpec,
     WriteOptions,
     include_headers,
     parse_read_options,
@@ -101,6 +102,9 @@ def read_range(options: ReadOptions, partition: InputPartition) -> Iterator[pa.R
             yield batch
 
 
+_STARTING_TIME = "startingOffsetsByTimestamp"
+
+
 def _resolve(spec: OffsetSpec, default_each: int, snap: lookup.Snapshot) -> Offsets:
     """Offsets per partition from earliest/latest/JSON (-2/-1), for the snapshot's partitions."""
     out = {}
@@ -141,6 +145,35 @@ def _check_json_partitions(spec: OffsetSpec, snap: lookup.Snapshot, name: str) -
         )
 
 
+def _by_time(
+    spec: TimeSpec, snap: lookup.Snapshot, opts: ReadOptions, name: str, if_none: str
+) -> Offsets:
+    """Offsets from timestamps (Kafka's offsetsForTimes), within [earliest, HW].
+
+    A partition with no record at or after its time: ``if_none`` "latest" takes its HW,
+    "error" fails naming it (spark-sql-kafka's startingOffsetsByTimestampStrategy).
+    """
+    if isinstance(spec, dict):
+        _check_json_partitions(spec, snap, name)
+        wanted = dict(spec)
+    else:
+        wanted = dict.fromkeys(snap.partitions, spec)
+    found = lookup.offsets_for_times(opts.client_config, wanted)
+    out = {}
+    for tp in snap.partitions:
+        offset = found.get(tp, -1)
+        if offset < 0 or offset > snap.latest[tp]:
+            if if_none == "error":
+                raise OptionError(
+                    f"option '{name}': {tp.topic}-{tp.partition} has no record at or after "
+                    f"timestamp {wanted[tp]} (set startingOffsetsByTimestampStrategy=latest "
+                    "to start at the end instead)"
+                )
+            offset = snap.latest[tp]
+        out[tp] = max(offset, snap.earliest[tp])
+    return out
+
+
 class BatchReader(DataSourceReader):
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
@@ -149,10 +182,19 @@ class BatchReader(DataSourceReader):
         """One range per partition from startingOffsets to endingOffsets, never past the HW."""
         opts = self.options
         snap = lookup.snapshot(opts.client_config, opts.subscription, strict=True)
-        _check_json_partitions(opts.starting, snap, "startingOffsets")
-        _check_json_partitions(opts.ending, snap, "endingOffsets")
-        start = _resolve(opts.starting, EARLIEST, snap)
-        end = _resolve(opts.ending, LATEST, snap)
+        if opts.starting_time is not None:
+            start = _by_time(
+                opts.starting_time, snap, opts, _STARTING_TIME, opts.starting_time_strategy
+            )
+        else:
+            _check_json_partitions(opts.starting, snap, "startingOffsets")
+            start = _resolve(opts.starting, EARLIEST, snap)
+        if opts.ending_time is not None:
+            # No record at or after the ending time: read to the end, as Kafka's source does.
+            end = _by_time(opts.ending_time, snap, opts, "endingOffsetsByTimestamp", "latest")
+        else:
+            _check_json_partitions(opts.ending, snap, "endingOffsets")
+            end = _resolve(opts.ending, LATEST, snap)
         ranges = []
         for tp in snap.partitions:
             lo, hi = start[tp], end[tp]
@@ -187,9 +229,16 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return lookup.snapshot(self.options.client_config, self.options.subscription, strict=False)
 
     def initialOffset(self) -> dict:
+        opts = self.options
         snap = self._snapshot()
-        _check_json_partitions(self.options.starting, snap, "startingOffsets")
-        return to_json(_resolve(self.options.starting, LATEST, snap))
+        if opts.starting_time is not None:
+            return to_json(
+                _by_time(
+                    opts.starting_time, snap, opts, _STARTING_TIME, opts.starting_time_strategy
+                )
+            )
+        _check_json_partitions(opts.starting, snap, "startingOffsets")
+        return to_json(_resolve(opts.starting, LATEST, snap))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_offsets_per_trigger

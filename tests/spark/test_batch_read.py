@@ -93,6 +93,43 @@ def test_offset_ranges_json_offsets_and_subscriptions(source, new_topic, produce
     assert rows_by_offset(split) == everything
 
 
+def test_offsets_by_timestamp_are_exact_to_the_record(source, new_topic, produce):
+    topic = new_topic(2)
+    # One produce call per partition: each partition's 10 records share one batch, so the
+    # broker's batch-level answer must be refined to the record.
+    for p in (0, 1):
+        produce(topic, [(p, None, f"p{p}-{i}".encode(), T0 + i * 1000) for i in range(10)])
+
+    def offsets(df) -> list[tuple[int, int]]:
+        return sorted((p, o) for _, p, o in rows_by_offset(df))
+
+    # Kafka's semantics: start at the first record at or after the time, end before it.
+    from_4s = source(subscribe=topic, startingTimestamp=str(T0 + 3500))
+    assert offsets(from_4s) == [(p, o) for p in (0, 1) for o in range(4, 10)]
+    window = source(
+        subscribe=topic,
+        startingOffsetsByTimestamp=json.dumps({topic: {"0": T0 + 2000, "1": T0}}),
+        endingOffsetsByTimestamp=json.dumps({topic: {"0": T0 + 5000, "1": T0 + 99_000}}),
+    )
+    assert offsets(window) == [(0, o) for o in range(2, 5)] + [(1, o) for o in range(10)]
+    # startingTimestamp wins over startingOffsetsByTimestamp, and both over startingOffsets.
+    both = source(
+        subscribe=topic,
+        startingTimestamp=str(T0 + 9000),
+        startingOffsetsByTimestamp=json.dumps({topic: {"0": T0, "1": T0}}),
+        startingOffsets="earliest",
+    )
+    assert offsets(both) == [(0, 9), (1, 9)]
+    with pytest.raises(Exception, match="startingOffsetsByTimestampStrategy=latest"):
+        source(subscribe=topic, startingTimestamp=str(T0 + 60_000)).count()
+    late = source(
+        subscribe=topic,
+        startingTimestamp=str(T0 + 60_000),
+        startingOffsetsByTimestampStrategy="latest",
+    )
+    assert late.count() == 0
+
+
 def test_empty_topic_reads_as_empty(source, new_topic):
     assert source(subscribe=new_topic(2)).count() == 0
 
@@ -109,7 +146,7 @@ def test_empty_topic_reads_as_empty(source, new_topic):
         ({"subscribe": "t", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
         ({"subscribe": "t", "minPartitions": "0"}, "minPartitions"),
         ({"subscribe": "t", "kafka.fetch.max.wait.ms": "soon"}, "fetch.max.wait.ms"),
-        ({"subscribe": "t", "startingTimestamp": "0"}, "startingTimestamp"),
+        ({"subscribe": "t", "startingTimestamp": "soon"}, "startingTimestamp"),
         ({"subscribe": "no-such-topic"}, "no-such-topic"),
     ],
 )

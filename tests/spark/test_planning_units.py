@@ -149,3 +149,37 @@ def test_every_kafka_key_is_accepted_honoured_or_ignored_with_a_warning(caplog):
 def test_a_kafka_value_that_cannot_be_honoured_fails_saying_so(key, value, message):
     with pytest.raises(OptionError, match=message):
         parse_write_options({"kafka.bootstrap.servers": "h:1", "topic": "t", key: value})
+
+
+def test_offsets_by_timestamp_options_parse_and_take_precedence():
+    opts = parse_read_options(
+        {
+            "kafka.bootstrap.servers": "h:1",
+            "subscribe": "t",
+            "startingOffsetsByTimestamp": '{"t": {"0": 5, "1": 7}}',
+            "endingTimestamp": "99",
+            "startingOffsetsByTimestampStrategy": "LATEST",
+        },
+        streaming=False,
+    )
+    assert opts.starting_time == {TP("t", 0): 5, TP("t", 1): 7}
+    assert (opts.ending_time, opts.starting_time_strategy) == (99, "latest")
+    single = parse_read_options(
+        {"kafka.bootstrap.servers": "h:1", "subscribe": "t", "startingTimestamp": "3"},
+        streaming=True,
+    )
+    assert single.starting_time == 3 and single.ending_time is None
+    with pytest.raises(OptionError, match="batch reads only"):
+        parse_read_options(
+            {"kafka.bootstrap.servers": "h:1", "subscribe": "t", "endingTimestamp": "3"},
+            streaming=True,
+        )
+    with pytest.raises(OptionError, match="error or latest"):
+        parse_read_options(
+            {
+                "kafka.bootstrap.servers": "h:1",
+                "subscribe": "t",
+                "startingOffsetsByTimestampStrategy": "closest",
+            },
+            streaming=False,
+        )

@@ -85,6 +85,15 @@ def test_streaming_starts_at_latest_by_default(spark, broker, new_topic, produce
     ]
 
 
+def test_a_new_query_can_start_at_a_time(spark, broker, new_topic, produce, tmp_path):
+    topic = new_topic(1)
+    produce(topic, [(0, None, f"v{i}".encode(), T0 + i * 1000) for i in range(5)])
+    rows = run_available_now(
+        spark, broker, tmp_path / "cp", subscribe=topic, startingTimestamp=str(T0 + 2500)
+    )
+    assert [r[3] for batch in rows for r in batch] == [b"v3", b"v4"]
+
+
 def wait_for_retention(broker: str, topic: str, at_least: int) -> int:
     """Wait (bounded) until retention moved partition 0's log start to ``at_least`` or beyond."""
     deadline = time.monotonic() + 30
