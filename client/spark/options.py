@@ -26,8 +26,6 @@ LATEST = -1  # ... and of "latest" in startingOffsets / endingOffsets
 
 # Options a Kafka user may bring along that this source does not implement (yet).
 UNSUPPORTED = {
-    "minoffsetspertrigger": "minOffsetsPerTrigger",
-    "maxtriggerdelay": "maxTriggerDelay",
     "groupidprefix": "groupIdPrefix",
     "fetchoffset.numretries": "fetchOffset.numRetries",
     "fetchoffset.retryintervalms": "fetchOffset.retryIntervalMs",
@@ -49,6 +47,8 @@ _READ_KEYS = {
     "startingoffsetsbytimestampstrategy": "startingOffsetsByTimestampStrategy",
     "endingtimestamp": "endingTimestamp",
     "endingoffsetsbytimestamp": "endingOffsetsByTimestamp",
+    "minoffsetspertrigger": "minOffsetsPerTrigger",
+    "maxtriggerdelay": "maxTriggerDelay",
 }
 _WRITE_KEYS = {"bootstrap.servers": "bootstrap.servers", "topic": "topic"}
 # Set by Spark itself on some paths; not ours to judge.
@@ -101,6 +101,9 @@ class ReadOptions:
     starting_time: TimeSpec | None = None
     ending_time: TimeSpec | None = None
     starting_time_strategy: str = "error"
+    # Streaming: hold a trigger until this many new offsets, or max_trigger_delay_ms passed.
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60 * 1000
 
 
 @dataclass(frozen=True)
@@ -257,6 +260,20 @@ def parse_offsets(name: str, value: str, *, allowed: tuple[str, ...], json_min: 
     return out
 
 
+_DURATION = re.compile(r"\s*(\d+)\s*(ms|s|m|min|h|d)?\s*", re.IGNORECASE)
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(name: str, value: str) -> int:
+    """Spark's time strings (``15m``, ``30s``, ``500ms``; a bare number is ms)."""
+    match = _DURATION.fullmatch(str(value))
+    if match is None:
+        raise OptionError(
+            f"option '{name}' must be a duration like 30s, 15m or 500ms, got {value!r}"
+        )
+    return int(match.group(1)) * _UNIT_MS[(match.group(2) or "ms").lower()]
+
+
 def parse_time_spec(ours: Mapping[str, str], single: str, per_partition: str) -> TimeSpec | None:
     """``startingTimestamp`` (one time for all) wins over ``startingOffsetsByTimestamp``."""
     single_key, json_key = single.lower(), per_partition.lower()
@@ -290,9 +307,11 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
     if "endingoffsets" in ours and streaming:
         raise OptionError("option 'endingOffsets' applies to batch reads only")
     if not streaming:
-        # A streaming-only option in a batch read is ignored, as spark-sql-kafka does, so a
+        # Streaming-only options in a batch read are ignored, as spark-sql-kafka does, so a
         # job can switch between read and readStream without editing its options.
-        ours.pop("maxoffsetspertrigger", None)
+        for key in ("maxoffsetspertrigger", "minoffsetspertrigger", "maxtriggerdelay"):
+            ours.pop(key, None)
+    min_offsets = ours.get("minoffsetspertrigger")
     starting: OffsetSpec = "latest" if streaming else "earliest"
     if "startingoffsets" in ours:
         allowed = ("earliest", "latest") if streaming else ("earliest",)
@@ -337,6 +356,12 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         starting_time=parse_time_spec(ours, "startingTimestamp", "startingOffsetsByTimestamp"),
         ending_time=parse_time_spec(ours, "endingTimestamp", "endingOffsetsByTimestamp"),
         starting_time_strategy=strategy,
+        min_offsets_per_trigger=None
+        if min_offsets is None
+        else parse_positive_int("minOffsetsPerTrigger", min_offsets),
+        max_trigger_delay_ms=parse_duration_ms(
+            "maxTriggerDelay", ours.get("maxtriggerdelay", "15m")
+        ),
     )
 
 

@@ -8,6 +8,7 @@ processes, so they hold only parsed options and never a connection.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -218,12 +219,26 @@ class BatchReader(DataSourceReader):
         yield from read_range(self.options, partition)
 
 
+def delay_trigger(
+    new_offsets: int, now_ms: int, last_trigger_ms: int, min_offsets: int, max_delay_ms: int
+) -> bool:
+    """spark-sql-kafka's minOffsetsPerTrigger: hold the trigger while fewer new offsets
+    than ``min_offsets`` are there, unless ``max_delay_ms`` passed since the last one."""
+    if now_ms - last_trigger_ms >= max_delay_ms:
+        return False
+    return new_offsets < min_offsets
+
+
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets are ``{"topic": {"partition": next offset}}``; new partitions start at earliest."""
 
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self._target: Offsets | None = None  # set by availableNow: never read past these
+        # The driver-side runner keeps this instance for the query's life (see
+        # ../shared/reference/pyspark-datasource.md), so the last trigger's time carries over;
+        # 0: the first trigger is never held, as in Kafka's source.
+        self._last_trigger_ms = 0
 
     def _snapshot(self) -> lookup.Snapshot:
         return lookup.snapshot(self.options.client_config, self.options.subscription, strict=False)
@@ -265,6 +280,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             at = begin.get(tp, snap.earliest[tp])
             base[tp] = snap.earliest[tp] if at > snap.latest[tp] or at < snap.earliest[tp] else at
         latest = {tp: max(n, base[tp]) for tp, n in latest.items()}
+        minimum = self.options.min_offsets_per_trigger
+        if minimum is not None and self._target is None:  # availableNow reads all it has
+            now = int(time.time() * 1000)
+            new = sum(n - base[tp] for tp, n in latest.items())
+            if delay_trigger(
+                new, now, self._last_trigger_ms, minimum, self.options.max_trigger_delay_ms
+            ):
+                return start  # no new offsets: Spark skips this trigger
+            self._last_trigger_ms = now
         if isinstance(limit, ReadMaxRows):
             latest = cap_offsets(base, latest, limit.max_rows)
         end = {**begin, **latest}

@@ -183,3 +183,25 @@ def test_offsets_by_timestamp_options_parse_and_take_precedence():
             },
             streaming=False,
         )
+
+
+def test_min_offsets_per_trigger_decision_and_durations():
+    from client.spark.options import parse_duration_ms
+    from client.spark.source import delay_trigger
+
+    # 3 new offsets of a minimum 5: held until 10 s have passed since the last trigger.
+    assert delay_trigger(3, now_ms=5_000, last_trigger_ms=0, min_offsets=5, max_delay_ms=10_000)
+    assert not delay_trigger(3, 10_000, 0, 5, 10_000)
+    assert not delay_trigger(5, 5_000, 0, 5, 10_000)
+    assert [parse_duration_ms("d", v) for v in ("15m", "30s", "250ms", "2h", "40")] == [
+        900_000,
+        30_000,
+        250,
+        7_200_000,
+        40,
+    ]
+    with pytest.raises(OptionError, match="maxTriggerDelay"):
+        parse_read_options(
+            {"kafka.bootstrap.servers": "h:1", "subscribe": "t", "maxTriggerDelay": "soon"},
+            streaming=True,
+        )

@@ -138,3 +138,48 @@ def test_data_loss_fails_the_query_unless_told_otherwise(
         failOnDataLoss="false",
     )
     assert [r[2] for batch in rows for r in batch] == list(range(log_start, 9))
+
+
+def test_min_offsets_per_trigger_holds_a_trigger_until_max_trigger_delay(
+    spark, broker, new_topic, produce, tmp_path
+):
+    topic = new_topic(1)
+    produce(topic, [(0, None, b"a", T0), (0, None, b"b", T0)])
+    seen: list[tuple[float, list[bytes]]] = []
+
+    def collect(df, batch_id: int) -> None:
+        values = [r.value for r in df.select("value").collect()]
+        if values:
+            seen.append((time.monotonic(), values))
+
+    query = (
+        spark.readStream.format("minibroker")
+        .option("kafka.bootstrap.servers", broker)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("minOffsetsPerTrigger", "5")
+        .option("maxTriggerDelay", "3s")
+        .load()
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 90
+
+        def wait_for(count: int) -> None:
+            while len(seen) < count:
+                assert time.monotonic() < deadline, f"only {len(seen)} batch(es): {seen}"
+                assert query.exception() is None, query.exception()
+                time.sleep(0.05)
+
+        wait_for(1)  # the first trigger is never held (Kafka's source does the same)
+        assert seen[0][1] == [b"a", b"b"]
+        produce(topic, [(0, None, b"c", T0), (0, None, b"d", T0)])  # 2 < 5: held
+        wait_for(2)
+        assert seen[1][1] == [b"c", b"d"]
+        # Released by maxTriggerDelay, counted from the last trigger: never earlier.
+        assert seen[1][0] - seen[0][0] >= 2.5
+    finally:
+        query.stop()
