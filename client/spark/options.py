@@ -243,20 +243,29 @@ def parse_offsets(name: str, value: str, *, allowed: tuple[str, ...], json_min: 
                 f"option '{name}' cannot be '{text.lower()}' here (use {' or '.join(allowed)} or JSON)"
             )
         return text.lower()
+    return _per_partition(
+        name,
+        text,
+        json_min,
+        f'{" / ".join(allowed)} or JSON like {{"t": {{"0": 5}}}}',
+        f"an offset >= {json_min}",
+    )
+
+
+def _per_partition(name: str, text: str, minimum: int, shape: str, what: str) -> dict:
+    """``{"topic": {"partition": number}}`` JSON -> ``{TopicPartition: number}``, checked."""
     spec = _json(name, text)
     if not isinstance(spec, dict) or not all(isinstance(v, dict) for v in spec.values()):
-        raise OptionError(
-            f'option \'{name}\' must be {" / ".join(allowed)} or JSON like {{"t": {{"0": 5}}}}'
-        )
+        raise OptionError(f"option '{name}' must be {shape}")
     out: dict[TopicPartition, int] = {}
     for topic, parts in spec.items():
-        for part, offset in parts.items():
-            if not str(part).isdigit() or type(offset) is not int or offset < json_min:
+        for part, number in parts.items():
+            if not str(part).isdigit() or type(number) is not int or number < minimum:
                 raise OptionError(
-                    f"option '{name}': '{topic}' partition {part!r} -> {offset!r} must map a "
-                    f"partition number to an offset >= {json_min}"
+                    f"option '{name}': '{topic}' partition {part!r} -> {number!r} must map a "
+                    f"partition number to {what}"
                 )
-            out[TopicPartition(topic, int(part))] = offset
+            out[TopicPartition(topic, int(part))] = number
     return out
 
 
@@ -284,21 +293,13 @@ def parse_time_spec(ours: Mapping[str, str], single: str, per_partition: str) ->
         return int(text)
     if json_key not in ours:
         return None
-    spec = _json(per_partition, ours[json_key])
-    if not isinstance(spec, dict) or not all(isinstance(v, dict) for v in spec.values()):
-        raise OptionError(
-            f'option \'{per_partition}\' must be JSON like {{"t": {{"0": 1700000000000}}}}'
-        )
-    out: dict[TopicPartition, int] = {}
-    for topic, parts in spec.items():
-        for part, ts in parts.items():
-            if not str(part).isdigit() or type(ts) is not int or ts < 0:
-                raise OptionError(
-                    f"option '{per_partition}': '{topic}' partition {part!r} -> {ts!r} must map "
-                    "a partition number to a timestamp in ms"
-                )
-            out[TopicPartition(topic, int(part))] = ts
-    return out
+    return _per_partition(
+        per_partition,
+        ours[json_key],
+        0,
+        'JSON like {"t": {"0": 1700000000000}}',
+        "a timestamp in ms",
+    )
 
 
 def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:

@@ -18,11 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing
-import resource
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -31,9 +27,8 @@ import trio
 from client import Admin, Consumer
 from protocol import ApiKey, FrameDecoder, decode_response_envelope, encode_batch, encode_request
 
-from ..cluster import ClusterState
-from ..launcher import free_port_range
 from .common import ensure_topic, percentile, report
+from .load import ClientProcesses, broker_under_test, cpu_seconds, raise_fd_limit, shares
 
 CONNECTIONS_PER_PROCESS = 1250
 CONNECT_BATCH = 100  # connections opened at once per process
@@ -76,23 +71,8 @@ def run(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     if args.connections < 1 or args.max_wait_ms < 1 or args.duration <= 0:
         raise ValueError("--connections and --max-wait-ms must be >= 1, --duration > 0")
-    _raise_fd_limit()
-    if args.bootstrap:
-        return _measure(args, args.bootstrap, None)
-    with tempfile.TemporaryDirectory(prefix="minibroker-longpoll-") as tmp:
-        state = ClusterState(Path(tmp), free_port_range(1), 1, {})
-        state.start_all()
-        try:
-            return _measure(args, state.bootstrap, state.process(0))
-        finally:
-            state.stop_all()
-
-
-def _raise_fd_limit() -> None:
-    """Connections are descriptors, here and in a broker started from here."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    with broker_under_test(args.bootstrap, "minibroker-longpoll-") as (bootstrap, broker):
+        return _measure(args, bootstrap, broker)
 
 
 def _measure(args: argparse.Namespace, bootstrap: str, broker: psutil.Process | None):
@@ -101,42 +81,24 @@ def _measure(args: argparse.Namespace, bootstrap: str, broker: psutil.Process | 
     processes = args.client_processes or max(
         2, math.ceil(args.connections / CONNECTIONS_PER_PROCESS)
     )
-    ctx = multiprocessing.get_context("spawn")
-    children = []
-    for i in range(processes):
-        share = args.connections // processes + (i < args.connections % processes)
-        parent_end, child_end = ctx.Pipe()
-        conf = (host, int(port), args.topic, start_offset, share, args.max_wait_ms, args.spread)
-        proc = ctx.Process(target=_child, args=(conf, child_end), daemon=True)
-        proc.start()
-        children.append((proc, parent_end))
-    try:
-        for _, pipe in children:
-            if not pipe.poll(120):
-                raise ValueError("a client process did not connect within 120 s")
-            pipe.recv()  # "connected"
+    confs = [
+        (host, int(port), args.topic, start_offset, share, args.max_wait_ms, args.spread)
+        for share in shares(args.connections, processes)
+    ]
+    with ClientProcesses(_child, confs) as clients:
+        clients.wait_connected(120)
         wait_s = args.max_wait_ms / 1000
         go = time.monotonic() + 0.5
         produce_at = go + args.duration
         stop = produce_at + wait_s + 1.0
-        for _, pipe in children:
-            pipe.send((go, produce_at, stop))
-        cpu_before = broker.cpu_times() if broker else None
+        clients.start((go, produce_at, stop))
+        cpu_before = cpu_seconds(broker)
         time.sleep(max(0.0, produce_at - time.monotonic()))
-        cpu_after = broker.cpu_times() if broker else None
+        cpu_after = cpu_seconds(broker)
         rss = broker.memory_info().rss if broker else None
         purgatory = trio.run(_fetch_purgatory, bootstrap)
         produced_at, acked_at = trio.run(_produce_one, bootstrap, args.topic)
-        results = []
-        for proc, pipe in children:
-            if not pipe.poll(stop - time.monotonic() + wait_s + 60):
-                raise ValueError("a client process did not report")
-            results.append(pipe.recv())
-            proc.join(10)
-    finally:
-        for proc, _ in children:
-            if proc.is_alive():
-                proc.kill()
+        results = clients.results(stop - time.monotonic() + wait_s + 60)
     lateness = sorted(x for r in results for x in r["lateness_ms"])
     # From the produce request's departure: the broker answers the parked fetches as part
     # of the append, so some answers leave before the producer's own ack does.
@@ -152,8 +114,7 @@ def _measure(args: argparse.Namespace, bootstrap: str, broker: psutil.Process | 
 
     broker_cpu = None
     if cpu_before is not None:
-        used = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
-        broker_cpu = round(100 * used / args.duration, 1)
+        broker_cpu = round(100 * (cpu_after - cpu_before) / args.duration, 1)
     return {
         "benchmark": "longpoll",
         "connections": args.connections,
@@ -213,14 +174,9 @@ async def _produce_one(bootstrap: str, topic: str) -> tuple[float, float]:
     async with stream:
         sent = time.monotonic()
         await stream.send_all(frame)
-        frames: list[bytes] = []
-        while not frames:
-            data = await stream.receive_some(1 << 16)
-            if not data:
-                raise ConnectionError("the leader closed the connection before the ack")
-            frames = decoder.feed(data)
+        answer = await _one_answer(stream, decoder)
         acked = time.monotonic()
-    _, response = decode_response_envelope(frames[0])
+    _, response = decode_response_envelope(answer)
     code = response["topics"][0]["partitions"][0]["error_code"]
     if code:
         raise ValueError(f"the waking produce failed with error code {code}")
@@ -231,7 +187,7 @@ async def _produce_one(bootstrap: str, topic: str) -> tuple[float, float]:
 
 
 def _child(conf: tuple, pipe: Any) -> None:
-    _raise_fd_limit()
+    raise_fd_limit()
     trio.run(_child_main, conf, pipe)
 
 
@@ -293,17 +249,12 @@ async def _poll_loop(
         sent = time.monotonic()
         try:
             await stream.send_all(encode_request(ApiKey.FETCH, 0, correlation, "bench", body))
-            frames: list[bytes] = []
-            while not frames:
-                data = await stream.receive_some(1 << 16)
-                if not data:
-                    raise ConnectionError("the broker closed the connection")
-                frames = decoder.feed(data)
+            answer = await _one_answer(stream, decoder)
         except (OSError, trio.BrokenResourceError, ConnectionError) as exc:
             _error(stats, f"{type(exc).__name__}: {exc}")
             return
         answered = time.monotonic()
-        _, response = decode_response_envelope(frames[0])
+        _, response = decode_response_envelope(answer)
         try:
             part = response["topics"][0]["partitions"][0]
         except (KeyError, IndexError, TypeError):
@@ -319,6 +270,17 @@ async def _poll_loop(
             offset = part["high_watermark"]
         elif sent >= go and answered <= produce_at:
             stats["lateness_ms"].append((answered - sent) * 1000 - wait_ms)
+
+
+async def _one_answer(stream: trio.SocketStream, decoder: FrameDecoder) -> bytes:
+    """The next response frame (one request is outstanding, so exactly one comes)."""
+    frames: list[bytes] = []
+    while not frames:
+        data = await stream.receive_some(1 << 16)
+        if not data:
+            raise ConnectionError("the broker closed the connection")
+        frames = decoder.feed(data)
+    return frames[0]
 
 
 def _error(stats: dict[str, Any], text: str) -> None:

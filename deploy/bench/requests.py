@@ -12,10 +12,7 @@ they, not the broker, are the bottleneck).
 from __future__ import annotations
 
 import argparse
-import multiprocessing
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -23,9 +20,8 @@ import trio
 
 from protocol import ApiKey, FrameDecoder, encode_request
 
-from ..cluster import ClusterState
-from ..launcher import free_port_range
 from .common import ensure_topic, report
+from .load import ClientProcesses, broker_under_test, cpu_seconds, shares
 
 APIS = ("api-versions", "empty-fetch")
 
@@ -54,58 +50,32 @@ def run(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     if args.connections < 1 or args.pipeline < 1 or args.duration <= 0:
         raise ValueError("--connections and --pipeline must be >= 1, --duration > 0")
-    if args.bootstrap:
-        return _measure(args, args.bootstrap, None)
-    with tempfile.TemporaryDirectory(prefix="minibroker-requests-") as tmp:
-        state = ClusterState(Path(tmp), free_port_range(1), 1, {})
-        state.start_all()
-        try:
-            return _measure(args, state.bootstrap, state.process(0))
-        finally:
-            state.stop_all()
+    with broker_under_test(args.bootstrap, "minibroker-requests-") as (bootstrap, broker):
+        return _measure(args, bootstrap, broker)
 
 
 def _measure(args: argparse.Namespace, bootstrap: str, broker: psutil.Process | None):
     trio.run(ensure_topic, bootstrap, args.topic, 1, 1)
     host, port = bootstrap.split(",")[0].rsplit(":", 1)
     processes = max(1, min(args.client_processes, args.connections))
-    ctx = multiprocessing.get_context("spawn")
-    children = []
-    for i in range(processes):
-        share = args.connections // processes + (i < args.connections % processes)
-        parent_end, child_end = ctx.Pipe()
-        conf = (host, int(port), args.topic, args.api, share, args.pipeline)
-        proc = ctx.Process(target=_child, args=(conf, child_end), daemon=True)
-        proc.start()
-        children.append((proc, parent_end))
-    try:
-        for _, pipe in children:
-            if not pipe.poll(60):
-                raise ValueError("a client process did not connect within 60 s")
-            pipe.recv()
+    confs = [
+        (host, int(port), args.topic, args.api, share, args.pipeline)
+        for share in shares(args.connections, processes)
+    ]
+    with ClientProcesses(_child, confs) as clients:
+        clients.wait_connected(60)
         go = time.monotonic() + 0.3
         stop = go + args.duration
-        for _, pipe in children:
-            pipe.send((go, stop))
+        clients.start((go, stop))
         time.sleep(max(0.0, go - time.monotonic()))
-        before = broker.cpu_times() if broker else None
+        before = cpu_seconds(broker)
         time.sleep(max(0.0, stop - time.monotonic()))
-        after = broker.cpu_times() if broker else None
-        results = []
-        for proc, pipe in children:
-            if not pipe.poll(args.duration + 60):
-                raise ValueError("a client process did not report")
-            results.append(pipe.recv())
-            proc.join(10)
-    finally:
-        for proc, _ in children:
-            if proc.is_alive():
-                proc.kill()
+        after = cpu_seconds(broker)
+        results = clients.results(args.duration + 60)
     answered = sum(r["answered"] for r in results)
     broker_cpu = None
     if before is not None:
-        used = (after.user + after.system) - (before.user + before.system)
-        broker_cpu = round(100 * used / args.duration, 1)
+        broker_cpu = round(100 * (after - before) / args.duration, 1)
     return {
         "benchmark": "requests",
         "api": args.api,
