@@ -41,6 +41,11 @@ class Consumer(ClusterClient):
         self._metadata_running = False
         self._metadata_at = 0.0
         self._backoff = self.config["retry.backoff.ms"] / 1000
+        # Offset lookups wait out a leader's failover for up to request.timeout.ms.
+        self._lookup_retries = {
+            "backoff": self._backoff,
+            "patience": self.config["request.timeout.ms"] / 1000,
+        }
 
     def _open(self) -> Cluster:
         if self._cluster is None or self._background.nursery is None:
@@ -106,7 +111,7 @@ class Consumer(ClusterClient):
                 )
             wanted[st.tp] = EARLIEST_TIMESTAMP if strategy == "earliest" else LATEST_TIMESTAMP
         epochs = {st.tp: st.epoch for st in pending}
-        found = await list_offsets(self._open(), wanted, backoff=self._backoff)
+        found = await list_offsets(self._open(), wanted, **self._lookup_retries)
         for tp, (offset, _) in found.items():
             st = self._states.get(tp)
             if st is not None and st.epoch == epochs[tp] and st.position is None:
@@ -119,7 +124,7 @@ class Consumer(ClusterClient):
     ) -> dict[TopicPartition, OffsetAndTimestamp]:
         """``{tp: timestamp}`` (-2 earliest, -1 latest) -> ``{tp: (offset, timestamp)}``."""
         wanted = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
-        return await list_offsets(self._open(), wanted, backoff=self._backoff)
+        return await list_offsets(self._open(), wanted, **self._lookup_retries)
 
     async def beginning_offsets(
         self, partitions: Iterable[tuple[str, int]]

@@ -7,6 +7,7 @@ NOT_LEADER_OR_FOLLOWER and friends trigger a refresh and another try.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -33,21 +34,34 @@ class OffsetAndTimestamp(NamedTuple):
 
 
 async def list_offsets(
-    cluster: Cluster, wanted: dict[TopicPartition, int], *, attempts: int = 5, backoff: float = 0.1
+    cluster: Cluster,
+    wanted: dict[TopicPartition, int],
+    *,
+    attempts: int = 5,
+    backoff: float = 0.1,
+    patience: float = 0.0,
 ) -> dict[TopicPartition, OffsetAndTimestamp]:
     """``{tp: timestamp}`` -> ``{tp: (offset, timestamp)}``; -2 earliest, -1 latest, else by time.
 
     A timestamp later than every record gives offset -1 (Kafka's "no such offset").
+    Retriable failures are retried ``attempts`` times, and for at least ``patience``
+    seconds: a leader that died needs its successor elected (a few seconds), and the
+    metadata is refreshed before every retry so the new one is asked.
     """
     results: dict[TopicPartition, OffsetAndTimestamp] = {}
     todo = dict(wanted)
     error: KafkaError | None = None
-    for attempt in range(attempts):
+    deadline = time.monotonic() + patience
+    attempt = 0
+    while attempt < attempts or time.monotonic() < deadline:
         if attempt:
             await trio.sleep(backoff)
         missing = {tp.topic for tp in todo if cluster.leader(*tp) is None}
-        if missing or attempt:
+        if attempt:
+            missing |= {tp.topic for tp in todo}  # the leader we knew may be the dead one
+        if missing:
             await cluster.refresh(missing)
+        attempt += 1
         by_node: dict[int, list[TopicPartition]] = defaultdict(list)
         for tp in todo:
             leader = cluster.leader(*tp)

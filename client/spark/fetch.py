@@ -209,9 +209,9 @@ class RangeFetcher:
 
     async def _skip_lost(self, cluster: Cluster, offset: int, end: int) -> int:
         """OFFSET_OUT_OF_RANGE: fail (failOnDataLoss) or go on from what the log still has."""
-        backoff = self._backoff
-        early = await list_offsets(cluster, {self.tp: EARLIEST_TIMESTAMP}, backoff=backoff)
-        late = await list_offsets(cluster, {self.tp: LATEST_TIMESTAMP}, backoff=backoff)
+        retries = {"backoff": self._backoff, "patience": self._patience}
+        early = await list_offsets(cluster, {self.tp: EARLIEST_TIMESTAMP}, **retries)
+        late = await list_offsets(cluster, {self.tp: LATEST_TIMESTAMP}, **retries)
         earliest, latest = early[self.tp].offset, late[self.tp].offset
         if offset < earliest:
             if self.fail_on_data_loss:

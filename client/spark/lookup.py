@@ -61,7 +61,7 @@ async def _times(config: dict[str, Any], wanted: dict[TopicPartition, int]) -> d
     async def ask(cluster: Cluster) -> dict:
         if not wanted:
             return {}
-        found = await list_offsets(cluster, dict(wanted), backoff=_backoff(config))
+        found = await list_offsets(cluster, dict(wanted), **_retries(config))
         out = {}
         for tp, hit in found.items():
             if hit.offset >= 0:  # the broker names the batch; the record is found in it
@@ -86,7 +86,7 @@ async def _offsets(config: dict[str, Any], tps: list[TopicPartition], which: int
     async def ask(cluster: Cluster) -> dict:
         if not tps:
             return {}
-        found = await list_offsets(cluster, dict.fromkeys(tps, which), backoff=_backoff(config))
+        found = await list_offsets(cluster, dict.fromkeys(tps, which), **_retries(config))
         return {tp: r.offset for tp, r in found.items()}
 
     return await _with_cluster(config, ask)
@@ -97,9 +97,9 @@ async def _snapshot(config: dict[str, Any], subscription: Subscription, strict: 
         tps = await _partitions(cluster, subscription, strict)
         if not tps:
             return Snapshot({}, {})
-        backoff = _backoff(config)
-        early = await list_offsets(cluster, dict.fromkeys(tps, EARLIEST_TIMESTAMP), backoff=backoff)
-        late = await list_offsets(cluster, dict.fromkeys(tps, LATEST_TIMESTAMP), backoff=backoff)
+        retries = _retries(config)
+        early = await list_offsets(cluster, dict.fromkeys(tps, EARLIEST_TIMESTAMP), **retries)
+        late = await list_offsets(cluster, dict.fromkeys(tps, LATEST_TIMESTAMP), **retries)
         return Snapshot(
             {tp: r.offset for tp, r in early.items()}, {tp: r.offset for tp, r in late.items()}
         )
@@ -140,5 +140,10 @@ async def _partitions(cluster: Cluster, sub: Subscription, strict: bool) -> list
     return out
 
 
-def _backoff(config: dict[str, Any]) -> float:
-    return config["retry.backoff.ms"] / 1000
+def _retries(config: dict[str, Any]) -> dict[str, float]:
+    """Retry a lookup for up to request.timeout.ms, so a query waits out a leader's
+    failover (a new one within seconds) instead of failing on the dead one."""
+    return {
+        "backoff": config["retry.backoff.ms"] / 1000,
+        "patience": config["request.timeout.ms"] / 1000,
+    }
