@@ -3,9 +3,11 @@
 Requests on a connection are *dispatched* in arrival order (so two produces on one
 connection append in order), but a request that parks in a purgatory answers
 later, from its completion (broker/pending.py); clients match responses by
-correlation id. A writer task batches ready responses into one send. Only an unparseable frame, an idle
-timeout or a client that stops reading its responses closes the connection;
-everything else gets an error response.
+correlation id. An answer is written at once when nothing is queued, the answers to one
+read's pipelined requests in one write; a writer task drains only what the socket did
+not take (broker/outbox.py). Only an unparseable frame, an idle timeout or a client
+that stops reading its responses closes the connection; everything else gets an error
+response.
 
 Limits (Kafka's SocketServer): at ``max.connections`` the acceptor stops accepting
 until a connection closes; a connection over ``max.connections.per.ip`` is closed at
@@ -234,14 +236,13 @@ class ConnectionHandler:
         scope.cancel()
 
     async def _read_loop(self, stream, decoder, outbox: Outbox, session, log) -> None:
-        # One cancel scope for the connection's life, its deadline moved at each wait for
-        # data (connections.max.idle.ms), and reads straight from the non-blocking socket:
-        # a scope and trio's socket wrapper per receive were the broker's largest cost with
-        # thousands of long-polling connections (bench longpoll, py-spy).
-        # The deadline moves only once a tenth of the idle time has passed since it last
-        # did: moving it at every wait left trio's deadline heap a stale entry per request
-        # (its pruning was 7% of the broker). A connection is closed after between 90% and
-        # 100% of connections.max.idle.ms without a request.
+        # Reads go straight to the non-blocking socket, under one cancel scope for the
+        # connection's life (connections.max.idle.ms): a scope and trio's socket wrapper per
+        # receive were the broker's largest cost with thousands of long-polling connections
+        # (bench longpoll, py-spy). The deadline moves only once a tenth of the idle time has
+        # passed since it last did (moving it at every wait left trio's deadline heap a stale
+        # entry per request, 7 % of the broker), so an idle connection is closed after 90 to
+        # 100 % of connections.max.idle.ms.
         fd = stream.socket.fileno()
         idle_s = self.idle_s
         slack = idle_s / 10
