@@ -320,9 +320,14 @@ class Sender:
             else:
                 self._complete(batch, result["base_offset"])
 
-    def _retry_or_fail(self, batch: ProducerBatch, error: BaseException) -> None:
+    def _retry_or_fail(
+        self, batch: ProducerBatch, error: BaseException, *, retriable: bool | None = None
+    ) -> None:
+        """Back to its partition after the backoff while retries and delivery.timeout.ms
+        allow, else failed. ``retriable`` overrides the error's own verdict."""
         now = now_ms()
-        retriable = isinstance(error, KafkaError) and error.retriable
+        if retriable is None:
+            retriable = isinstance(error, KafkaError) and error.retriable
         if (
             retriable
             and batch.attempts <= self.retries
@@ -338,10 +343,7 @@ class Sender:
         has no state leading here (it was not written), so bump the epoch and resend."""
         if not self._earlier_pending(batch):
             self.idempotence.request_bump()
-        if now_ms() + self.backoff_ms < batch.deadline_ms:
-            self.acc.reenqueue(batch, now_ms() + self.backoff_ms)
-        else:
-            self._fail(batch, error)
+        self._retry_or_fail(batch, error, retriable=True)
 
     def _complete(self, batch: ProducerBatch, base_offset: int) -> None:
         self.acc.release(batch)

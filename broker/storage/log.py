@@ -544,8 +544,7 @@ class Log:
         self._bases = [offset]
         self.log_start_offset = offset
         self._unflushed = 0
-        self.producers.delete_snapshots_above(-1)
-        self.producers.clear()
+        self.producers.reset()
         self.log.info("log_truncated_fully", start_offset=offset)
 
     # --- timestamps and retention ---------------------------------------------------------

@@ -151,8 +151,11 @@ class ProducerStateManager:
             del self.producers[pid]
         return len(expired)
 
-    def clear(self) -> None:
+    def reset(self) -> None:
+        """The log was emptied: no producer state, no snapshot."""
         self.producers.clear()
+        for offset in self.snapshot_offsets():
+            self._path(offset).unlink(missing_ok=True)
 
     # --- snapshots ------------------------------------------------------------------------
 

@@ -105,10 +105,9 @@ def screen(
         if name in honoured:
             passed[key] = value
         elif name in _NO_MEANING_HERE:
-            if name != "compression.type":
-                warn(f"option 'kafka.{key}' is accepted and ignored: {_NO_MEANING_HERE[name]}")
+            warn(f"option 'kafka.{key}' is accepted and ignored: {_NO_MEANING_HERE[name]}")
         elif name == "compression.type":
-            pass  # none: what minibroker does anyway
+            pass  # "none" (the only value let through above): what minibroker does anyway
         elif _is_ssl_or_sasl(name):
             warn(f"option 'kafka.{key}' is accepted and ignored: no TLS or SASL here")
         else:

@@ -3,8 +3,6 @@ controller on the quorum, the partition gets a new leader and the source's fetch
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import trio
 
@@ -12,6 +10,8 @@ from client import NewTopic, SyncAdmin, SyncProducer
 from deploy.cluster import ClusterState
 from deploy.cluster_ops import acks_all_write
 from deploy.launcher import free_port_range
+
+from .streaming_wait import wait_until_collected
 
 pytestmark = pytest.mark.spark
 
@@ -65,21 +65,13 @@ def test_a_streaming_query_rides_through_its_leader_being_killed(spark, cluster,
         .start()
     )
     try:
-        deadline = time.monotonic() + 120
-
-        def wait_for(count: int) -> None:
-            while len(seen) < count:
-                assert query.exception() is None, query.exception()
-                assert time.monotonic() < deadline, f"read {len(seen)} of {count}"
-                time.sleep(0.05)
-
-        wait_for(20)
+        wait_until_collected(query, seen, 20, timeout_s=120)
         with SyncAdmin(bootstrap) as admin:
             leader = admin.describe_topics(["ride"])["ride"].partitions[0].leader
         cluster.kill(leader)  # whoever it is, the active controller included
         survivors = ",".join(f"127.0.0.1:{cluster.port(b)}" for b in range(3) if b != leader)
         _produce(survivors, [f"b{i}".encode() for i in range(20)])
-        wait_for(40)
+        wait_until_collected(query, seen, 40, timeout_s=120)
         assert query.exception() is None, query.exception()
         assert seen == [f"a{i}".encode() for i in range(20)] + [f"b{i}".encode() for i in range(20)]
     finally:
