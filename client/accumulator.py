@@ -42,6 +42,7 @@ class ProducerBatch:
         "attempts",
         "base_offset",
         "base_sequence",
+        "closed",
         "count",
         "created_ms",
         "deadline_ms",
@@ -76,6 +77,8 @@ class ProducerBatch:
         # Its last attempt may have been written (no answer, or a timeout after the append):
         # it must be resolved under its own epoch before any epoch bump re-stamps it.
         self.unresolved = False
+        # Takes no more records and is ready to send (close_batches), though not full.
+        self.closed = False
 
     @property
     def sealed(self) -> bool:
@@ -230,6 +233,7 @@ class RecordAccumulator:
             batch is None
             or batch.payload is not None
             or (batch.size + nbytes > self.batch_size and batch.records)
+            or batch.closed
         ):
             if now_ms is None:
                 now_ms = time.monotonic() * 1000
@@ -260,12 +264,24 @@ class RecordAccumulator:
                 or len(dq) > 1  # the head is full: a newer batch was started behind it
                 or head.size >= full
                 or head.payload is not None  # a retry
+                or head.closed
                 or head.created_ms + linger <= now_ms
             ):
                 ready.append(key)
             else:
                 next_ms = min(next_ms, head.created_ms + linger)
         return ready, next_ms
+
+    def close_batches(self) -> None:
+        """End every open batch here: it goes out as it is and new records start the next.
+
+        With linger.ms infinite this makes batch boundaries a function of what was
+        appended and where the caller closed, never of timing: a rerun cuts the same
+        batches, which a fixed producer identity needs for the leader to recognise them.
+        """
+        for dq in self.batches.values():
+            if dq and dq[-1].payload is None and dq[-1].records:
+                dq[-1].closed = True
 
     def pop(self, key: tuple[str, int]) -> ProducerBatch:
         """Take a partition's first batch for sending; it is encoded here, once."""

@@ -15,9 +15,16 @@ rules are unit tested without a broker.
   the leader has no state that leads to it (a retry of an earlier batch did not happen):
   the same bump. For a later batch it only means an earlier one is being retried: the
   batch waits its turn behind it.
+- A *fixed* identity (``FixedIdentity``: an id and epoch the writer derived itself, as
+  the Spark sink does per query, batch and task) is never bumped: the point of it is
+  that a rerun of the same writer sends the same sequences. A hole fails the writer
+  instead, and its rerun fills the hole from sequence 0 (the leader answers the stored
+  part as duplicates).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from protocol.batch import increment_sequence
 
@@ -25,14 +32,24 @@ MAX_EPOCH = 32767  # int16: past it the producer needs a new id
 TopicPartition = tuple[str, int]
 
 
-class IdempotenceState:
-    __slots__ = ("bump_needed", "epoch", "next_sequence", "producer_id")
+class FixedIdentity(NamedTuple):
+    """A producer id and epoch chosen by the writer, not by InitProducerId."""
 
-    def __init__(self) -> None:
+    producer_id: int
+    epoch: int
+
+
+class IdempotenceState:
+    __slots__ = ("bump_needed", "epoch", "fixed", "next_sequence", "producer_id")
+
+    def __init__(self, identity: FixedIdentity | None = None) -> None:
         self.producer_id = -1
         self.epoch = 0
         self.next_sequence: dict[TopicPartition, int] = {}
         self.bump_needed = False
+        self.fixed = identity is not None
+        if identity is not None:
+            self.set_producer_id(*identity)
 
     @property
     def has_producer_id(self) -> bool:

@@ -8,7 +8,9 @@ there, then move on: full batches, yet an even spread over time.
 
 from __future__ import annotations
 
+import random
 import struct
+import zlib
 
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
@@ -47,10 +49,13 @@ def key_partition(key: bytes, num_partitions: int) -> int:
 class StickyPartitioner:
     """Keyed records hash; null-key records stay on one partition for ~batch.size bytes."""
 
-    __slots__ = ("_batch_size", "_sticky")
+    __slots__ = ("_batch_size", "_seed", "_sticky")
 
-    def __init__(self, batch_size: int) -> None:
+    def __init__(self, batch_size: int, seed: int | None = None) -> None:
+        """``seed``: where each topic's null-key records start; random unless given (a
+        writer that must place records the same way on a rerun gives one)."""
         self._batch_size = batch_size
+        self._seed = random.getrandbits(32) if seed is None else seed
         self._sticky: dict[str, list[int]] = {}  # topic -> [partition, bytes sent there]
 
     def partition(self, topic: str, key: bytes | None, num_partitions: int, nbytes: int) -> int:
@@ -58,7 +63,8 @@ class StickyPartitioner:
             return key_partition(key, num_partitions)
         state = self._sticky.get(topic)
         if state is None:
-            state = self._sticky[topic] = [hash(topic) % num_partitions, 0]
+            start = (self._seed + zlib.crc32(topic.encode())) % num_partitions
+            state = self._sticky[topic] = [start, 0]
         if state[1] >= self._batch_size or state[0] >= num_partitions:
             state[0] = (state[0] + 1) % num_partitions
             state[1] = 0

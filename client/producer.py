@@ -8,6 +8,7 @@ the throughput of a Python producer is decided right here.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -23,6 +24,7 @@ from .accumulator import (
     record_size,
 )
 from .background import ClusterClient
+from .idempotence import FixedIdentity
 from .partitioner import StickyPartitioner
 from .records import RecordMetadata, normalize_headers, to_bytes
 from .sender import Sender
@@ -43,18 +45,36 @@ class Producer(ClusterClient):
 
     Settings use Kafka's names: pass ``config={"linger.ms": 5}`` or ``**{"linger.ms": 5}``.
     Closing the producer flushes what was sent before.
+
+    ``identity``: a producer id and epoch the writer derived itself (client/idempotence.py),
+    for a writer that may be rerun and must then send the very same batches: batches are
+    cut only by batch.size, :meth:`close_batches` and flush (linger.ms does not apply),
+    null-key records are spread from a start derived from the id, and a batch given up
+    on fails what follows instead of bumping the epoch.
     """
 
     ROLE = "producer"
 
     def __init__(
-        self, bootstrap: str | None = None, config: Mapping[str, Any] | None = None, **settings: Any
+        self,
+        bootstrap: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        *,
+        identity: FixedIdentity | None = None,
+        **settings: Any,
     ) -> None:
         super().__init__(bootstrap, config, **settings)
+        if identity is not None and not self.config["enable.idempotence"]:
+            raise ValueError("a fixed producer identity needs enable.idempotence=true")
+        self._identity = identity
         self._acc = RecordAccumulator(
-            self.config["batch.size"], self.config["linger.ms"], self.config["delivery.timeout.ms"]
+            self.config["batch.size"],
+            math.inf if identity is not None else self.config["linger.ms"],
+            self.config["delivery.timeout.ms"],
         )
-        self._partitioner = StickyPartitioner(self.config["batch.size"])
+        self._partitioner = StickyPartitioner(
+            self.config["batch.size"], None if identity is None else identity.producer_id
+        )
         self._max_request_size: int = self.config["max.request.size"]
         self._buffer_memory: int = self.config["buffer.memory"]
         self._max_block_s: float = self.config["max.block.ms"] / 1000
@@ -63,7 +83,7 @@ class Producer(ClusterClient):
     # --- lifecycle ------------------------------------------------------------------------
 
     async def _started(self, nursery: trio.Nursery) -> None:
-        self._sender = Sender(self.config, self._cluster, self._acc)
+        self._sender = Sender(self.config, self._cluster, self._acc, self._identity)
         await nursery.start(self._sender.run)
 
     async def __aexit__(self, *exc_info: Any) -> None:
@@ -208,6 +228,23 @@ class Producer(ClusterClient):
     async def flush(self) -> None:
         """Send everything queued so far without lingering, and wait until each is acked or failed."""
         await self._open().flush()
+
+    def close_batches(self) -> None:
+        """Send every partially filled batch as it is, without waiting for acks; records
+        sent after this start new batches."""
+        self._open()
+        self._acc.close_batches()
+        self._sender.wake()
+
+    async def wait_for_partitions(self, topic: str) -> int:
+        """The topic's partition count, waiting up to max.block.ms for its metadata (as
+        Kafka's partitionsFor does)."""
+        self._open()
+        if topic not in self._cluster.topics:
+            await self._cluster.wait_for_topic(
+                topic, self._max_block_s, self.config["retry.backoff.ms"] / 1000
+            )
+        return self._cluster.partition_count(topic)
 
     def partitions_for(self, topic: str) -> int | None:
         """Partition count from the metadata this producer has (None: not known yet)."""

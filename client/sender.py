@@ -24,6 +24,7 @@ from protocol.errors import (
     ErrorCode,
     KafkaError,
     NetworkException,
+    OutOfOrderSequenceNumber,
     RequestTimedOut,
     UnknownTopicOrPartition,
     error_class,
@@ -31,13 +32,18 @@ from protocol.errors import (
 
 from .accumulator import DeliveryHandle, Parked, ProducerBatch, RecordAccumulator
 from .cluster import Cluster
-from .idempotence import IdempotenceState
+from .idempotence import FixedIdentity, IdempotenceState
 from .records import RecordMetadata
 
 # Errors a leader answers after it appended the batch (acks=all timing out, or the ISR
 # shrinking under it): the records may survive, so the batch's fate is unknown.
 _WRITTEN_MAYBE = frozenset(
     {ErrorCode.REQUEST_TIMED_OUT, ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND}
+)
+
+_FIXED_HOLE = (
+    "an earlier batch of this fixed producer identity was not delivered and its sequence "
+    "cannot be skipped: the writer must start over (a rerun sends the same sequences)"
 )
 
 
@@ -47,7 +53,11 @@ def now_ms() -> float:
 
 class Sender:
     def __init__(
-        self, config: dict[str, Any], cluster: Cluster, accumulator: RecordAccumulator
+        self,
+        config: dict[str, Any],
+        cluster: Cluster,
+        accumulator: RecordAccumulator,
+        identity: FixedIdentity | None = None,
     ) -> None:
         self.cluster = cluster
         self.acc = accumulator
@@ -60,7 +70,7 @@ class Sender:
         self.max_block_ms: int = config["max.block.ms"]
         self.in_flight: dict[int, int] = defaultdict(int)
         self.in_flight_batches: set[ProducerBatch] = set()
-        self.idempotence = IdempotenceState() if config["enable.idempotence"] else None
+        self.idempotence = IdempotenceState(identity) if config["enable.idempotence"] else None
         self._in_flight_by_partition: dict[tuple[str, int], int] = defaultdict(int)
         self._init_running = False
         self._resolving = False
@@ -149,6 +159,12 @@ class Sender:
         """May sequenced batches go out now? Bumps the epoch or asks for an id first."""
         idem = self.idempotence
         self._resolving = False
+        if idem.bump_needed and idem.fixed:
+            # No new epoch to move to: nothing after the hole may go out. The writer
+            # fails and its rerun sends everything again from sequence 0.
+            for batch in self.acc.drain_all():
+                self._fail(batch, OutOfOrderSequenceNumber(_FIXED_HOLE))
+            return False
         if idem.bump_needed:
             if self._unresolved_pending():
                 # A batch that may have been written is resent first with its own epoch

@@ -183,6 +183,12 @@ class SyncProducer(_SyncBase):
     def partitions_for(self, topic: str) -> int | None:
         return self._loop.call_sync(self._loop.client.partitions_for, topic)
 
+    def close_batches(self) -> None:
+        self._loop.call_sync(self._loop.client.close_batches)
+
+    def wait_for_partitions(self, topic: str) -> int:
+        return self._loop.call(self._loop.client.wait_for_partitions, topic)
+
 
 class SyncConsumer(_SyncBase):
     """``with SyncConsumer("127.0.0.1:9092", **{"auto.offset.reset": "earliest"}) as c: ...``."""

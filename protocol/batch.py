@@ -54,6 +54,11 @@ PRODUCER_FLAG = 0x0100
 PRODUCER_FIELDS = struct.Struct(">qhi")  # producer_id, producer_epoch, base_sequence
 NO_PRODUCER_ID = -1
 MAX_SEQUENCE = 2**31 - 1  # sequences wrap to 0 after this, as Kafka's
+# Producer ids at or above this are derived by a writer from a stable name (the Spark
+# sink's exactly-once identity), never handed out by InitProducerId, whose blocks count up
+# from 0. The leader holds such a producer to sequence 0 when it does not know it, since
+# "may start anywhere" (KIP-360) would let a lost first batch be skipped on a replay.
+DERIVED_PRODUCER_ID_BASE = 1 << 62
 
 
 def increment_sequence(sequence: int, increment: int) -> int:

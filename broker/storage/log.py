@@ -306,13 +306,15 @@ class Log:
                 header = batches[0][1]
                 original = self.producers.check(pid, epoch, seq, header.record_count)
                 if original is not None:
+                    # first_offset -1: older than the window, acknowledged once the HW
+                    # passes last_offset (the window's start) without offsets of its own.
+                    count = (
+                        0
+                        if original.first_offset < 0
+                        else original.last_offset - original.first_offset + 1
+                    )
                     return AppendInfo(
-                        original.first_offset,
-                        original.last_offset,
-                        -1,
-                        original.last_offset - original.first_offset + 1,
-                        0,
-                        duplicate=True,
+                        original.first_offset, original.last_offset, -1, count, 0, duplicate=True
                     )
         buf = records if isinstance(records, bytearray) else bytearray(records)
         offset = first = self.log_end_offset

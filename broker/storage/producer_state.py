@@ -8,6 +8,14 @@ written again, a gap is OUT_OF_ORDER_SEQUENCE_NUMBER, an older epoch is
 INVALID_PRODUCER_EPOCH. Followers record what they copy, so a new leader already knows
 every producer (that is what keeps a retry after failover from being stored twice).
 
+A batch of the current epoch that lies wholly between the first sequence this epoch
+stored and the last one is a duplicate older than the window: a writer replaying a
+deterministic stream (the Spark sink's exactly-once identity) sends those. It is not
+written again and is acknowledged once the high watermark covers the window's oldest
+batch, so the answer never acknowledges an original that is not yet committed. Kafka
+answered these with DUPLICATE_SEQUENCE_NUMBER before 2.0 and OUT_OF_ORDER since; a
+producer that keeps at most five batches in flight never sends one.
+
 The state is derived from the log: rebuilt at open from the newest snapshot file at or
 below the log end plus the batches after it, and again after a truncation. Snapshots
 (``<offset>.snapshot``, msgpack behind a CRC) are taken when a segment rolls and when the
@@ -26,7 +34,7 @@ from typing import Any
 
 import msgpack
 
-from protocol.batch import increment_sequence
+from protocol.batch import DERIVED_PRODUCER_ID_BASE, increment_sequence
 from protocol.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber
 
 # Kafka's ProducerStateEntry.NumBatchesToRetain.
@@ -34,7 +42,7 @@ BATCHES_TO_RETAIN = 5
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOTS_KEPT = 2
 _CRC = struct.Struct(">I")
-_VERSION = 1
+_VERSION = 2  # 2 added epoch_first_seq; 1 is still read
 
 
 class BatchMetadata:
@@ -50,11 +58,14 @@ class BatchMetadata:
 
 
 class ProducerEntry:
-    __slots__ = ("batches", "epoch", "last_timestamp", "producer_id")
+    __slots__ = ("batches", "epoch", "epoch_first_seq", "last_timestamp", "producer_id")
 
-    def __init__(self, producer_id: int, epoch: int) -> None:
+    def __init__(self, producer_id: int, epoch: int, epoch_first_seq: int) -> None:
         self.producer_id = producer_id
         self.epoch = epoch
+        # The lowest sequence of this epoch known to be in the log: every sequence from it
+        # to last_seq is stored (appends are contiguous within an epoch).
+        self.epoch_first_seq = epoch_first_seq
         self.batches: deque[BatchMetadata] = deque(maxlen=BATCHES_TO_RETAIN)
         self.last_timestamp = -1
 
@@ -68,6 +79,16 @@ class ProducerEntry:
         for batch in self.batches:
             if batch.first_seq == first_seq and batch.last_seq == last_seq:
                 return batch
+        return None
+
+    def below_window(self, first_seq: int, last_seq: int) -> BatchMetadata | None:
+        """A batch of this epoch stored before the window: what the HW must pass before it
+        is acknowledged (first_offset -1: its own offsets are no longer known)."""
+        low, high = self.epoch_first_seq, self.last_seq
+        # Only while the epoch has not wrapped, where "between" is plain comparison.
+        if self.batches and low <= first_seq <= last_seq <= high:
+            oldest = self.batches[0]
+            return BatchMetadata(first_seq, last_seq, -1, oldest.first_offset - 1)
         return None
 
 
@@ -86,13 +107,19 @@ class ProducerStateManager:
         self, producer_id: int, epoch: int, first_seq: int, record_count: int
     ) -> BatchMetadata | None:
         """Before a leader appends: the original of a duplicate (answer with it, write
-        nothing), None to append, or OutOfOrderSequenceNumber / InvalidProducerEpoch.
+        nothing; first_offset -1 for one older than the window), None to append, or
+        OutOfOrderSequenceNumber / InvalidProducerEpoch.
 
         A producer we know nothing of (new, expired, or older than the log) may start at
         any sequence, as Kafka accepts since KIP-360; a new epoch must start at 0.
         """
         entry = self.producers.get(producer_id)
         if entry is None:
+            if first_seq != 0 and producer_id >= DERIVED_PRODUCER_ID_BASE:
+                raise OutOfOrderSequenceNumber(
+                    f"producer {producer_id} (a derived id) is not known here: its first "
+                    f"batch must have sequence 0, got {first_seq}"
+                )
             return None
         last_seq = increment_sequence(first_seq, record_count - 1)
         duplicate = entry.find_duplicate(epoch, first_seq, last_seq)
@@ -110,6 +137,9 @@ class ProducerStateManager:
                 )
             return None
         if entry.batches and first_seq != increment_sequence(entry.last_seq, 1):
+            older = entry.below_window(first_seq, last_seq)
+            if older is not None:
+                return older
             raise OutOfOrderSequenceNumber(
                 f"producer {producer_id} epoch {epoch}: sequence {first_seq} does not follow "
                 f"{entry.last_seq}"
@@ -128,7 +158,7 @@ class ProducerStateManager:
         """An idempotent batch is in the log (appended, copied or replayed)."""
         entry = self.producers.get(producer_id)
         if entry is None or epoch > entry.epoch:
-            entry = self.producers[producer_id] = ProducerEntry(producer_id, epoch)
+            entry = self.producers[producer_id] = ProducerEntry(producer_id, epoch, first_seq)
         elif epoch < entry.epoch:
             return  # only a replay of an old batch gets here; its epoch is over
         entry.batches.append(
@@ -179,6 +209,7 @@ class ProducerStateManager:
                     [
                         e.producer_id,
                         e.epoch,
+                        e.epoch_first_seq,
                         e.last_timestamp,
                         [
                             [b.first_seq, b.last_seq, b.first_offset, b.last_offset]
@@ -223,10 +254,15 @@ class ProducerStateManager:
             raise ValueError("CRC mismatch or truncated file")
         try:
             version, at, producers = msgpack.unpackb(raw[_CRC.size :])
-            if version != _VERSION or at != offset:
+            if version not in (1, _VERSION) or at != offset:
                 raise ValueError(f"version {version} / offset {at} in a file named {offset}")
-            for pid, epoch, last_ts, batches in producers:
-                entry = self.producers[pid] = ProducerEntry(pid, epoch)
+            for fields in producers:
+                if version == 1:  # no epoch_first_seq: the window's oldest is what is known
+                    pid, epoch, last_ts, batches = fields
+                    first_known = batches[0][0] if batches else 0
+                else:
+                    pid, epoch, first_known, last_ts, batches = fields
+                entry = self.producers[pid] = ProducerEntry(pid, epoch, first_known)
                 entry.last_timestamp = last_ts
                 for first_seq, last_seq, first_offset, last_offset in batches:
                     entry.batches.append(

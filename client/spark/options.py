@@ -50,7 +50,13 @@ _READ_KEYS = {
     "minoffsetspertrigger": "minOffsetsPerTrigger",
     "maxtriggerdelay": "maxTriggerDelay",
 }
-_WRITE_KEYS = {"bootstrap.servers": "bootstrap.servers", "topic": "topic"}
+_WRITE_KEYS = {
+    "bootstrap.servers": "bootstrap.servers",
+    "topic": "topic",
+    "exactlyonce": "exactlyOnce",
+    "txnappid": "txnAppId",
+    "txnversion": "txnVersion",
+}
 # Set by Spark itself on some paths; not ours to judge.
 _SPARK_KEYS = {"path", "checkpointlocation", "queryname"}
 # Sink defaults that differ from the plain client's: Spark tasks push many records at once.
@@ -110,6 +116,11 @@ class ReadOptions:
 class WriteOptions:
     client_config: dict[str, Any]
     topic: str | None
+    # Tasks send with a derived producer identity so reruns store nothing twice
+    # (client/spark/exactly_once.py); off: spark-sql-kafka's at-least-once.
+    exactly_once: bool = True
+    # foreachBatch's names for one write (txnAppId, txnVersion), as Delta Lake's.
+    txn: tuple[str, int] | None = None
 
 
 def _suggest(key: str, known: list[str]) -> str:
@@ -379,4 +390,44 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     if topic is not None and not topic.strip():
         raise OptionError("option 'topic' must not be empty")
     config = _client_config("producer", ours["bootstrap.servers"], client, SINK_PRODUCER_DEFAULTS)
-    return WriteOptions(client_config=config, topic=topic)
+    idempotent = config["enable.idempotence"]
+    if "exactlyonce" in ours:
+        exactly_once = parse_bool("exactlyOnce", ours["exactlyonce"])
+        if exactly_once and not idempotent:
+            raise OptionError(
+                "option 'exactlyOnce' needs the idempotent producer, which the kafka.* "
+                "settings turned off (kafka.enable.idempotence, kafka.acks, kafka.retries or "
+                "kafka.max.in.flight.requests.per.connection): set exactlyOnce=false for "
+                "at-least-once"
+            )
+    else:
+        exactly_once = idempotent  # as Kafka's enable.idempotence default gives way
+        if not idempotent:
+            kafka_keys.log.warning(
+                "the kafka.* settings turned the idempotent producer off: this write is "
+                "at-least-once (a retried task or replayed batch may write records twice)"
+            )
+    txn = _parse_txn(ours)
+    if txn is not None and not exactly_once:
+        raise OptionError("options 'txnAppId' and 'txnVersion' need exactlyOnce=true")
+    return WriteOptions(client_config=config, topic=topic, exactly_once=exactly_once, txn=txn)
+
+
+def _parse_txn(ours: Mapping[str, str]) -> tuple[str, int] | None:
+    given = [k for k in ("txnappid", "txnversion") if k in ours]
+    if not given:
+        return None
+    if len(given) == 1:
+        raise OptionError(
+            "give both 'txnAppId' and 'txnVersion' (the foreachBatch batch id) or neither"
+        )
+    app_id = ours["txnappid"].strip()
+    if not app_id:
+        raise OptionError("option 'txnAppId' must not be empty")
+    text = str(ours["txnversion"]).strip()
+    if not text.isdigit():
+        raise OptionError(
+            f"option 'txnVersion' must be a non-negative integer (the batch id), "
+            f"got {ours['txnversion']!r}"
+        )
+    return app_id, int(text)

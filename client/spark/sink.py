@@ -3,9 +3,14 @@
 Columns follow Spark's Kafka sink: ``value`` (string or binary) is required; ``key``
 (string or binary), ``topic`` (string), ``partition`` (int) and ``headers``
 (array<struct<key string, value binary>>) are optional; other columns are ignored.
-A ``topic`` option overrides the column. Delivery is at-least-once: a task that
-fails after some of its records were acknowledged is retried by Spark and sends
-them again; ``abort`` cannot take back what the brokers already have.
+A ``topic`` option overrides the column.
+
+With a ``FixedIdentity`` (exactlyOnce, the default) a rerun of the task sends the same
+batches under the same producer id, epoch and sequences, and the leaders answer what
+they already hold as duplicates: the batch boundaries are made a function of the rows
+alone (linger off, every open batch closed at the end of each Arrow batch Spark hands
+over, a topic's partition count known before its first row is placed). Without one,
+delivery is at-least-once, as spark-sql-kafka's: a rerun sends the records again.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from typing import Any
 import pyarrow as pa
 import trio
 
+from protocol.errors import InvalidProducerEpoch
+
+from ..idempotence import FixedIdentity
 from ..producer import BufferFull, Producer
 from .options import OptionError, WriteOptions
 
@@ -42,18 +50,32 @@ def check_sink_schema(fields: dict[str, str], options: WriteOptions) -> None:
         raise OptionError("give the option 'topic' or a 'topic' column to say where rows go")
 
 
-def produce_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> int:
+def produce_batches(
+    options: WriteOptions,
+    batches: Iterator[pa.RecordBatch],
+    identity: FixedIdentity | None = None,
+) -> int:
     """Send every row, wait for every ack (acks=all unless kafka.acks says otherwise).
 
     Returns the number of records acknowledged; raises the first failed send.
     """
-    return trio.run(_produce, options, batches)
+    try:
+        return trio.run(_produce, options, batches, identity)
+    except InvalidProducerEpoch as exc:
+        raise InvalidProducerEpoch(
+            f"{exc.message}: a later batch of this query (or a later txnVersion of this "
+            "txnAppId) was already written from this task's partition, so this rerun of an "
+            "older one is refused rather than written"
+        ) from None
 
 
-async def _produce(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> int:
+async def _produce(
+    options: WriteOptions, batches: Iterator[pa.RecordBatch], identity: FixedIdentity | None
+) -> int:
     sent = 0
     pending: list[Any] = []
-    async with Producer(config=options.client_config) as producer:
+    placed: set[str] = set()  # topics whose partition count is known (identity only)
+    async with Producer(config=options.client_config, identity=identity) as producer:
         while True:
             # Pulling the next batch from Spark blocks: do it in a thread so the sender
             # keeps shipping the previous batch's records meanwhile.
@@ -61,11 +83,17 @@ async def _produce(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> 
             if batch is None:
                 break
             for record in _records(batch, options.topic):
+                if identity is not None and record[0] not in placed:
+                    # Placed now, not parked until metadata arrives and cut differently.
+                    await producer.wait_for_partitions(record[0])
+                    placed.add(record[0])
                 try:
                     pending.append(producer.send_nowait(*record))
                 except BufferFull:
                     pending.append(await producer.enqueue(*record))
             sent += batch.num_rows
+            if identity is not None:
+                producer.close_batches()
             pending = _raise_failures(pending)
             await trio.lowlevel.checkpoint()
         await producer.flush()

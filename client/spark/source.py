@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -31,6 +32,7 @@ from pyspark.sql.types import StructType
 
 from . import lookup
 from .arrow import source_ddl, to_record_batch
+from .exactly_once import WriteIdentity
 from .fetch import RangeFetcher, data_loss
 from .options import (
     EARLIEST,
@@ -79,10 +81,24 @@ class MinibrokerDataSource(DataSource):
             raise OptionError(
                 "mode 'overwrite' is not supported: a topic is only appended to; use mode('append')"
             )
-        return BatchWriter(_sink_options(self.options, schema))
+        options = _sink_options(self.options, schema)
+        identity = None
+        if options.exactly_once:
+            # Made here, on the driver, and pickled into every task: all attempts of a
+            # task share it. Only txnAppId/txnVersion make it survive a replay.
+            identity = (
+                WriteIdentity.application(*options.txn) if options.txn else WriteIdentity.one_off()
+            )
+        return BatchWriter(options, identity)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
-        return StreamWriter(_sink_options(self.options, schema))
+        options = _sink_options(self.options, schema)
+        if options.txn is not None:
+            raise OptionError(
+                "options 'txnAppId'/'txnVersion' name a batch write inside foreachBatch; "
+                "a streaming write takes its identity from the query's checkpoint"
+            )
+        return StreamWriter(options)
 
 
 def _sink_options(options: dict, schema: StructType) -> WriteOptions:
@@ -334,17 +350,21 @@ class ProduceCommit(WriterCommitMessage):
 
 
 class BatchWriter(DataSourceArrowWriter):
-    def __init__(self, options: WriteOptions) -> None:
+    def __init__(self, options: WriteOptions, identity: WriteIdentity | None) -> None:
         self.options = options
+        self.identity = identity
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        return ProduceCommit(produce_batches(self.options, iterator))
+        task = None
+        if self.identity is not None:
+            task = self.identity.for_task(TaskContext.get().partitionId())
+        return ProduceCommit(produce_batches(self.options, iterator, task))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Every record was acknowledged when its task ended: nothing left to do."""
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """At-least-once: what the brokers acknowledged stays; a retry may duplicate it."""
+        """What the brokers acknowledged stays (a rerun of a task finds it there)."""
 
 
 class StreamWriter(DataSourceStreamArrowWriter):
@@ -352,13 +372,22 @@ class StreamWriter(DataSourceStreamArrowWriter):
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        return ProduceCommit(produce_batches(self.options, iterator))
+        task = None
+        if self.options.exactly_once:
+            # Spark sets both on every task of a micro-batch; the query id is kept in
+            # the checkpoint, so a replay after a driver crash derives the same names.
+            context = TaskContext.get()
+            task = WriteIdentity.streaming(
+                context.getLocalProperty("sql.streaming.queryId"),
+                int(context.getLocalProperty("streaming.sql.batchId")),
+            ).for_task(context.partitionId())
+        return ProduceCommit(produce_batches(self.options, iterator, task))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Records are acknowledged by the end of each task; a replayed batch sends them again."""
+        """Records are acknowledged by the end of each task; nothing left to do."""
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """At-least-once: acknowledged records stay."""
+        """Acknowledged records stay; the batch's replay finds them there."""
 
 
 __all__ = ["NAME", "MinibrokerDataSource", "RangePartition"]

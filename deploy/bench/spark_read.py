@@ -26,6 +26,7 @@ from typing import Any
 import trio
 
 from client import Admin, Consumer, Producer
+from client.config import parse_properties
 
 from .common import add_connection_arguments, bootstrap_of, ensure_topic, report
 
@@ -52,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_connection_arguments(p)
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--no-write", action="store_true", help="time the read only")
+    p.add_argument(
+        "--write-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a sink option for the write, e.g. exactlyOnce=false (repeatable)",
+    )
 
 
 async def _fill(bootstrap: str, args: argparse.Namespace) -> int:
@@ -116,10 +123,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             copy = f"{args.topic}-copy"
             trio.run(ensure_topic, bootstrap, copy, args.partitions, args.replication_factor)
 
+            sink_options = parse_properties(args.write_option)
+
             def write(**options: str) -> int:
                 source(**options).select("key", "value").write.format("minibroker").mode(
                     "append"
-                ).option("kafka.bootstrap.servers", bootstrap).option("topic", copy).save()
+                ).option("kafka.bootstrap.servers", bootstrap).option("topic", copy).options(
+                    **sink_options
+                ).save()
                 return 0
 
             write(endingOffsets=tiny_range)  # the first write's one-off costs (workers, ids)
@@ -132,6 +143,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 write_per_record_rate=_rate(rows - tiny_rows, write_s - tiny_write_s),
                 write_includes="reading the source again",
                 write_acks="all",
+                write_options=sink_options,
                 write_replication_factor=trio.run(_replication_factor, bootstrap, copy),
             )
         figures["params"] = {

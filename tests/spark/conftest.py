@@ -6,9 +6,11 @@ PYSPARK_PYTHON is set before the session starts. Each test uses its own topics.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -48,17 +50,24 @@ def spark():
     session.stop()
 
 
-@pytest.fixture(scope="session")
-def broker(tmp_path_factory):
-    """A single broker whose retention can be made to bite (for the data-loss test)."""
-    config = {"log.retention.check.interval.ms": 100}
-    proc = BrokerProcess(0, free_port(), tmp_path_factory.mktemp("spark-broker"), config)
+@contextlib.contextmanager
+def single_broker(directory, config: dict) -> Iterator[str]:
+    """A one-broker cluster of our own; its address while the block runs."""
+    proc = BrokerProcess(0, free_port(), directory, config)
     proc.start()
     try:
         proc.wait_ready()
         yield proc.address
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory):
+    """A single broker whose retention can be made to bite (for the data-loss test)."""
+    config = {"log.retention.check.interval.ms": 100}
+    with single_broker(tmp_path_factory.mktemp("spark-broker"), config) as address:
+        yield address
 
 
 @pytest.fixture

@@ -205,3 +205,47 @@ def test_min_offsets_per_trigger_decision_and_durations():
             {"kafka.bootstrap.servers": "h:1", "subscribe": "t", "maxTriggerDelay": "soon"},
             streaming=True,
         )
+
+
+def test_exactly_once_options_and_when_they_are_refused(caplog):
+    base = {"kafka.bootstrap.servers": "h:1", "topic": "t"}
+    assert parse_write_options(base).exactly_once and parse_write_options(base).txn is None
+    named = parse_write_options({**base, "txnAppId": "app", "txnVersion": "7"})
+    assert named.txn == ("app", 7)
+    assert not parse_write_options({**base, "exactlyOnce": "false"}).exactly_once
+    # Idempotence turned off by a conflicting kafka.* setting: at-least-once, with a warning
+    # (as Kafka's enable.idempotence default gives way) - unless exactlyOnce was asked for.
+    with caplog.at_level("WARNING", logger="minibroker.spark"):
+        assert not parse_write_options({**base, "kafka.acks": "1"}).exactly_once
+    assert "at-least-once" in caplog.text
+    refused = [
+        ({"kafka.acks": "1", "exactlyOnce": "true"}, "needs the idempotent producer"),
+        ({"txnAppId": "app"}, "give both 'txnAppId' and 'txnVersion'"),
+        ({"txnAppId": "app", "txnVersion": "-1"}, "non-negative integer"),
+        ({"txnAppId": " ", "txnVersion": "1"}, "'txnAppId' must not be empty"),
+        ({"txnAppId": "a", "txnVersion": "1", "exactlyOnce": "false"}, "need exactlyOnce=true"),
+        ({"exactlyOnce": "maybe"}, "must be true or false"),
+    ]
+    for extra, message in refused:
+        with pytest.raises(OptionError, match=message):
+            parse_write_options({**base, **extra})
+
+
+def test_write_identities_are_stable_distinct_and_epoch_per_version():
+    from client.spark.exactly_once import EPOCHS_PER_ID, WriteIdentity
+    from protocol.batch import DERIVED_PRODUCER_ID_BASE
+
+    batch_3 = WriteIdentity.streaming("q-1", 3)
+    assert batch_3.for_task(0) == WriteIdentity.streaming("q-1", 3).for_task(0)  # a rerun
+    assert batch_3.for_task(0).epoch == 3
+    # The next batch: the same producer id, a newer epoch (which fences the older batch).
+    assert WriteIdentity.streaming("q-1", 4).for_task(0) == (batch_3.for_task(0)[0], 4)
+    ids = {
+        batch_3.for_task(1)[0],
+        batch_3.for_task(0)[0],
+        WriteIdentity.streaming("q-2", 3).for_task(0)[0],
+        WriteIdentity.application("q-1", 3).for_task(0)[0],
+        WriteIdentity.streaming("q-1", EPOCHS_PER_ID + 3).for_task(0)[0],
+    }
+    assert len(ids) == 5 and all(DERIVED_PRODUCER_ID_BASE <= i < 2**63 for i in ids)
+    assert WriteIdentity.one_off() != WriteIdentity.one_off()

@@ -42,6 +42,28 @@ def test_the_python_recipe_runs_as_written(spark, broker, produce):
     assert values == [b"ORDER 0", b"ORDER 1", b"ORDER 2"]
 
 
+def test_the_foreach_batch_recipe_runs_as_written(spark, broker, produce, tmp_path):
+    _ensure(broker, "orders", 3)
+    namespace = {"spark": spark}
+    for heading in ("## Spark", "### Exactly once"):
+        code = readme_block(heading, "python").replace("127.0.0.1:9092", broker)
+        code = code.replace("/tmp/", f"{tmp_path}/")
+        exec(compile(code, f"README.md ({heading})", "exec"), namespace)
+    query = namespace["query"]
+    try:
+        query.processAllAvailable()  # the stream starts at latest: only what comes next
+        produce("orders", [(p, None, f"late order {p}".encode(), 0) for p in range(3)])
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    values = [r.value for r in _read_all(broker, "orders-upper", 3)]
+    assert sorted(v for v in values if v.startswith(b"LATE")) == [
+        b"LATE ORDER 0",
+        b"LATE ORDER 1",
+        b"LATE ORDER 2",
+    ]
+
+
 def test_the_example_job_commands_run_as_written(broker, produce, tmp_path):
     _ensure(broker, "events", 2)
 

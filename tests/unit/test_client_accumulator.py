@@ -60,6 +60,21 @@ def test_flush_makes_everything_ready():
     assert acc.ready(0.0)[0] == []
 
 
+def test_closed_batches_go_out_unfilled_and_new_records_start_the_next():
+    """With linger infinite, boundaries depend only on what was appended and where the
+    writer closed: the same appends and closes cut the same batches, whatever the clock."""
+    acc = RecordAccumulator(batch_size=1000, linger_ms=float("inf"), delivery_timeout_ms=120000)
+    first = fill(acc, 3, now=0.0)
+    assert acc.ready(10**9)[0] == []  # never due by time
+    acc.close_batches()
+    assert acc.ready(0.0)[0] == [("t", 0)]
+    second = fill(acc, 2, now=0.0)
+    assert second[0][2] and second[0][0] is not first[0][0]
+    assert [len(b.records) for b in acc.batches[("t", 0)]] == [3, 2]
+    acc.close_batches()
+    assert [b.closed for b in acc.batches[("t", 0)]] == [True, True]
+
+
 def test_pop_encodes_one_batch_readable_by_the_consumer_side():
     acc = RecordAccumulator(batch_size=10000, linger_ms=0, delivery_timeout_ms=120000)
     acc.append("t", 0, (1000, b"k", b"v1", [("h", b"1")]), 20, 0.0)

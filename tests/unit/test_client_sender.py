@@ -11,8 +11,16 @@ import trio
 
 from client.accumulator import DeliveryHandle, RecordAccumulator
 from client.config import load_config
+from client.idempotence import FixedIdentity
 from client.sender import Sender
-from protocol.errors import InvalidRecord, NetworkException, NotLeaderOrFollower, RequestTimedOut
+from protocol.batch import DERIVED_PRODUCER_ID_BASE
+from protocol.errors import (
+    InvalidRecord,
+    NetworkException,
+    NotLeaderOrFollower,
+    OutOfOrderSequenceNumber,
+    RequestTimedOut,
+)
 
 
 class ScriptedCluster:
@@ -54,11 +62,11 @@ def err(code):
     return {"partition": 0, "error_code": code, "base_offset": -1, "error_message": "scripted"}
 
 
-async def run_sender(answers, **settings):
+async def run_sender(answers, identity=None, **settings):
     config = load_config("producer", {"linger.ms": 0, "retry.backoff.ms": 1, **settings})
     cluster = ScriptedCluster(answers)
     acc = RecordAccumulator(config["batch.size"], 0, config["delivery.timeout.ms"])
-    sender = Sender(config, cluster, acc)
+    sender = Sender(config, cluster, acc, identity)
     batch, index, _ = acc.append("t", 0, (1, None, b"v", []), 11)
     handle = DeliveryHandle(batch, index)
     async with trio.open_nursery() as nursery:
@@ -158,6 +166,19 @@ async def test_out_of_order_for_the_oldest_batch_bumps_the_epoch_and_resends_fro
     result, cluster = await run_sender([err(45), ok(9)])
     assert result.offset == 9
     assert [producer_fields_of(r) for r in cluster.requests] == [(42, 0, 0), (42, 1, 0)]
+
+
+async def test_a_fixed_identity_is_used_as_given_and_never_bumped():
+    """The Spark sink's identity: no InitProducerId, and out of order fails the writer
+    (its rerun resends from sequence 0) instead of moving to a new epoch."""
+    identity = FixedIdentity(DERIVED_PRODUCER_ID_BASE + 5, 7)
+    result, cluster = await run_sender([ok(4)], identity)
+    assert result.offset == 4 and not hasattr(cluster, "init_requests")
+    assert producer_fields_of(cluster.requests[0]) == (DERIVED_PRODUCER_ID_BASE + 5, 7, 0)
+    result, cluster = await run_sender([err(45), ok(9)], identity)
+    assert isinstance(result, OutOfOrderSequenceNumber)
+    assert "must start over" in str(result)
+    assert [producer_fields_of(r) for r in cluster.requests] == [(identity[0], 7, 0)]
 
 
 async def test_without_idempotence_batches_carry_no_producer_fields():

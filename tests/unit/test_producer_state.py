@@ -3,15 +3,22 @@ from the log and from snapshots (KIP-98, KIP-360; broker/storage/producer_state.
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
+import msgpack
 import pytest
 import structlog
 
 from broker.storage import Log, LogConfig
 from broker.storage.producer_state import BATCHES_TO_RETAIN, ProducerStateManager
 from protocol import encode_batch, increment_sequence, iter_batches, read_records
-from protocol.batch import MAX_SEQUENCE, producer_fields, restamp_producer
+from protocol.batch import (
+    DERIVED_PRODUCER_ID_BASE,
+    MAX_SEQUENCE,
+    producer_fields,
+    restamp_producer,
+)
 from protocol.errors import InvalidProducerEpoch, InvalidRecord, OutOfOrderSequenceNumber
 
 PID = 7
@@ -27,7 +34,11 @@ def open_log(path: Path, **config) -> Log:
 
 
 def values(log: Log) -> list[bytes]:
-    return [r.value for r in read_records(log.read(0, 1 << 24).data)]
+    """Every record's value, across segments (one read stops at a segment's end)."""
+    out: list[bytes] = []
+    while len(out) < log.log_end_offset:
+        out += [r.value for r in read_records(log.read(len(out), 1 << 24).data)]
+    return out
 
 
 # --- the batch format ----------------------------------------------------------------------
@@ -101,8 +112,50 @@ def test_only_the_last_five_batches_are_recognised_as_duplicates() -> None:
     newest = state.check(PID, 0, BATCHES_TO_RETAIN * 2, 2)
     assert newest is not None and newest.first_offset == BATCHES_TO_RETAIN * 2
     assert state.check(PID, 0, 2, 2) is not None  # the oldest of the five kept
+    # Fell out of the window: still a duplicate (the epoch stored every sequence from 0),
+    # but its offsets are gone; it is acknowledged once the HW passes the window's start.
+    older = state.check(PID, 0, 0, 2)
+    assert (older.first_offset, older.last_offset) == (-1, 1)
+
+
+def test_a_duplicate_older_than_the_window_is_not_stored_again(tmp_path) -> None:
+    """A deterministic writer replaying its stream from sequence 0 (the Spark sink)."""
+    log = open_log(tmp_path, segment_bytes=300)
+    for seq in range(0, 20, 2):
+        log.append_as_leader(batch(seq), 0)
+    for seq in range(0, 20, 2):  # the whole replay, in window and before it
+        assert log.append_as_leader(batch(seq), 0).duplicate
+    log.append_as_leader(batch(20), 0)
+    assert values(log) == [f"v{i}".encode() for i in range(22)]
+    log.close()  # the snapshot keeps where the epoch started
+    reopened = open_log(tmp_path, segment_bytes=300)
+    assert reopened.append_as_leader(batch(4), 0).duplicate
+    with pytest.raises(OutOfOrderSequenceNumber):  # straddles the end: not a duplicate
+        reopened.append_as_leader(batch(21), 0)
+
+
+def test_below_where_the_epoch_started_is_out_of_order_not_a_duplicate(tmp_path) -> None:
+    """An unknown producer may start anywhere (KIP-360); what came before its first stored
+    batch was never seen here, so it must not be acknowledged as stored."""
+    log = open_log(tmp_path)
+    log.append_as_leader(batch(40), 0)
+    log.append_as_leader(batch(42), 0)
     with pytest.raises(OutOfOrderSequenceNumber):
-        state.check(PID, 0, 0, 2)  # fell out of the window: no longer known as a duplicate
+        log.append_as_leader(batch(38), 0)
+    log.append_as_leader(batch(0, epoch=1), 0)  # a new epoch: the old one's range is over
+    with pytest.raises(InvalidProducerEpoch):
+        log.append_as_leader(batch(40), 0)
+
+
+def test_a_derived_producer_id_must_start_at_sequence_zero(tmp_path) -> None:
+    """Else a replay could find its lost first batch skipped as a duplicate."""
+    derived = DERIVED_PRODUCER_ID_BASE + 12345
+    log = open_log(tmp_path)
+    with pytest.raises(OutOfOrderSequenceNumber, match="sequence 0"):
+        log.append_as_leader(batch(2, pid=derived), 0)
+    log.append_as_leader(batch(0, pid=derived), 0)
+    log.append_as_leader(batch(2, pid=derived), 0)
+    assert log.log_end_offset == 4
 
 
 def test_sequence_wrap_around_is_in_order(tmp_path) -> None:
@@ -187,3 +240,15 @@ def test_truncation_forgets_the_batches_it_removed(tmp_path) -> None:
     # The removed batch is not a duplicate any more: the retry of it is stored again.
     retry = log.append_as_leader(batch(2), 0)
     assert not retry.duplicate and retry.first_offset == 2
+
+
+def test_a_version_1_snapshot_still_loads(tmp_path) -> None:
+    """Written before epoch_first_seq existed: the window's oldest sequence stands in."""
+    body = msgpack.packb([1, 4, [[PID, 0, 1000, [[0, 1, 0, 1], [2, 3, 2, 3]]]]])
+    path = tmp_path / f"{4:020d}.snapshot"
+    path.write_bytes(zlib.crc32(body).to_bytes(4, "big") + body)
+    state = ProducerStateManager(tmp_path, structlog.get_logger())
+    assert state.load_latest(4) == 4
+    assert state.check(PID, 0, 2, 2).first_offset == 2  # in the window
+    assert state.check(PID, 0, 4, 2) is None  # next in sequence
+    assert state.producers[PID].epoch_first_seq == 0
