@@ -179,12 +179,27 @@ class ConnectionHandler:
                 # Counted here, not in the task: the next accept must see this connection.
                 self._per_ip[host] += 1
                 self.open_connections += 1
-                nursery.start_soon(self._run, stream, host, f"{host}:{port}")
+                nursery.start_soon(self._run, stream, host, f"{host}:{port}", nursery)
 
-    async def _run(self, stream: trio.SocketStream, host: str, peer: str) -> None:
+    # --- one connection ---------------------------------------------------------------------
+
+    async def _run(
+        self, stream: trio.SocketStream, host: str, peer: str, nursery: trio.Nursery
+    ) -> None:
+        """One connection, as one task: at 10,000 connections every object here is
+        multiplied, so there is no nursery, bound logger or idle queue per connection (a
+        writer task, when one is needed, runs in the server's nursery)."""
+        session = ConnectionSession(peer)
         try:
-            await self(stream, peer)
+            async with stream:
+                await self._serve(stream, session, nursery)
+        except Exception as exc:
+            # Whatever one connection does, it must never take the broker down.
+            if not is_disconnect(exc):
+                self.log.error("connection_failed", peer=peer, exc_info=exc)
         finally:
+            # Parked requests die with their connection (ReplicaManager registers them).
+            session.close()
             self.open_connections -= 1
             left = self._per_ip[host] - 1
             if left:
@@ -193,120 +208,124 @@ class ConnectionHandler:
                 del self._per_ip[host]
             self._slot_free.unpark()
 
-    # --- one connection ---------------------------------------------------------------------
-
-    async def __call__(self, stream: trio.SocketStream, peer: str = "?") -> None:
-        log = self.log.bind(peer=peer)
-        session = ConnectionSession(peer)
-        try:
-            async with stream:
-                await self._serve(stream, session, log)
-        except Exception as exc:
-            # Whatever one connection does, it must never take the broker down: a peer
-            # that resets mid-request arrives here wrapped in an ExceptionGroup.
-            if not is_disconnect(exc):
-                log.error("connection_failed", exc_info=exc)
-        finally:
-            # Parked requests die with their connection (ReplicaManager registers them).
-            session.close()
-
-    async def _serve(self, stream: trio.SocketStream, session: ConnectionSession, log: Any) -> None:
+    async def _serve(
+        self, stream: trio.SocketStream, session: ConnectionSession, nursery: trio.Nursery
+    ) -> None:
         decoder = FrameDecoder(self.max_frame_bytes)
         outbox = Outbox(self.queued_response_bytes, self.send_stall_s)
-        async with trio.open_nursery() as nursery:
-            outbox.attach(
-                stream,
-                lambda: nursery.start_soon(self._write, stream, outbox, nursery.cancel_scope, log),
+        # One scope for the connection's life: connections.max.idle.ms is its deadline, and
+        # a writer whose client stopped reading cancels it.
+        scope = trio.CancelScope(deadline=trio.current_time() + self.idle_s)
+        outbox.attach(
+            stream, lambda: nursery.start_soon(self._write, stream, outbox, scope, session.peer)
+        )
+        try:
+            with scope:
+                await self._read_loop(stream, decoder, outbox, session, scope)
+        finally:
+            # Before the socket closes and its descriptor can be reused: a writer still
+            # running stops at its next frame, and a late answer is dropped.
+            outbox.close()
+        if scope.cancelled_caught and not outbox.stalled:
+            self.log.info(
+                "connection_idle_closed", peer=session.peer, idle_ms=int(self.idle_s * 1000)
             )
-            try:
-                await self._read_loop(stream, decoder, outbox, session, log)
-            finally:
-                outbox.close()  # before the socket closes and its descriptor can be reused
-                nursery.cancel_scope.cancel()
 
-    async def _write(self, stream, outbox: Outbox, scope: trio.CancelScope, log: Any) -> None:
-        if await outbox.run_writer(stream):
-            return  # drained: the next frame put in the queue starts a writer again
+    async def _write(
+        self, stream: trio.SocketStream, outbox: Outbox, scope: trio.CancelScope, peer: str
+    ) -> None:
+        try:
+            if await outbox.run_writer(stream):
+                return  # drained: the next frame put in the queue starts a writer again
+        except Exception as exc:
+            # The socket closed under a slow send (the connection ended): the read side
+            # has finished it. Nothing may escape into the server's nursery.
+            if not is_disconnect(exc):
+                self.log.error("connection_write_failed", peer=peer, exc_info=exc)
+            scope.cancel()
+            return
         # Nothing was accepted by the client's socket for send_stall_s.
-        log.warning(
+        outbox.stalled = True
+        self.log.warning(
             "connection_closed_send_stalled",
+            peer=peer,
             stall_ms=int(self.send_stall_s * 1000),
             queued_bytes=outbox.queued,
         )
         scope.cancel()
 
-    async def _read_loop(self, stream, decoder, outbox: Outbox, session, log) -> None:
-        # Reads go straight to the non-blocking socket, under one cancel scope for the
-        # connection's life (connections.max.idle.ms): a scope and trio's socket wrapper per
-        # receive were the broker's largest cost with thousands of long-polling connections
-        # (bench longpoll, py-spy). The deadline moves only once a tenth of the idle time has
-        # passed since it last did (moving it at every wait left trio's deadline heap a stale
-        # entry per request, 7 % of the broker), so an idle connection is closed after 90 to
-        # 100 % of connections.max.idle.ms.
+    async def _read_loop(
+        self, stream, decoder, outbox: Outbox, session, idle: trio.CancelScope
+    ) -> None:
+        # Reads go straight to the non-blocking socket, under the connection's one cancel
+        # scope (``idle``, deadline connections.max.idle.ms): a scope and trio's socket
+        # wrapper per receive were the broker's largest cost with thousands of long-polling
+        # connections (bench longpoll, py-spy). The deadline moves only once a tenth of the
+        # idle time has passed since it last did (moving it at every wait left trio's
+        # deadline heap a stale entry per request, 7 % of the broker), so an idle
+        # connection is closed after 90 to 100 % of connections.max.idle.ms.
         fd = stream.socket.fileno()
         idle_s = self.idle_s
         slack = idle_s / 10
-        idle = trio.CancelScope(deadline=trio.current_time() + idle_s)
-        with idle:
-            while True:
-                # Backpressure: take no more requests while this connection's answers pile up.
-                if outbox.full:
-                    idle.deadline = math.inf
-                    await outbox.wait_room()
-                    idle.deadline = trio.current_time() + idle_s
-                try:
-                    data = os.read(fd, _RECV_BYTES)
-                    received = _now()
-                except BlockingIOError:
-                    now = trio.current_time()
-                    if idle.deadline - now < idle_s - slack:
-                        idle.deadline = now + idle_s
-                    await trio.lowlevel.wait_readable(fd)
-                    continue
-                if not data:
-                    return
-                try:
-                    frames = decoder.feed(data)
-                except ProtocolError as exc:
-                    log.warning("connection_closed_bad_frame", error=str(exc))
-                    return
-                # The answers to one read's requests leave together (Outbox.cork); every
-                # await below is preceded by uncork, so nothing held waits with it.
-                outbox.cork()
-                try:
-                    for n, payload in enumerate(frames, 1):
-                        if outbox.full:  # checked first: the common case costs no call
-                            outbox.uncork()
-                            idle.deadline = math.inf
-                            await outbox.wait_room()
-                            idle.deadline = trio.current_time() + idle_s
-                            outbox.cork()
-                        if not self._one(payload, outbox, session, log, received):
-                            return
-                        if not n % _FRAMES_PER_TURN:
-                            # A 256 KiB read can hold thousands of small requests: let the
-                            # others (and expired operations) run in between.
-                            outbox.uncork()
-                            await trio.lowlevel.checkpoint()
-                            outbox.cork()
-                finally:
-                    outbox.uncork()
-                # Let writers and parked requests run between bursts from a fast client.
-                await trio.lowlevel.checkpoint()
-        if idle.cancelled_caught:
-            log.info("connection_idle_closed", idle_ms=int(idle_s * 1000))
+        while True:
+            # Backpressure: take no more requests while this connection's answers pile up.
+            if outbox.full:
+                idle.deadline = math.inf
+                await outbox.wait_room()
+                idle.deadline = trio.current_time() + idle_s
+            try:
+                data = os.read(fd, _RECV_BYTES)
+                received = _now()
+            except BlockingIOError:
+                now = trio.current_time()
+                if idle.deadline - now < idle_s - slack:
+                    idle.deadline = now + idle_s
+                await trio.lowlevel.wait_readable(fd)
+                continue
+            if not data:
+                return
+            try:
+                frames = decoder.feed(data)
+            except ProtocolError as exc:
+                self.log.warning("connection_closed_bad_frame", peer=session.peer, error=str(exc))
+                return
+            # The answers to one read's requests leave together (Outbox.cork); every
+            # await below is preceded by uncork, so nothing held waits with it.
+            outbox.cork()
+            try:
+                for n, payload in enumerate(frames, 1):
+                    if outbox.full:  # checked first: the common case costs no call
+                        outbox.uncork()
+                        idle.deadline = math.inf
+                        await outbox.wait_room()
+                        idle.deadline = trio.current_time() + idle_s
+                        outbox.cork()
+                    if not self._one(payload, outbox, session, received):
+                        return
+                    if not n % _FRAMES_PER_TURN:
+                        # A 256 KiB read can hold thousands of small requests: let the
+                        # others (and expired operations) run in between.
+                        outbox.uncork()
+                        await trio.lowlevel.checkpoint()
+                        outbox.cork()
+            finally:
+                outbox.uncork()
+            # Let writers and parked requests run between bursts from a fast client.
+            await trio.lowlevel.checkpoint()
 
-    def _one(self, payload: bytes, outbox: Outbox, session, log, received: float) -> bool:
+    def _one(self, payload: bytes, outbox: Outbox, session, received: float) -> bool:
+        log = self.log
         try:
             header, raw = decode_request_envelope(payload)
         except ProtocolError as exc:
-            log.warning("connection_closed_bad_request", error=str(exc))
+            log.warning("connection_closed_bad_request", peer=session.peer, error=str(exc))
             return False
         try:
             body = validate_request(header, raw)
         except (InvalidRequest, UnsupportedVersion) as exc:
             log.info(
                 "request_rejected",
+                peer=session.peer,
                 api_key=header.api_key,
                 api_version=header.api_version,
                 error=exc.code.name,
@@ -318,7 +337,7 @@ class ConnectionHandler:
         try:
             result = self.dispatcher.handle(header, body, session)
         except Exception as exc:
-            log.exception("request_failed", api_key=header.api_key)
+            log.exception("request_failed", peer=session.peer, api_key=header.api_key)
             result = error_body(ErrorCode.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
         metrics = self.metrics
         if isinstance(result, PendingResponse):

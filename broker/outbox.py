@@ -12,6 +12,9 @@ for one request, so a response bigger than the limit still goes out.
 A client that stops reading altogether would hold its queue forever: the writer sends
 in slices and gives up (the connection is closed) when one slice makes no progress for
 ``stall_s``.
+
+The queue and the parking lot exist only while used: with ten thousand mostly idle
+connections, an empty deque (768 B) and ParkingLot (248 B) each were ~1 KB a connection.
 """
 
 from __future__ import annotations
@@ -42,20 +45,23 @@ class Outbox:
         "queued",
         "reserved",
         "stall_s",
+        "stalled",
     )
 
     def __init__(self, limit: int, stall_s: float) -> None:
         self.limit = limit
         self.stall_s = stall_s
+        self.stalled = False  # the writer gave up on a client that stopped reading
         self._fd = -1  # the socket, once attached to one
         self._busy = False  # a writer task is draining the queue
         self._closed = False
         self._corked = False  # answers to one burst of requests: queue, write once
         self._start_writer: Callable[[], None] | None = None
-        self._frames: deque[bytes | memoryview] = deque()
+        # None while nothing waits (``not self._frames`` reads the same either way).
+        self._frames: deque[bytes | memoryview] | None = None
         self.queued = 0  # bytes in _frames or being written now
         self.reserved = 0  # bytes promised to parked requests, not answered yet
-        self._room = trio.lowlevel.ParkingLot()
+        self._room: trio.lowlevel.ParkingLot | None = None  # while the reader waits
 
     def attach(self, stream: trio.abc.SendStream, start_writer: Callable[[], None]) -> None:
         """Write to ``stream``; ``start_writer()`` starts a task running ``run_writer``.
@@ -75,7 +81,9 @@ class Outbox:
         self._closed = True
         self._fd = -1
         self._start_writer = None
-        self._frames.clear()
+        if self._frames is not None:
+            self._frames.clear()  # a writer mid-send stops at its next frame
+        self._frames = None
         self.queued = 0
 
     @property
@@ -101,6 +109,8 @@ class Outbox:
                 return
             if sent:
                 frame = memoryview(frame)[sent:]
+        if self._frames is None:
+            self._frames = deque()
         self._frames.append(frame)
         self.queued += len(frame)
         if not self._busy and not self._corked and self._start_writer is not None:
@@ -133,12 +143,17 @@ class Outbox:
 
     def release(self, nbytes: int) -> None:
         self.reserved -= nbytes
-        if not self.full:
+        self._wake_reader()
+
+    def _wake_reader(self) -> None:
+        if self._room is not None and not self.full:
             self._room.unpark_all()
 
     async def wait_room(self) -> None:
         """Return once this connection may take another request."""
         while self.full:
+            if self._room is None:
+                self._room = trio.lowlevel.ParkingLot()
             await self._room.park()
 
     async def run_writer(self, stream: trio.abc.SendStream) -> bool:
@@ -162,8 +177,9 @@ class Outbox:
             if not await self._send(stream, fd, chunk):
                 return False
             self.queued -= len(chunk)
-            if not self.full:
-                self._room.unpark_all()
+            self._wake_reader()
+        if self._frames is frames:  # not closed meanwhile: drop the emptied queue
+            self._frames = None
         self._busy = False
         return True
 
