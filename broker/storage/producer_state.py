@@ -13,8 +13,9 @@ stored and the last one is a duplicate older than the window: a writer replaying
 deterministic stream (the Spark sink's exactly-once identity) sends those. It is not
 written again and is acknowledged once the high watermark covers the window's oldest
 batch, so the answer never acknowledges an original that is not yet committed. Kafka
-answered these with DUPLICATE_SEQUENCE_NUMBER before 2.0 and OUT_OF_ORDER since; a
-producer that keeps at most five batches in flight never sends one.
+0.11 answered such a batch DUPLICATE_SEQUENCE_NUMBER, and OUT_OF_ORDER since the window
+came (1.0, KAFKA-5494); a producer that keeps at most five batches in flight never
+sends one.
 
 The state is derived from the log: rebuilt at open from the newest snapshot file at or
 below the log end plus the batches after it, and again after a truncation. Snapshots
