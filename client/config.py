@@ -239,13 +239,13 @@ def _check_consistency(role: str, values: dict[str, Any], given: set[str]) -> No
             )
 
 
-def parse_properties(items: list[str] | None) -> dict[str, str]:
-    """``["linger.ms=5", ...]`` (command-line ``--property``) -> ``{"linger.ms": "5"}``."""
+def parse_properties(items: list[str] | None, flag: str = "--property") -> dict[str, str]:
+    """``["linger.ms=5", ...]`` (a repeatable command-line ``flag``) -> ``{"linger.ms": "5"}``."""
     out = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--property expects key=value, got {item!r}")
+            raise ValueError(f"{flag} expects key=value, got {item!r}")
         out[key.strip()] = value.strip()
     return out
 

@@ -182,7 +182,7 @@ def is_internal(topic: str) -> bool:
 
 
 async def _topics_create(args: argparse.Namespace) -> int:
-    configs = parse_properties(args.config)
+    configs = parse_properties(args.config, "--config")
     async with Admin(config=_settings(args)) as admin:
         await admin.create_topics(
             [NewTopic(args.topic, args.partitions, args.replication_factor, configs)]

@@ -9,6 +9,7 @@ Times cross processes as CLOCK_MONOTONIC, which is one clock for the whole machi
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import resource
 import tempfile
@@ -28,6 +29,16 @@ def raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def add_broker_under_test_argument(p: argparse.ArgumentParser) -> None:
+    """``--bootstrap``: the broker :func:`broker_under_test` measures, else one it starts."""
+    p.add_argument(
+        "--bootstrap",
+        default=None,
+        metavar="HOST:PORT",
+        help="a running broker to measure (default: start one in a temporary directory)",
+    )
 
 
 @contextmanager

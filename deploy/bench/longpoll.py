@@ -28,7 +28,14 @@ from client import Admin, Consumer
 from protocol import ApiKey, FrameDecoder, decode_response_envelope, encode_batch, encode_request
 
 from .common import ensure_topic, percentile, report
-from .load import ClientProcesses, broker_under_test, cpu_seconds, raise_fd_limit, shares
+from .load import (
+    ClientProcesses,
+    add_broker_under_test_argument,
+    broker_under_test,
+    cpu_seconds,
+    raise_fd_limit,
+    shares,
+)
 
 CONNECTIONS_PER_PROCESS = 1250
 CONNECT_BATCH = 100  # connections opened at once per process
@@ -49,12 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"client processes (default: one per {CONNECTIONS_PER_PROCESS} connections, "
         "at least 2)",
     )
-    p.add_argument(
-        "--bootstrap",
-        default=None,
-        metavar="HOST:PORT",
-        help="a running broker to measure (default: start one in a temporary directory)",
-    )
+    add_broker_under_test_argument(p)
     p.add_argument(
         "--spread",
         action="store_true",

@@ -74,7 +74,7 @@ async def produce(args: argparse.Namespace) -> dict[str, Any]:
         args.topic,
         args.partitions,
         args.replication_factor,
-        parse_properties(args.config),
+        parse_properties(args.config, "--config"),
     )
     value = os.urandom(args.record_size)
     latencies = array("d")

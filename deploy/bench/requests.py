@@ -21,7 +21,13 @@ import trio
 from protocol import ApiKey, FrameDecoder, encode_request
 
 from .common import ensure_topic, report
-from .load import ClientProcesses, broker_under_test, cpu_seconds, shares
+from .load import (
+    ClientProcesses,
+    add_broker_under_test_argument,
+    broker_under_test,
+    cpu_seconds,
+    shares,
+)
 
 APIS = ("api-versions", "empty-fetch")
 
@@ -34,12 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--duration", type=float, default=5, help="seconds (default 5)")
     p.add_argument("--client-processes", type=int, default=2, help="client processes (default 2)")
-    p.add_argument(
-        "--bootstrap",
-        default=None,
-        metavar="HOST:PORT",
-        help="a running broker to measure (default: start one in a temporary directory)",
-    )
+    add_broker_under_test_argument(p)
     p.add_argument("--topic", default="requests", help="topic for empty-fetch (one partition)")
 
 

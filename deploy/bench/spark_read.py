@@ -98,6 +98,7 @@ def _session(master: str) -> Any:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     bootstrap = bootstrap_of(args)
+    sink_options = parse_properties(args.write_option, "--write-option")  # before any work
     available = trio.run(_fill, bootstrap, args)
     spark = _session(args.master)
     try:
@@ -122,8 +123,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if not args.no_write:
             copy = f"{args.topic}-copy"
             trio.run(ensure_topic, bootstrap, copy, args.partitions, args.replication_factor)
-
-            sink_options = parse_properties(args.write_option)
 
             def write(**options: str) -> int:
                 source(**options).select("key", "value").write.format("minibroker").mode(
