@@ -132,9 +132,7 @@ class Producer(ClusterClient):
         """Like send_nowait, but waits (up to ``max.block.ms``) for metadata or buffer space."""
         sender = self._open()
         if partition is None and topic not in self._cluster.topics:
-            await self._cluster.wait_for_topic(
-                topic, self._max_block_s, self.config["retry.backoff.ms"] / 1000
-            )
+            await self.wait_for_partitions(topic)
         if self._acc.buffered_bytes >= self._buffer_memory:
             with trio.move_on_after(self._max_block_s):
                 while self._acc.buffered_bytes >= self._buffer_memory:
