@@ -19,7 +19,16 @@ class FetchRequest:
     bounds the whole response and each partition within it, whatever the client asks.
     """
 
-    __slots__ = ("epochs", "for_follower", "max_bytes", "min_bytes", "replica_id", "targets")
+    __slots__ = (
+        "epochs",
+        "for_follower",
+        "max_bytes",
+        "min_bytes",
+        "replica_id",
+        "response_bound",
+        "shape",
+        "targets",
+    )
 
     def __init__(self, body: dict, fetch_max_bytes: int = 2**31 - 1) -> None:
         self.replica_id = body["replica_id"]
@@ -40,8 +49,8 @@ class FetchRequest:
             for t in body["topics"]
             for p in t["partitions"]
         ]
-
-    @property
-    def response_bound(self) -> int:
-        """The most bytes of records the answer carries (a first batch may overshoot)."""
-        return min(self.max_bytes, sum(cap for _, _, cap in self.targets))
+        # The most bytes of records the answer carries (a first batch may overshoot).
+        self.response_bound = min(self.max_bytes, sum(cap for _, _, cap in self.targets))
+        # Everything besides the partitions' state that an answer depends on: two fetches
+        # of the same shape read the same answer from the same state.
+        self.shape = (tuple(self.targets), self.max_bytes, tuple(self.epochs.values()))

@@ -4,17 +4,17 @@ A client that pipelines requests and never reads its responses must not make the
 buffer them without bound (issue 11: four such connections took RSS from 38 MB to
 1.5 GB). Kafka mutes a channel while its response is in flight; we keep pipelining
 but count what a connection costs: the bytes of responses queued here plus the most its
-parked requests may still answer (``reserve``). Past ``limit`` the read loop stops
-taking that connection's requests (``wait_room``) until the writer drains it, so the
-client's own socket buffer fills and TCP slows it down. A connection always has room
-for one request, so a response bigger than the limit still goes out.
+parked requests may still answer (``reserve``). Past ``limit`` the reactor stops
+reading that connection (broker/network.py) until ``on_room`` says it has drained, so
+the client's own socket buffer fills and TCP slows it down. A connection always has
+room for one request, so a response bigger than the limit still goes out.
 
 A client that stops reading altogether would hold its queue forever: the writer sends
 in slices and gives up (the connection is closed) when one slice makes no progress for
 ``stall_s``.
 
-The queue and the parking lot exist only while used: with ten thousand mostly idle
-connections, an empty deque (768 B) and ParkingLot (248 B) each were ~1 KB a connection.
+The queue exists only while used: with ten thousand mostly idle connections, an empty
+deque (768 B) was ~1 KB a connection.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ class Outbox:
         "_corked",
         "_fd",
         "_frames",
-        "_room",
         "_start_writer",
         "limit",
+        "on_room",
         "queued",
         "reserved",
         "stall_s",
@@ -61,7 +61,8 @@ class Outbox:
         self._frames: deque[bytes | memoryview] | None = None
         self.queued = 0  # bytes in _frames or being written now
         self.reserved = 0  # bytes promised to parked requests, not answered yet
-        self._room: trio.lowlevel.ParkingLot | None = None  # while the reader waits
+        # Called when a full connection has room again (the reactor reads it again).
+        self.on_room: Callable[[], None] | None = None
 
     def attach(self, stream: trio.abc.SendStream, start_writer: Callable[[], None]) -> None:
         """Write to ``stream``; ``start_writer()`` starts a task running ``run_writer``.
@@ -146,15 +147,8 @@ class Outbox:
         self._wake_reader()
 
     def _wake_reader(self) -> None:
-        if self._room is not None and not self.full:
-            self._room.unpark_all()
-
-    async def wait_room(self) -> None:
-        """Return once this connection may take another request."""
-        while self.full:
-            if self._room is None:
-                self._room = trio.lowlevel.ParkingLot()
-            await self._room.park()
+        if self.on_room is not None and not self.full:
+            self.on_room()
 
     async def run_writer(self, stream: trio.abc.SendStream) -> bool:
         """Send queued frames until none is left (True), or until the client stopped

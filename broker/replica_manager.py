@@ -30,6 +30,12 @@ from .topic_config import log_config_values
 
 Key = tuple[str, int]
 
+# Shared consumer answers kept at once (see ReplicaManager._consumer_read): a
+# burst of identical long polls needs one; the bounds keep a varied load from holding
+# records for long.
+SHARED_ANSWERS = 256
+SHARED_ANSWER_BYTES = 8 << 20
+
 
 def duplicate_partition(topics: list[dict]) -> str | None:
     """The first topic-partition named twice in a request's topics, or None.
@@ -79,6 +85,10 @@ class ReplicaManager:
         # What delayed operations get instead of this manager: bound once, shared by all.
         self._lookup = self.partitions.get
         self._read_for_purgatory = self._read_completed_fetch
+        # Answers to identical consumer fetches (see _consumer_read). The key holds
+        # the partitions it read, so an id is never reused while its answer is kept.
+        self._shared_answers: dict[tuple, tuple[dict, int, bool]] = {}
+        self._shared_bytes = 0  # records held by those answers
         self.fetch_max_bytes: int = config["fetch.max.bytes"]
         # Parked operations by the connection that asked: they die with it.
         self._parked: dict[ConnectionSession, set[DelayedOperation]] = {}
@@ -247,13 +257,22 @@ class ReplicaManager:
     # --- fetch ----------------------------------------------------------------------------
 
     def fetch(self, body: dict, session: ConnectionSession | None = None) -> dict | PendingResponse:
-        duplicate = duplicate_partition(body["topics"])
-        if duplicate is not None:
-            return _invalid_request(
-                f"partition {duplicate} appears more than once in one fetch request"
-            )
-        fetch = FetchRequest(body, self.fetch_max_bytes)
-        response, total, stop_now = self._read(fetch, update_follower_state=True)
+        last = session.last_fetch if session is not None else None
+        if last is not None and last[0] is body:
+            fetch = last[1]  # the same request again (checked when it was first decoded)
+        else:
+            duplicate = duplicate_partition(body["topics"])
+            if duplicate is not None:
+                return _invalid_request(
+                    f"partition {duplicate} appears more than once in one fetch request"
+                )
+            fetch = FetchRequest(body, self.fetch_max_bytes)
+            if session is not None:
+                session.last_fetch = (body, fetch)
+        if fetch.for_follower:
+            response, total, stop_now = self._read(fetch, update_follower_state=True)
+        else:
+            response, total, stop_now = self._consumer_read(fetch)
         max_wait = min(body["max_wait_ms"], MAX_FETCH_WAIT_MS)
         if max_wait <= 0 or stop_now or total >= fetch.min_bytes or not fetch.targets:
             return response
@@ -262,7 +281,51 @@ class ReplicaManager:
 
     def _read_completed_fetch(self, fetch: FetchRequest) -> dict:
         """A DelayedFetch's answer: read again, not a follower fetch (readFromPurgatory)."""
-        return self._read(fetch, update_follower_state=False)[0]
+        if fetch.for_follower:
+            return self._read(fetch, update_follower_state=False)[0]
+        return self._consumer_read(fetch)[0]
+
+    def _consumer_read(self, fetch: FetchRequest) -> tuple[dict, int, bool]:
+        """``_read`` for a consumer, shared by identical fetches.
+
+        Consumers long-polling the same offsets read the same answer: thousands at the
+        log end (empty), expiring in one tick, or woken by one append (the same records).
+        A consumer reads below the HW, which never changes under a partition's leader
+        epoch, so an answer is shared while every partition it read is the same object
+        with the same role, epoch, HW, log start and end: read once, and packed once
+        (broker/network.py), not per fetch (bench longpoll). Answers are never changed
+        once made.
+        """
+        lookup = self.partitions.get
+        state = []
+        for key, _, _ in fetch.targets:
+            partition = lookup(key)
+            if partition is None:
+                state.append(None)
+                continue
+            log = partition.log
+            state.append(
+                (
+                    partition,
+                    partition.is_leader,
+                    partition.leader_epoch,
+                    partition.high_watermark,
+                    log.log_start_offset,
+                    log.log_end_offset,
+                )
+            )
+        shared = self._shared_answers
+        key = (fetch.shape, tuple(state))
+        answer = shared.get(key)
+        if answer is None:
+            answer = self._read(fetch, update_follower_state=False)
+            size = answer[1]
+            self._shared_bytes += size
+            if len(shared) >= SHARED_ANSWERS or self._shared_bytes > SHARED_ANSWER_BYTES:
+                shared.clear()
+                self._shared_bytes = size
+            shared[key] = answer
+        return answer
 
     def _read(self, fetch: FetchRequest, *, update_follower_state: bool) -> tuple[dict, int, bool]:
         """Read every partition; returns (response body, bytes, whether to answer at once)."""

@@ -94,6 +94,12 @@ def encode_response(correlation_id: int, body: dict) -> bytes:
     return encode_frame(pack([correlation_id, body]))
 
 
+def encode_packed_response(correlation_id: int, packed_body: bytes) -> bytes:
+    """The frame ``encode_response`` makes, from a body packed beforehand: a body many
+    answers share (thousands of long polls woken by one append) is packed once."""
+    return encode_frame(b"\x92" + pack(correlation_id) + packed_body)  # fixarray of 2
+
+
 def error_body(code: ErrorCode, message: str | None = None) -> dict:
     """The top-level error body that is a valid response to any API."""
     return {"error_code": int(code), "error_message": message}

@@ -227,6 +227,37 @@ async def test_duplicate_partitions_are_refused_before_anything_is_appended(brok
     assert part["high_watermark"] == 0 and part["records"] == b""
 
 
+async def test_pipelined_fetches_are_answered_in_order_and_a_repeat_is_checked_again(broker):
+    """The reactor serves a long read in shares and reuses a repeated fetch's decoding:
+    neither may reorder answers or let a refused request through the second time."""
+    await make_topic(broker)
+    conn = await RawConnection.open(broker)
+    assert (await conn.request(p.ApiKey.PRODUCE, produce("t", batch())))["topics"]
+    count = 200  # far more than one pass dispatches from one read
+    frames = b"".join(
+        p.encode_request(p.ApiKey.FETCH, 0, corr, "raw", fetch_body(offset=corr % 2))
+        for corr in range(1, count + 1)
+    )
+    await conn.stream.send_all(frames)
+    answers = []
+    with trio.fail_after(10):
+        while len(answers) < count:
+            data = await conn.stream.receive_some(1 << 16)
+            assert data, "broker closed the connection"
+            answers += [p.decode_response_envelope(f) for f in conn.decoder.feed(data)]
+    assert [corr for corr, _ in answers] == list(range(1, count + 1))
+    for _, body in answers:
+        part = body["topics"][0]["partitions"][0]
+        assert part["error_code"] == 0
+        # Offsets 0 and 1 lie in the one batch of 3: both fetches return it whole.
+        assert part["records"] and part["high_watermark"] == 3
+    twice = fetch_body()
+    twice["topics"][0]["partitions"] *= 2
+    for _ in range(2):
+        answer = await conn.request(p.ApiKey.FETCH, twice)
+        assert answer["error_code"] == ErrorCode.INVALID_REQUEST
+
+
 async def test_a_huge_invalid_request_gets_a_bounded_error_message(broker):
     conn = await RawConnection.open(broker)
     body = {"acks": 1, "timeout_ms": 1, "topics": []}

@@ -149,3 +149,54 @@ def test_a_follower_fetch_from_a_broker_that_is_no_replica_is_refused_by_name(ma
     assert answer["error_code"] == ErrorCode.NOT_LEADER_OR_FOLLOWER
     assert "broker 7 is not a replica of t-0" in answer["error_message"]
     assert 7 not in manager.partitions[("t", 0)].replica_states
+
+
+def test_identical_long_polls_share_one_answer_and_never_a_stale_one(manager):
+    produce(manager)
+    fetch(manager, 1, 3)
+    fetch(manager, 2, 3)  # HW 3
+    first, second = (fetch(manager, -1, 3, max_wait_ms=500) for _ in range(2))
+    manager.fetch_purgatory.timer.clock.advance(500)
+    # Both expired empty in one pass: one answer, read once and shared.
+    assert first.body is second.body and only_partition(first.body)["records"] == b""
+    assert only_partition(first.body)["high_watermark"] == 3
+    # The log moves: the same fetch shape now reads the new state, not the shared answer.
+    woken = fetch(manager, -1, 3, max_wait_ms=500)
+    produce(manager)
+    fetch(manager, 1, 6)
+    fetch(manager, 2, 6)
+    answer = only_partition(woken.body)
+    assert answer["high_watermark"] == 6 and answer["records"]
+    again = fetch(manager, -1, 6, max_wait_ms=500)
+    manager.fetch_purgatory.timer.clock.advance(500)
+    assert only_partition(again.body)["high_watermark"] == 6
+    # Leadership moves: not the leader's shared answer, an error.
+    manager.host_partition("t", 0, PartitionState(1, 2, [0, 1, 2], [1, 2], 2))
+    moved = fetch(manager, -1, 6)
+    assert only_partition(moved)["error_code"] == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+def test_a_connections_repeated_fetch_is_decoded_once_and_a_changed_one_again(manager):
+    from broker.session import ConnectionSession
+
+    produce(manager)
+    fetch(manager, 1, 3)
+    fetch(manager, 2, 3)
+    session = ConnectionSession("127.0.0.1:1")
+
+    def body(offset: int) -> dict:
+        raw = {
+            "max_wait_ms": 0,
+            "min_bytes": 1,
+            "topics": [{"name": "t", "partitions": [{"partition": 0, "fetch_offset": offset}]}],
+        }
+        return p.validate_request(p.RequestHeader(p.ApiKey.FETCH, 0, 1, None), raw)
+
+    at_zero = body(0)
+    assert only_partition(manager.fetch(at_zero, session))["records"]
+    request = session.last_fetch[1]
+    assert only_partition(manager.fetch(at_zero, session))["records"]
+    assert session.last_fetch[1] is request  # the same body again: not decoded again
+    assert only_partition(manager.fetch(body(3), session))["records"] == b""
+    assert session.last_fetch[1] is not request
+    session.close()
