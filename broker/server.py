@@ -9,6 +9,7 @@ run on one thread.
 from __future__ import annotations
 
 import fcntl
+import gc
 import os
 import signal
 import sys
@@ -46,6 +47,8 @@ from .request_metrics import RequestMetrics
 # A client request held for the metadata catch-up (after_catch_up) waits at most this long,
 # then is answered from what the broker knows: below a client's default request timeout.
 CATCH_UP_WAIT_S = 25
+# Allocations between young collections; young collections per middle one; middle per full.
+GC_THRESHOLDS = (10_000, 20, 100)
 
 
 class DataDirInUse(RuntimeError):
@@ -490,6 +493,22 @@ async def serve(broker: Broker) -> None:
                 break
 
 
+def collect_garbage_rarely() -> None:
+    """Start-up's objects are never scanned again, and young objects are collected in
+    larger, rarer passes.
+
+    With CPython's default thresholds (700, 10, 10) a broker holding 5,000 long polls
+    spent ~2 s of every 15 s in the cyclic collector, in pauses of up to 214 ms (full
+    collections walking every connection and parked request): that was the expiry
+    lateness p99 (bench longpoll, gc.callbacks). Requests free their objects by
+    reference count; the collector only has to find the rare cycle (an exception's
+    traceback, say), so collecting it less often costs memory only briefly.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run_broker(
     broker_id: int, host: str, port: int, data_dir: Path, config: BrokerConfig, logger: Any
 ) -> None:
@@ -500,6 +519,7 @@ def run_broker(
     fd = lock_data_dir(data_dir)
     try:
         broker.load_state()
+        collect_garbage_rarely()
         trio.run(serve, broker)
     finally:
         os.close(fd)
