@@ -34,6 +34,8 @@ Key = tuple[str, int]
 # burst of identical long polls needs one; the bounds keep a varied load from holding
 # records for long.
 SHARED_ANSWERS = 256
+# Fetch bodies kept decoded (ReplicaManager.fetch), as many as the network layer keeps.
+FETCH_REQUESTS = 1024
 SHARED_ANSWER_BYTES = 8 << 20
 
 
@@ -89,6 +91,7 @@ class ReplicaManager:
         # the partitions it read, so an id is never reused while its answer is kept.
         self._shared_answers: dict[tuple, tuple[dict, int, bool]] = {}
         self._shared_bytes = 0  # records held by those answers
+        self._fetch_requests: dict[int, tuple[dict, FetchRequest]] = {}  # see fetch
         self.fetch_max_bytes: int = config["fetch.max.bytes"]
         # Parked operations by the connection that asked: they die with it.
         self._parked: dict[ConnectionSession, set[DelayedOperation]] = {}
@@ -257,9 +260,12 @@ class ReplicaManager:
     # --- fetch ----------------------------------------------------------------------------
 
     def fetch(self, body: dict, session: ConnectionSession | None = None) -> dict | PendingResponse:
-        last = session.last_fetch if session is not None else None
-        if last is not None and last[0] is body:
-            fetch = last[1]  # the same request again (checked when it was first decoded)
+        # The network layer hands every sender of the same Fetch bytes the same validated
+        # body: it is checked and made a FetchRequest once (the entry holds the body, so
+        # its id is not reused while there).
+        known = self._fetch_requests.get(id(body))
+        if known is not None and known[0] is body:
+            fetch = known[1]
         else:
             duplicate = duplicate_partition(body["topics"])
             if duplicate is not None:
@@ -267,8 +273,9 @@ class ReplicaManager:
                     f"partition {duplicate} appears more than once in one fetch request"
                 )
             fetch = FetchRequest(body, self.fetch_max_bytes)
-            if session is not None:
-                session.last_fetch = (body, fetch)
+            if len(self._fetch_requests) >= FETCH_REQUESTS:
+                self._fetch_requests.clear()
+            self._fetch_requests[id(body)] = (body, fetch)
         if fetch.for_follower:
             response, total, stop_now = self._read(fetch, update_follower_state=True)
         else:

@@ -10,11 +10,10 @@ plain client) and may register cleanups that must run when the connection ends.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 
 class ConnectionSession:
-    __slots__ = ("_on_close", "closed", "last_fetch", "peer", "principal")
+    __slots__ = ("_on_close", "closed", "peer", "principal")
 
     def __init__(self, peer: str) -> None:
         self.peer = peer
@@ -22,10 +21,6 @@ class ConnectionSession:
         self.principal: int | None = None
         self.closed = False
         self._on_close: list[Callable[[], None]] = []
-        # (validated body, FetchRequest) of the connection's last fetch: a long-polling
-        # consumer sends the same one again, and the network layer hands over the same
-        # body object, so it is decoded into a FetchRequest once (ReplicaManager.fetch).
-        self.last_fetch: tuple[dict, Any] | None = None
 
     def on_close(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` when the connection ends (at once if it already has)."""

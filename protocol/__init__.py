@@ -31,6 +31,7 @@ from .codec import (
     encode_response,
     error_body,
     pack,
+    split_request_envelope,
     validate_request,
     validate_response,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "patch_leader_epoch",
     "raise_for",
     "read_records",
+    "split_request_envelope",
     "supported_versions",
     "unpack_header",
     "validate_request",

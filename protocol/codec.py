@@ -66,6 +66,55 @@ def decode_request_envelope(payload: bytes) -> tuple[RequestHeader, Any]:
     return RequestHeader(key, version, corr, client_id), body
 
 
+def split_request_envelope(payload: bytes) -> tuple[RequestHeader, bytes] | None:
+    """The header and the body's bytes, without decoding the body; None unless the
+    envelope has the form clients send (non-negative integers up to 2^31-1, a client id
+    of at most 255 bytes or nil): decode those with ``decode_request_envelope``.
+
+    Identical bodies are then identical bytes, so a server can validate one once for
+    every connection that sends it (thousands of consumers long-polling one partition).
+    """
+    if payload[:1] != b"\x95":  # an array of five
+        return None
+    try:
+        pos = 1
+        ints = []
+        for _ in range(3):
+            b = payload[pos]
+            if b < 0x80:  # positive fixint
+                ints.append(b)
+                pos += 1
+            elif b == 0xCC:
+                ints.append(payload[pos + 1])
+                pos += 2
+            elif b == 0xCD:
+                ints.append(int.from_bytes(payload[pos + 1 : pos + 3], "big"))
+                pos += 3
+            elif b == 0xCE:
+                ints.append(int.from_bytes(payload[pos + 1 : pos + 5], "big"))
+                pos += 5
+            else:
+                return None
+        b = payload[pos]
+        if b == 0xC0:
+            client_id = None
+            pos += 1
+        else:
+            if 0xA0 <= b <= 0xBF:  # fixstr
+                start, length = pos + 1, b - 0xA0
+            elif b == 0xD9:  # str 8
+                start, length = pos + 2, payload[pos + 1]
+            else:
+                return None
+            pos = start + length
+            client_id = payload[start:pos].decode()
+    except (IndexError, UnicodeDecodeError):
+        return None
+    if pos >= len(payload) or ints[2] >= 2**31:
+        return None
+    return RequestHeader(ints[0], ints[1], ints[2], client_id), payload[pos:]
+
+
 def _schemas(api_key: int, api_version: int) -> tuple:
     versions = SCHEMAS.get(api_key)
     if versions is None:

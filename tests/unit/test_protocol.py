@@ -246,3 +246,29 @@ def test_record_count_must_match_records():
     struct.pack_into(">i", bad, 42, 2)  # record_count
     with pytest.raises(CorruptBatch):
         p.check_batch(bad, 0, len(bad))
+
+
+def test_split_envelope_agrees_with_decoding_or_declines():
+    """The split (header + body bytes, body not decoded) gives what decoding gives, or
+    None; it never accepts what the full decoder refuses."""
+    body = {"max_wait_ms": 1, "min_bytes": 1, "topics": [{"name": "t", "partitions": []}]}
+    for key in (0, 1, 127, 128, 10002, 65536):
+        for corr in (0, 127, 128, 65535, 65536, 2**31 - 1, 2**31, -1):
+            for client_id in (None, "", "bench", "x" * 32, "é" * 100, "y" * 256):
+                payload = msgpack.packb([key, 0, corr, client_id, body], use_bin_type=True)
+                split = p.split_request_envelope(payload)
+                try:
+                    decoded = p.decode_request_envelope(payload)
+                except p.ProtocolError:
+                    decoded = None
+                if split is None:
+                    assert corr < 0 or corr >= 2**31 or len(client_id or "") > 100
+                else:
+                    assert decoded is not None and split[0] == decoded[0]
+                    assert msgpack.unpackb(split[1]) == decoded[1]
+    payload = msgpack.packb([1, 0, 5, "bench", body], use_bin_type=True)
+    for cut in range(len(payload)):
+        split = p.split_request_envelope(payload[:cut])
+        assert split is None or 0 < len(split[1]) < len(msgpack.packb(body))
+    assert p.split_request_envelope(b"") is None
+    assert p.split_request_envelope(msgpack.packb([1, 0, 5, "bench"])) is None

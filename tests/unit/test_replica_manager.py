@@ -176,27 +176,27 @@ def test_identical_long_polls_share_one_answer_and_never_a_stale_one(manager):
     assert only_partition(moved)["error_code"] == ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
-def test_a_connections_repeated_fetch_is_decoded_once_and_a_changed_one_again(manager):
-    from broker.session import ConnectionSession
-
+def test_a_repeated_fetch_body_is_decoded_once_and_a_refused_one_refused_again(manager):
     produce(manager)
     fetch(manager, 1, 3)
     fetch(manager, 2, 3)
-    session = ConnectionSession("127.0.0.1:1")
 
-    def body(offset: int) -> dict:
+    def body(offset: int, copies: int = 1) -> dict:
         raw = {
             "max_wait_ms": 0,
             "min_bytes": 1,
-            "topics": [{"name": "t", "partitions": [{"partition": 0, "fetch_offset": offset}]}],
+            "topics": [
+                {"name": "t", "partitions": [{"partition": 0, "fetch_offset": offset}] * copies}
+            ],
         }
         return p.validate_request(p.RequestHeader(p.ApiKey.FETCH, 0, 1, None), raw)
 
-    at_zero = body(0)
-    assert only_partition(manager.fetch(at_zero, session))["records"]
-    request = session.last_fetch[1]
-    assert only_partition(manager.fetch(at_zero, session))["records"]
-    assert session.last_fetch[1] is request  # the same body again: not decoded again
-    assert only_partition(manager.fetch(body(3), session))["records"] == b""
-    assert session.last_fetch[1] is not request
-    session.close()
+    at_zero = body(0)  # the network layer hands every sender of these bytes this object
+    assert only_partition(manager.fetch(at_zero))["records"]
+    request = manager._fetch_requests[id(at_zero)][1]
+    assert only_partition(manager.fetch(at_zero))["records"]
+    assert manager._fetch_requests[id(at_zero)][1] is request
+    assert only_partition(manager.fetch(body(3)))["records"] == b""
+    twice = body(0, copies=2)
+    for _ in range(2):
+        assert manager.fetch(twice)["error_code"] == ErrorCode.INVALID_REQUEST
