@@ -10,6 +10,8 @@ not take (broker/outbox.py). Only an unparseable frame, an idle timeout or a cli
 that stops reading its responses closes the connection; everything else gets an error
 response.
 
+The selector is Linux's epoll (and an eventfd to wake it), as trio's own I/O is here.
+
 Limits (Kafka's SocketServer): at ``max.connections`` the acceptor stops accepting
 until a connection closes; a connection over ``max.connections.per.ip`` is closed at
 once; each connection's queued answers are bounded (broker/outbox.py).
