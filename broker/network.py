@@ -217,6 +217,7 @@ class ConnectionHandler:
         self.send_stall_s = send_stall_ms / 1000
         self.open_connections = 0
         self.refused_connections = 0
+        self.muted_connections = 0  # not read until their answers drain (backpressure)
         self._per_ip: defaultdict[str, int] = defaultdict(int)
         self._slot_free = trio.lowlevel.ParkingLot()
         self._connections: dict[int, _Connection] = {}  # by socket descriptor
@@ -297,16 +298,23 @@ class ConnectionHandler:
         nursery = self._nursery
         conn.outbox.attach(stream, lambda: nursery.start_soon(self._write, conn))
         conn.outbox.on_room = lambda: self._unmute(conn)
+        try:
+            self._epoll.register(conn.fd, select.EPOLLIN)
+        except OSError as exc:  # out of kernel memory for epoll entries: refuse this one
+            self.log.error("connection_refused", peer=peer, error=str(exc))
+            stream.socket.close()
+            return
         self._per_ip[host] += 1
         self.open_connections += 1
         self._connections[conn.fd] = conn
-        self._epoll.register(conn.fd, select.EPOLLIN)
 
     def _close(self, conn: _Connection) -> None:
         """End a connection (peer gone, bad frame, idle, stalled, shutdown), once."""
         if conn.closed:
             return
         conn.closed = True
+        if conn.muted:
+            self.muted_connections -= 1
         del self._connections[conn.fd]
         try:
             self._epoll.unregister(conn.fd)
@@ -315,6 +323,7 @@ class ConnectionHandler:
         # Before the socket closes and its descriptor can be reused: a writer still
         # running stops at its next frame, and a late answer is dropped.
         conn.outbox.close()
+        conn.outbox.on_room = None  # it refers to conn: a cycle left to the collector
         conn.backlog = None
         # trio's close wakes a writer blocked on the socket (ClosedResourceError).
         conn.stream.socket.close()
@@ -332,12 +341,14 @@ class ConnectionHandler:
         # Backpressure (Kafka mutes the channel): read no more requests from this client
         # until its answers drain; its socket buffer fills and TCP slows it down.
         conn.muted = True
+        self.muted_connections += 1
         self._epoll.modify(conn.fd, 0)
 
     def _unmute(self, conn: _Connection) -> None:
         if not conn.muted or conn.closed:
             return
         conn.muted = False
+        self.muted_connections -= 1
         self._epoll.modify(conn.fd, select.EPOLLIN)
         conn.last_read = _now()  # waiting for room is not idleness
         if conn.backlog:
@@ -373,7 +384,7 @@ class ConnectionHandler:
         is waiting for its client to read, which the send-stall timeout bounds."""
         idle_s = self.idle_s
         while True:
-            await trio.sleep(idle_s / 10)
+            await trio.sleep(max(idle_s / 10, 0.01))
             oldest = _now() - idle_s
             for conn in [c for c in self._connections.values() if c.last_read <= oldest]:
                 if conn.muted or conn.outbox.queued:
@@ -463,12 +474,15 @@ class ConnectionHandler:
         outbox.cork()
         try:
             for n in range(min(len(frames), _FRAMES_PER_TURN)):
-                if outbox.full:
-                    self._mute(conn)
-                    del frames[:n]
-                    return
                 if not self._one(frames[n], conn, received):
                     self._close(conn)
+                    return
+                if outbox.full:
+                    # Checked after a request, so one always goes through whatever its
+                    # answer's size; the socket is not read again until there is room.
+                    del frames[: n + 1]
+                    conn.backlog = frames or None
+                    self._mute(conn)
                     return
             del frames[:_FRAMES_PER_TURN]
             if frames:

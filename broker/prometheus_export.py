@@ -91,6 +91,12 @@ class BrokerCollector:
         yield GaugeMetricFamily(
             "minibroker_connections", "Open client and peer connections.", value=connections
         )
+        muted = b.connections.muted_connections if b.connections else 0
+        yield GaugeMetricFamily(
+            "minibroker_connections_muted",
+            "Connections not read until their queued answers drain (backpressure).",
+            value=muted,
+        )
         families = {
             name: GaugeMetricFamily(
                 f"minibroker_partition_{name}", doc, labels=["broker", "topic", "partition"]

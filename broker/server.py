@@ -284,6 +284,7 @@ class Broker:
             "metadata_epoch": self.metadata.epoch,
             "quorum": self.quorum.stats() if self.quorum else {},
             "connections": self.connections.open_connections if self.connections else 0,
+            "connections_muted": self.connections.muted_connections if self.connections else 0,
             "purgatory": {
                 "produce": rm.produce_purgatory.stats(),
                 "fetch": rm.fetch_purgatory.stats(),
@@ -502,7 +503,9 @@ def collect_garbage_rarely() -> None:
     collections walking every connection and parked request): that was the expiry
     lateness p99 (bench longpoll, gc.callbacks). Requests free their objects by
     reference count; the collector only has to find the rare cycle (an exception's
-    traceback, say), so collecting it less often costs memory only briefly.
+    traceback, say), so collecting it less often costs memory only briefly. A frozen
+    object in a cycle would never be reclaimed, but what start-up loads (config, the
+    metadata image, the partitions, which are never removed) lives as long as the broker.
     """
     gc.collect()
     gc.freeze()

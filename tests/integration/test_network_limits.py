@@ -162,6 +162,39 @@ async def test_a_client_that_never_reads_cannot_grow_broker_memory(broker_factor
         await hog.stream.aclose()
 
 
+async def test_a_slow_reader_is_paused_then_served_every_answer_in_order(broker_factory):
+    """Past its budget a connection is not read; once its client reads, the requests
+    already read but not yet served go first, then the rest, all in order."""
+    proc = broker_factory({"queued.max.response.bytes": 1 << 20})
+    await make_topic(proc.address)
+    conn = await RawConnection.open(proc.address)
+    body = await conn.request(p.ApiKey.PRODUCE, produce("t", batch(50, size=10000)))
+    assert body["topics"][0]["partitions"][0]["error_code"] == 0
+    count = 40  # ~20 MB of answers, 20 times the budget, sent at once
+    frames = b"".join(
+        p.encode_request(p.ApiKey.FETCH, 0, corr, "raw", fetch_body())
+        for corr in range(1, count + 1)
+    )
+    await conn.stream.send_all(frames)
+
+    async def paused() -> bool:
+        return (await stats_of(proc.address))["connections_muted"] == 1
+
+    await wait_for(paused, 10, "the broker to stop reading the connection")
+    seen = []
+    with trio.fail_after(60):
+        while len(seen) < count:
+            data = await conn.stream.receive_some(1 << 20)
+            assert data, "broker closed the connection"
+            for frame in conn.decoder.feed(data):
+                corr, answer = p.decode_response_envelope(frame)
+                assert answer["topics"][0]["partitions"][0]["error_code"] == 0
+                seen.append(corr)
+    assert seen == list(range(1, count + 1))
+    assert (await stats_of(proc.address))["connections_muted"] == 0
+    await conn.stream.aclose()
+
+
 async def admitted(address: str, keep: list | None = None) -> bool:
     """Open a connection and make one request; False if the broker closed it at once."""
     conn = await RawConnection.open(address)
