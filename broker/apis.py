@@ -48,6 +48,8 @@ WAIT_FOR_METADATA = frozenset(
 class RequestHandler:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
+        # The same for every request: one object, so the network layer packs it once.
+        self._api_versions = {"error_code": 0, "api_versions": supported_versions()}
         self.handlers: dict[int, Handler] = {
             ApiKey.API_VERSIONS: self.api_versions,
             ApiKey.METADATA: self.metadata,
@@ -189,7 +191,7 @@ class RequestHandler:
     # --- APIs -----------------------------------------------------------------------------
 
     def api_versions(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
-        return {"error_code": 0, "api_versions": supported_versions()}
+        return self._api_versions
 
     def metadata(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         broker = self.broker

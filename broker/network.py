@@ -78,11 +78,12 @@ def max_connections_for(configured: int) -> int:
 
 
 class _SharedBodyPacker:
-    """Packs parked requests' answers; the same body object twice running is packed once.
+    """Packs answers; the same body object twice running is packed once.
 
     Identical long polls completing together share one answer body (ReplicaManager
-    _read_completed_fetch): 5,000 woken by one append are one packing and 5,000 splices
-    of a correlation id. Answers are never changed once set, so identity is enough.
+    _consumer_read): 5,000 woken by one append are one packing and 5,000 splices of a
+    correlation id; so are pipelined empty fetches and ApiVersions (one constant body).
+    Answers are never changed once made, so identity is enough.
     """
 
     __slots__ = ("_body", "_packed")
@@ -557,7 +558,7 @@ class ConnectionHandler:
             )
             return True
         if result is not None:
-            outbox.put(encode_response(header.correlation_id, result))
+            outbox.put(self._packer(header.correlation_id, result))
         if metrics is not None:
             done = _now()
             metrics.record(header.api_key, started - received, done - started, 0.0, done - received)

@@ -34,9 +34,9 @@ Key = tuple[str, int]
 # burst of identical long polls needs one; the bounds keep a varied load from holding
 # records for long.
 SHARED_ANSWERS = 256
+SHARED_ANSWER_BYTES = 8 << 20
 # Fetch bodies kept decoded (ReplicaManager.fetch), as many as the network layer keeps.
 FETCH_REQUESTS = 1024
-SHARED_ANSWER_BYTES = 8 << 20
 
 
 def duplicate_partition(topics: list[dict]) -> str | None:

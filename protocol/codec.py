@@ -17,7 +17,7 @@ import msgpack
 
 from .api import ERROR_RESPONSE, SCHEMAS, api_name
 from .errors import ErrorCode, InvalidRequest, ProtocolError, UnsupportedVersion
-from .framing import encode_frame
+from .framing import encode_frame, encode_frame_of
 
 
 class RequestHeader(NamedTuple):
@@ -146,7 +146,7 @@ def encode_response(correlation_id: int, body: dict) -> bytes:
 def encode_packed_response(correlation_id: int, packed_body: bytes) -> bytes:
     """The frame ``encode_response`` makes, from a body packed beforehand: a body many
     answers share (thousands of long polls woken by one append) is packed once."""
-    return encode_frame(b"\x92" + pack(correlation_id) + packed_body)  # fixarray of 2
+    return encode_frame_of(b"\x92", pack(correlation_id), packed_body)  # fixarray of 2
 
 
 def error_body(code: ErrorCode, message: str | None = None) -> dict:

@@ -20,6 +20,11 @@ def encode_frame(payload: bytes) -> bytes:
     return _LEN.pack(len(payload)) + payload
 
 
+def encode_frame_of(*parts: bytes) -> bytes:
+    """The frame of the parts' concatenation, copied once."""
+    return b"".join((_LEN.pack(sum(map(len, parts))), *parts))
+
+
 def oversized_frame_message(header: bytes, length: int, maximum: int) -> str:
     """Why a frame header is refused. Text where a length should be (b"HTTP" reads as
     1213486160) means the peer speaks another protocol, which is what the reader must hear."""
