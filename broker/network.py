@@ -33,6 +33,7 @@ from protocol import (
     ApiKey,
     FrameDecoder,
     ProtocolError,
+    decode_request_body,
     decode_request_envelope,
     encode_packed_response,
     encode_response,
@@ -369,7 +370,6 @@ class ConnectionHandler:
             self._close(conn)
             return
         # Nothing was accepted by the client's socket for send_stall_s.
-        conn.outbox.stalled = True
         self.log.warning(
             "connection_closed_send_stalled",
             peer=conn.session.peer,
@@ -510,11 +510,13 @@ class ConnectionHandler:
             # and validating it was 40 % of reading a request (bench longpoll, py-spy).
             if payload[1:2] == _FETCH_KEY:
                 split = split_request_envelope(payload)
-                if split is not None:
-                    header = split[0]
-                    body = self._fetch_bodies.get((header.api_version, split[1]))
-            if body is None:
+            if split is None:
                 header, raw = decode_request_envelope(payload)
+            else:
+                header, body_bytes = split
+                body = self._fetch_bodies.get((header.api_version, body_bytes))
+                if body is None:  # new bytes: decode the body alone, the header is read
+                    raw = decode_request_body(body_bytes)
         except ProtocolError as exc:
             log.warning("connection_closed_bad_request", peer=session.peer, error=str(exc))
             return False
@@ -526,7 +528,7 @@ class ConnectionHandler:
                     bodies = self._fetch_bodies
                     if len(bodies) >= _FETCH_BODIES:
                         bodies.clear()
-                    bodies[header.api_version, split[1]] = body
+                    bodies[header.api_version, body_bytes] = body
         except (InvalidRequest, UnsupportedVersion) as exc:
             log.info(
                 "request_rejected",

@@ -45,13 +45,11 @@ class Outbox:
         "queued",
         "reserved",
         "stall_s",
-        "stalled",
     )
 
     def __init__(self, limit: int, stall_s: float) -> None:
         self.limit = limit
         self.stall_s = stall_s
-        self.stalled = False  # the writer gave up on a client that stopped reading
         self._fd = -1  # the socket, once attached to one
         self._busy = False  # a writer task is draining the queue
         self._closed = False

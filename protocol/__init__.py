@@ -24,6 +24,7 @@ from .batch import (
 from .codec import (
     RequestHeader,
     decode_request,
+    decode_request_body,
     decode_request_envelope,
     decode_response_envelope,
     encode_packed_response,
@@ -69,6 +70,7 @@ __all__ = [
     "check_batch",
     "decode_records",
     "decode_request",
+    "decode_request_body",
     "decode_request_envelope",
     "decode_response_envelope",
     "encode_batch",

@@ -66,13 +66,20 @@ def decode_request_envelope(payload: bytes) -> tuple[RequestHeader, Any]:
     return RequestHeader(key, version, corr, client_id), body
 
 
+def decode_request_body(body_bytes: bytes) -> Any:
+    """The raw body from ``split_request_envelope``'s bytes (validate it next): exactly one
+    msgpack value, as the whole envelope's decoding would have found it."""
+    return _unpack(body_bytes)
+
+
 def split_request_envelope(payload: bytes) -> tuple[RequestHeader, bytes] | None:
     """The header and the body's bytes, without decoding the body; None unless the
     envelope has the form clients send (non-negative integers up to 2^31-1, a client id
     of at most 255 bytes or nil): decode those with ``decode_request_envelope``.
 
     Identical bodies are then identical bytes, so a server can validate one once for
-    every connection that sends it (thousands of consumers long-polling one partition).
+    every connection that sends it (thousands of consumers long-polling one partition);
+    new bytes need only ``decode_request_body``.
     """
     if payload[:1] != b"\x95":  # an array of five
         return None

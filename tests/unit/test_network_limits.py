@@ -75,20 +75,21 @@ def test_fetch_request_is_capped_by_the_broker():
 async def test_outbox_stops_taking_requests_until_the_client_reads(autojump_clock):
     outbox = Outbox(limit=1000, stall_s=60)
     send, receive = trio.testing.lockstep_stream_pair()
-    room = []
-    outbox.on_room = lambda: room.append(outbox.full)
+    room = trio.Event()
+    full_at_room = []
+    outbox.on_room = lambda: (full_at_room.append(outbox.full), room.set())
     outbox.reserve(600)  # a parked fetch that may answer 600 bytes
     outbox.put(b"x" * 500)
     assert outbox.full
     async with trio.open_nursery() as nursery:
         nursery.start_soon(outbox.run_writer, send)
-        await trio.sleep(5)
-        assert outbox.full and not room  # nobody reads: no room
+        with trio.move_on_after(5) as blocked:
+            await room.wait()
+        assert blocked.cancelled_caught and outbox.full  # nobody reads: no room
         assert await receive.receive_some(500) == b"x" * 500
         with trio.fail_after(5):
-            while not room:
-                await trio.sleep(0.01)
-        assert room[0] is False  # drained: 600 reserved < 1000
+            await room.wait()
+        assert full_at_room == [False]  # drained: 600 reserved < 1000
         outbox.release(600)
         assert outbox.queued == outbox.reserved == 0
         nursery.cancel_scope.cancel()

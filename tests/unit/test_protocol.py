@@ -265,10 +265,12 @@ def test_split_envelope_agrees_with_decoding_or_declines():
                     assert corr < 0 or corr >= 2**31 or len(client_id or "") > 100
                 else:
                     assert decoded is not None and split[0] == decoded[0]
-                    assert msgpack.unpackb(split[1]) == decoded[1]
+                    assert p.decode_request_body(split[1]) == decoded[1]
     payload = msgpack.packb([1, 0, 5, "bench", body], use_bin_type=True)
     for cut in range(len(payload)):
         split = p.split_request_envelope(payload[:cut])
         assert split is None or 0 < len(split[1]) < len(msgpack.packb(body))
+    with pytest.raises(p.ProtocolError, match="extra data"):
+        p.decode_request_body(p.split_request_envelope(payload + b"\x00")[1])
     assert p.split_request_envelope(b"") is None
     assert p.split_request_envelope(msgpack.packb([1, 0, 5, "bench"])) is None
