@@ -6,7 +6,7 @@ long-poll fetch) parks in a purgatory and the connection keeps serving others.
 Trust: the cluster's internal APIs (registration, heartbeats, ISR changes, metadata
 pushes, follower fetches) steer leaders, ISRs and high watermarks, so they are answered
 only on a connection whose peer authenticated as a cluster member (SASL_HANDSHAKE +
-SASL_AUTHENTICATE, broker/cluster_auth.py), and only about itself: the broker id in the
+SASL_AUTHENTICATE, broker/network/cluster_auth.py), and only about itself: the broker id in the
 body must be the authenticated one, and metadata is taken from the controller alone.
 Everyone else gets CLUSTER_AUTHORIZATION_FAILED and nothing changes.
 """
@@ -16,16 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from protocol import ApiKey, RequestHeader, api_name, supported_versions
-from protocol.errors import ErrorCode
-
-from .faults import FaultError
-from .pending import PendingResponse
-from .quorum.wire import QUORUM_APIS, SENDER_FIELDS
-from .session import ConnectionSession
+from minibroker.broker.network.faults import FaultError
+from minibroker.broker.network.pending import PendingResponse
+from minibroker.broker.network.session import ConnectionSession
+from minibroker.broker.raft.wire import QUORUM_APIS, SENDER_FIELDS
+from minibroker.protocol import ApiKey, RequestHeader, api_name, supported_versions
+from minibroker.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from .server import Broker
+    from minibroker.broker.server import Broker
 
 Handler = Callable[[RequestHeader, dict, ConnectionSession], "dict | PendingResponse | None"]
 

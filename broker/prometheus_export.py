@@ -20,11 +20,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import start_http_server
 
-from protocol import api_name
-
-from .config import ConfigError
-from .histogram import Histogram
-from .request_metrics import PHASES
+from minibroker.broker.common.config import ConfigError
+from minibroker.broker.common.histogram import Histogram
+from minibroker.broker.network.request_metrics import PHASES
+from minibroker.protocol import api_name
 
 _PARTITION_GAUGES = (
     ("high_watermark", "The partition's high watermark on this replica."),

@@ -20,29 +20,33 @@ from typing import Any
 
 import trio
 
-from protocol import ApiKey
-from protocol.errors import KafkaError
-
-from .alter_partition import AlterPartitionManager
-from .apis import RequestHandler
-from .cluster_auth import Authenticator, ClusterCredentials, SecretFileError, load_credentials
-from .config import BrokerConfig, ConfigError
-from .controller import METADATA_FILE, Controller
-from .controller_role import ControllerRole
-from .faults import FaultInjector
-from .fetcher_manager import ReplicaFetcherManager
-from .membership import ControllerLink, VotersError, parse_voters
-from .metadata import BrokerInfo, ClusterMetadata, load_metadata
-from .metadata_records import MetadataImage
-from .network import ConnectionHandler, max_connections_for
-from .partition import Partition
-from .pending import PendingResponse
-from .producer_ids import ProducerIdManager
-from .purgatory import MonotonicClock, Purgatory, SystemTimer, switch_interval_for
-from .quorum import QuorumConfig
-from .quorum_driver import QuorumDriver
-from .replica_manager import ReplicaManager
-from .request_metrics import RequestMetrics
+from minibroker.broker.apis import RequestHandler
+from minibroker.broker.common.config import BrokerConfig, ConfigError
+from minibroker.broker.controller.active import ControllerRole
+from minibroker.broker.controller.controller import METADATA_FILE, Controller
+from minibroker.broker.controller.membership import ControllerLink, VotersError, parse_voters
+from minibroker.broker.controller.producer_ids import ProducerIdManager
+from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata, load_metadata
+from minibroker.broker.metadata.records import MetadataImage
+from minibroker.broker.network.cluster_auth import (
+    Authenticator,
+    ClusterCredentials,
+    SecretFileError,
+    load_credentials,
+)
+from minibroker.broker.network.faults import FaultInjector
+from minibroker.broker.network.pending import PendingResponse
+from minibroker.broker.network.request_metrics import RequestMetrics
+from minibroker.broker.network.socket_server import ConnectionHandler, max_connections_for
+from minibroker.broker.purgatory import MonotonicClock, Purgatory, SystemTimer, switch_interval_for
+from minibroker.broker.raft import QuorumConfig
+from minibroker.broker.raft.driver import QuorumDriver
+from minibroker.broker.replication.alter_partition import AlterPartitionManager
+from minibroker.broker.replication.fetcher_manager import ReplicaFetcherManager
+from minibroker.broker.replication.partition import Partition
+from minibroker.broker.replication.replica_manager import ReplicaManager
+from minibroker.protocol import ApiKey
+from minibroker.protocol.errors import KafkaError
 
 # A client request held for the metadata catch-up (after_catch_up) waits at most this long,
 # then is answered from what the broker knows: below a client's default request timeout.
@@ -368,7 +372,7 @@ class Broker:
             listeners = await trio.open_tcp_listeners(self.port, host=self.host)
             if config["metrics.port"]:
                 # Imported only when asked for: prometheus-client costs every broker ~4 MB.
-                from .prometheus_export import serve_metrics
+                from minibroker.broker.prometheus_export import serve_metrics
 
                 self._metrics_server = serve_metrics(self, config["metrics.port"])
             async with trio.open_nursery() as nursery:

@@ -5,17 +5,17 @@ Errors are the exceptions of ``protocol.errors``, named after Kafka's error code
 Importing this package never imports pyspark (the Spark source lives in its own module).
 """
 
-from . import errors
-from .accumulator import DeliveryHandle
-from .admin import Admin, NewTopic, TopicDescription
-from .cluster import BrokerInfo, PartitionInfo
-from .config import DEFAULT_BOOTSTRAP, load_config
-from .consumer import Consumer
-from .offsets import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, OffsetAndTimestamp
-from .partitioner import key_partition, murmur2
-from .producer import BufferFull, Producer, ProducerClosed
-from .records import ConsumerRecord, RecordMetadata, TopicPartition
-from .sync import SyncAdmin, SyncConsumer, SyncDeliveryHandle, SyncProducer
+from minibroker.client import errors
+from minibroker.client.accumulator import DeliveryHandle
+from minibroker.client.admin import Admin, NewTopic, TopicDescription
+from minibroker.client.cluster import BrokerInfo, PartitionInfo
+from minibroker.client.config import DEFAULT_BOOTSTRAP, load_config
+from minibroker.client.consumer import Consumer
+from minibroker.client.offsets import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, OffsetAndTimestamp
+from minibroker.client.partitioner import key_partition, murmur2
+from minibroker.client.producer import BufferFull, Producer, ProducerClosed
+from minibroker.client.records import ConsumerRecord, RecordMetadata, TopicPartition
+from minibroker.client.sync import SyncAdmin, SyncConsumer, SyncDeliveryHandle, SyncProducer
 
 __all__ = [
     "DEFAULT_BOOTSTRAP",

@@ -15,10 +15,9 @@ from typing import Any
 
 import trio
 
-from protocol import encode_batch
-from protocol.batch import restamp_producer
-
-from .records import Headers, RecordMetadata
+from minibroker.client.records import Headers, RecordMetadata
+from minibroker.protocol import encode_batch
+from minibroker.protocol.batch import restamp_producer
 
 # msgpack framing per record ([ts_delta, key, value]) on top of key and value bytes.
 RECORD_OVERHEAD = 10

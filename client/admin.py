@@ -8,11 +8,16 @@ from typing import Any
 
 import trio
 
-from protocol import ApiKey
-from protocol.errors import BrokerNotAvailable, KafkaError, NotController, error_class, raise_for
-
-from .background import ClusterClient
-from .cluster import BrokerInfo, Cluster, PartitionInfo
+from minibroker.client.background import ClusterClient
+from minibroker.client.cluster import BrokerInfo, Cluster, PartitionInfo
+from minibroker.protocol import ApiKey
+from minibroker.protocol.errors import (
+    BrokerNotAvailable,
+    KafkaError,
+    NotController,
+    error_class,
+    raise_for,
+)
 
 __all__ = ["Admin", "BrokerInfo", "NewTopic", "PartitionInfo", "TopicDescription"]
 

@@ -12,8 +12,8 @@ from typing import Any, Self
 
 import trio
 
-from .cluster import Cluster
-from .config import load_client_config
+from minibroker.client.cluster import Cluster
+from minibroker.client.config import load_client_config
 
 
 class Background:

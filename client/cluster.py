@@ -14,8 +14,9 @@ from typing import Any
 
 import trio
 
-from protocol import ApiKey
-from protocol.errors import (
+from minibroker.client.connection import BrokerConnection
+from minibroker.protocol import ApiKey
+from minibroker.protocol.errors import (
     BrokerNotAvailable,
     ErrorCode,
     KafkaError,
@@ -23,8 +24,6 @@ from protocol.errors import (
     UnknownTopicOrPartition,
     error_class,
 )
-
-from .connection import BrokerConnection
 
 # What a metadata answer says about a topic that is on its way: not created yet (it
 # may be being created, or auto-created by this very request) or no leader elected yet.

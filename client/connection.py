@@ -16,9 +16,9 @@ from typing import Any
 
 import trio
 
-from protocol import api_name
-from protocol.connection import Connection, check_error
-from protocol.errors import (
+from minibroker.protocol import api_name
+from minibroker.protocol.connection import Connection, check_error
+from minibroker.protocol.errors import (
     BrokerNotAvailable,
     KafkaError,
     NetworkException,

@@ -15,14 +15,13 @@ from typing import Any
 
 import trio
 
-from protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey
-from protocol.errors import KafkaError, OffsetOutOfRange
-
-from .background import ClusterClient
-from .cluster import Cluster
-from .fetcher import PartitionState, apply_partition_result, fetch_body
-from .offsets import OffsetAndTimestamp, list_offsets, refine_by_time
-from .records import ConsumerRecord, TopicPartition
+from minibroker.client.background import ClusterClient
+from minibroker.client.cluster import Cluster
+from minibroker.client.fetcher import PartitionState, apply_partition_result, fetch_body
+from minibroker.client.offsets import OffsetAndTimestamp, list_offsets, refine_by_time
+from minibroker.client.records import ConsumerRecord, TopicPartition
+from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey
+from minibroker.protocol.errors import KafkaError, OffsetOutOfRange
 
 
 class Consumer(ClusterClient):

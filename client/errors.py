@@ -7,7 +7,7 @@ plus their bases: ``KafkaError`` (each has ``.code`` and ``.retriable``) and
 client raises.
 """
 
-from protocol.errors import _BY_CODE, ErrorCode, KafkaError, ProtocolError, error_class
+from minibroker.protocol.errors import _BY_CODE, ErrorCode, KafkaError, ProtocolError, error_class
 
 __all__ = ["ErrorCode", "KafkaError", "ProtocolError", "error_class"]
 

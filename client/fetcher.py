@@ -12,10 +12,15 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from protocol import CorruptBatch, read_records
-from protocol.errors import CorruptMessage, ErrorCode, KafkaError, MessageTooLarge, error_class
-
-from .records import ConsumerRecord, TopicPartition
+from minibroker.client.records import ConsumerRecord, TopicPartition
+from minibroker.protocol import CorruptBatch, read_records
+from minibroker.protocol.errors import (
+    CorruptMessage,
+    ErrorCode,
+    KafkaError,
+    MessageTooLarge,
+    error_class,
+)
 
 _new_tuple = tuple.__new__
 

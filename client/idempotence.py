@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from protocol.batch import increment_sequence
+from minibroker.protocol.batch import increment_sequence
 
 MAX_EPOCH = 32767  # int16: past it the producer needs a new id
 TopicPartition = tuple[str, int]

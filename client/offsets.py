@@ -13,11 +13,10 @@ from typing import NamedTuple
 
 import trio
 
-from protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey, read_records
-from protocol.errors import KafkaError, LeaderNotAvailable, error_class
-
-from .cluster import Cluster
-from .records import TopicPartition
+from minibroker.client.cluster import Cluster
+from minibroker.client.records import TopicPartition
+from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey, read_records
+from minibroker.protocol.errors import KafkaError, LeaderNotAvailable, error_class
 
 __all__ = [
     "EARLIEST_TIMESTAMP",

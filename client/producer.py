@@ -15,19 +15,18 @@ from typing import Any
 
 import trio
 
-from protocol.errors import MessageTooLarge, RequestTimedOut
-
-from .accumulator import (
+from minibroker.client.accumulator import (
     RECORD_OVERHEAD,
     DeliveryHandle,
     RecordAccumulator,
     record_size,
 )
-from .background import ClusterClient
-from .idempotence import FixedIdentity
-from .partitioner import StickyPartitioner
-from .records import RecordMetadata, normalize_headers, to_bytes
-from .sender import Sender
+from minibroker.client.background import ClusterClient
+from minibroker.client.idempotence import FixedIdentity
+from minibroker.client.partitioner import StickyPartitioner
+from minibroker.client.records import RecordMetadata, normalize_headers, to_bytes
+from minibroker.client.sender import Sender
+from minibroker.protocol.errors import MessageTooLarge, RequestTimedOut
 
 _time_ns = time.time_ns
 

@@ -19,8 +19,12 @@ from typing import Any
 
 import trio
 
-from protocol import ApiKey
-from protocol.errors import (
+from minibroker.client.accumulator import DeliveryHandle, Parked, ProducerBatch, RecordAccumulator
+from minibroker.client.cluster import Cluster
+from minibroker.client.idempotence import FixedIdentity, IdempotenceState
+from minibroker.client.records import RecordMetadata
+from minibroker.protocol import ApiKey
+from minibroker.protocol.errors import (
     ErrorCode,
     KafkaError,
     NetworkException,
@@ -29,11 +33,6 @@ from protocol.errors import (
     UnknownTopicOrPartition,
     error_class,
 )
-
-from .accumulator import DeliveryHandle, Parked, ProducerBatch, RecordAccumulator
-from .cluster import Cluster
-from .idempotence import FixedIdentity, IdempotenceState
-from .records import RecordMetadata
 
 # Errors a leader answers after it appended the batch (acks=all timing out, or the ISR
 # shrinking under it): the records may survive, so the batch's fate is unknown.

@@ -15,11 +15,11 @@ from typing import Any
 
 import trio
 
-from .admin import Admin, NewTopic, TopicDescription
-from .consumer import Consumer
-from .offsets import OffsetAndTimestamp
-from .producer import DeliveryHandle, Producer
-from .records import ConsumerRecord, RecordMetadata, TopicPartition
+from minibroker.client.admin import Admin, NewTopic, TopicDescription
+from minibroker.client.consumer import Consumer
+from minibroker.client.offsets import OffsetAndTimestamp
+from minibroker.client.producer import DeliveryHandle, Producer
+from minibroker.client.records import ConsumerRecord, RecordMetadata, TopicPartition
 
 
 class _LoopThread:

@@ -50,10 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from broker.config import ConfigError, load_config, parse_set_options
-    from broker.logs import configure_logging
-    from broker.metadata import MetadataStoreError
-    from broker.server import DataDirInUse, run_broker
+    from minibroker.broker.common.config import ConfigError, load_config, parse_set_options
+    from minibroker.broker.common.logs import configure_logging
+    from minibroker.broker.metadata.image import MetadataStoreError
+    from minibroker.broker.server import DataDirInUse, run_broker
 
     try:
         config = load_config(args.config, parse_set_options(args.set))

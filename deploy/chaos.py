@@ -25,16 +25,13 @@ from pathlib import Path
 
 import trio
 
-from client import Admin, Consumer, NewTopic, Producer
-from protocol.batch import iter_batches
-from protocol.errors import KafkaError
-
-from . import isolation
-from .chaos_check import History, Send
-from .cluster import ClusterState
-from .cluster_ops import acks_all_write
-from .launcher import free_port_range
-from .nemesis import (
+from minibroker.client import Admin, Consumer, NewTopic, Producer
+from minibroker.deploy import isolation
+from minibroker.deploy.chaos_check import History, Send
+from minibroker.deploy.cluster import ClusterState
+from minibroker.deploy.cluster_ops import acks_all_write
+from minibroker.deploy.launcher import free_port_range
+from minibroker.deploy.nemesis import (
     CONTROLLER,
     CONTROLLER_FAILOVER,
     FAULT_KINDS,
@@ -43,6 +40,8 @@ from .nemesis import (
     plan_nemesis,
     victims_for,
 )
+from minibroker.protocol.batch import iter_batches
+from minibroker.protocol.errors import KafkaError
 
 __all__ = [
     "CONTROLLER",

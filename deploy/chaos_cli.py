@@ -17,12 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from protocol.errors import KafkaError
-
-from .chaos import CONTROLLER_FAILOVER, FAULT_KINDS, ChaosRun
-from .chaos_check import PLANTS, Verdict, check, load_history, plant, save_history
-from .cluster import ClusterError
-from .launcher import BrokerStartError
+from minibroker.deploy.chaos import CONTROLLER_FAILOVER, FAULT_KINDS, ChaosRun
+from minibroker.deploy.chaos_check import PLANTS, Verdict, check, load_history, plant, save_history
+from minibroker.deploy.cluster import ClusterError
+from minibroker.deploy.launcher import BrokerStartError
+from minibroker.protocol.errors import KafkaError
 
 HISTORY_FILE = "history.json.gz"
 SHOWN = 50  # violations printed; all of them go to violations.txt

@@ -13,9 +13,17 @@ from types import ModuleType
 
 # Every command is imported by name: a module that fails to import stops the CLI with
 # its traceback instead of quietly vanishing from --help.
-from deploy import broker_cli, chaos_cli, client_cli, cluster_cli, faults_cli, stats_cli
-from deploy.bench import consume, failover, longpoll, produce, purgatory, requests, spark_read
-from deploy.broker_cli import CommandError
+from minibroker.deploy import broker_cli, chaos_cli, client_cli, cluster_cli, faults_cli, stats_cli
+from minibroker.deploy.bench import (
+    consume,
+    failover,
+    longpoll,
+    produce,
+    purgatory,
+    requests,
+    spark_read,
+)
+from minibroker.deploy.broker_cli import CommandError
 
 # Each adds its subcommands with add_subcommands(sub).
 COMMAND_GROUPS: Sequence[ModuleType] = (client_cli, cluster_cli, faults_cli, chaos_cli, stats_cli)

@@ -15,9 +15,9 @@ from typing import Any
 
 import trio
 
-from client import Admin, Consumer, NewTopic, Producer
-from client.config import DEFAULT_BOOTSTRAP, parse_properties
-from protocol.errors import (
+from minibroker.client import Admin, Consumer, NewTopic, Producer
+from minibroker.client.config import DEFAULT_BOOTSTRAP, parse_properties
+from minibroker.protocol.errors import (
     BrokerNotAvailable,
     KafkaError,
     TopicAlreadyExists,

@@ -21,12 +21,14 @@ from pathlib import Path
 
 import psutil
 
-from broker.metadata import write_atomic
-
-from .cluster_secret import ensure_cluster_secret
-from .launcher import BrokerProcess, ping, port_holder, port_in_use
+from minibroker.broker.common.atomic_file import write_atomic
+from minibroker.deploy.cluster_secret import ensure_cluster_secret
+from minibroker.deploy.launcher import BrokerProcess, ping, port_holder, port_in_use
 
 STATE_FILE = "cluster.json"
+_BROKER_MODULES = frozenset(
+    {"minibroker.deploy.broker_cli", "minibroker.deploy.cli", "deploy.broker_cli", "deploy.cli"}
+)
 DEFAULT_DATA_DIR = Path("minibroker-data")
 DEFAULT_BASE_PORT = 9092
 
@@ -145,8 +147,9 @@ class ClusterState:
                 return None
 
         return (
-            # deploy.cli: a broker started by an older minibroker, still ours to stop.
-            ("deploy.broker_cli" in cmdline or "deploy.cli" in cmdline)
+            # deploy.cli, and the names before the one root package: brokers started by an
+            # older minibroker, still ours to stop.
+            not _BROKER_MODULES.isdisjoint(cmdline)
             and option("--data-dir") == str(self.root / f"broker-{broker_id}")
             and option("--listen") == f"{self.host}:{self.port(broker_id)}"
         )

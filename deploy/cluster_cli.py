@@ -11,10 +11,19 @@ import sys
 import time
 from pathlib import Path
 
-from protocol.errors import KafkaError
-
-from .cluster import DEFAULT_BASE_PORT, DEFAULT_DATA_DIR, ClusterError, ClusterState
-from .cluster_ops import first_acks_all_write, gather_status, render_status, run_demo
+from minibroker.deploy.cluster import (
+    DEFAULT_BASE_PORT,
+    DEFAULT_DATA_DIR,
+    ClusterError,
+    ClusterState,
+)
+from minibroker.deploy.cluster_ops import (
+    first_acks_all_write,
+    gather_status,
+    render_status,
+    run_demo,
+)
+from minibroker.protocol.errors import KafkaError
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
@@ -73,7 +82,7 @@ def _fail(exc: Exception) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from broker.config import ConfigError, load_config, parse_set_options
+    from minibroker.broker.common.config import ConfigError, load_config, parse_set_options
 
     try:
         sets = parse_set_options(args.set)

@@ -7,10 +7,9 @@ import time
 import psutil
 import trio
 
-from client import Admin, Consumer, NewTopic, Producer
-from protocol.errors import KafkaError, TopicAlreadyExists
-
-from .cluster import ClusterError, ClusterState
+from minibroker.client import Admin, Consumer, NewTopic, Producer
+from minibroker.deploy.cluster import ClusterError, ClusterState
+from minibroker.protocol.errors import KafkaError, TopicAlreadyExists
 
 HEALTH_TOPIC = "__minibroker_health"
 

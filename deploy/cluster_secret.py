@@ -1,6 +1,6 @@
 """The cluster's shared secret: generated once per cluster, kept in its data dir (0600).
 
-Brokers prove membership to each other with it (broker/cluster_auth.py). Each broker
+Brokers prove membership to each other with it (broker/network/cluster_auth.py). Each broker
 gets the file's *path* (``cluster.secret.file``), never the secret itself: command
 lines are visible to every user through ``ps``. The secret is never printed or logged.
 """
@@ -8,9 +8,10 @@ lines are visible to every user through ``ps``. The secret is never printed or l
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from pathlib import Path
+
+from minibroker.broker.common.atomic_file import write_atomic
 
 SECRET_FILE = "cluster.secret"
 
@@ -24,19 +25,7 @@ def ensure_cluster_secret(data_dir: Path) -> Path:
     body = json.dumps(
         {"cluster_id": secrets.token_urlsafe(16), "secret": secrets.token_hex(32)}
     ).encode()
-    tmp = path.with_name(f"{SECRET_FILE}.{os.getpid()}.tmp")
-    # Created 0600 from the start (no window where others may read it), then renamed
-    # into place: a concurrent starter either sees no file or a complete one.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, body)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, path)  # fails if another starter won the race: keep theirs
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink()
+    # 0600 from its creation on, and never replacing a file another starter wrote first:
+    # of concurrent starters exactly one writes, the others keep its secret.
+    write_atomic(path, body, mode=0o600, replace=False)
     return path

@@ -15,11 +15,10 @@ import sys
 
 import trio
 
-from client import Admin
-from protocol import ApiKey
-from protocol.errors import ErrorCode, KafkaError
-
-from . import isolation
+from minibroker.client import Admin
+from minibroker.deploy import isolation
+from minibroker.protocol import ApiKey
+from minibroker.protocol.errors import ErrorCode, KafkaError
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from client import Admin
-from protocol.errors import KafkaError
+from minibroker.client import Admin
+from minibroker.protocol.errors import KafkaError
 
 
 class IsolationError(ValueError):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from protocol import ApiKey, FrameDecoder, decode_response_envelope, encode_request
+from minibroker.protocol import ApiKey, FrameDecoder, decode_response_envelope, encode_request
 
 
 class BrokerStartError(RuntimeError):
@@ -154,7 +154,7 @@ class BrokerProcess:
         cmd = [
             sys.executable,
             "-m",
-            "deploy.broker_cli",
+            "minibroker.deploy.broker_cli",
             "--id",
             str(self.broker_id),
             "--listen",

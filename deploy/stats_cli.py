@@ -9,10 +9,9 @@ import sys
 
 import trio
 
-from client import Admin
-from protocol.errors import KafkaError
-
-from .client_cli import describe_error
+from minibroker.client import Admin
+from minibroker.deploy.client_cli import describe_error
+from minibroker.protocol.errors import KafkaError
 
 PURGATORY_FIELDS = ("pending", "watched", "completed", "expired", "purges")
 

@@ -30,14 +30,13 @@ from typing import Any, TypeVar
 import pytest
 import trio
 
-from client import Admin, NewTopic, PartitionInfo
-from protocol import ApiKey
-from protocol.errors import ErrorCode, KafkaError
-
-from . import isolation
-from .cluster import ClusterState
-from .cluster_ops import acks_all_write
-from .launcher import free_port_range
+from minibroker.client import Admin, NewTopic, PartitionInfo
+from minibroker.deploy import isolation
+from minibroker.deploy.cluster import ClusterState
+from minibroker.deploy.cluster_ops import acks_all_write
+from minibroker.deploy.launcher import free_port_range
+from minibroker.protocol import ApiKey
+from minibroker.protocol.errors import ErrorCode, KafkaError
 
 T = TypeVar("T")
 

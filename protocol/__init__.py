@@ -3,9 +3,15 @@
 No sockets, no trio, no files, no clocks: bytes in, values out.
 """
 
-from . import errors
-from .api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey, api_name, supported_versions
-from .batch import (
+from minibroker.protocol import errors
+from minibroker.protocol.api import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    ApiKey,
+    api_name,
+    supported_versions,
+)
+from minibroker.protocol.batch import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     BatchHeader,
@@ -21,7 +27,7 @@ from .batch import (
     read_records,
     unpack_header,
 )
-from .codec import (
+from minibroker.protocol.codec import (
     RequestHeader,
     decode_request,
     decode_request_body,
@@ -36,7 +42,7 @@ from .codec import (
     validate_request,
     validate_response,
 )
-from .errors import (
+from minibroker.protocol.errors import (
     ErrorCode,
     FrameTooLarge,
     InvalidRequest,
@@ -46,7 +52,7 @@ from .errors import (
     error_class,
     raise_for,
 )
-from .framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from minibroker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from .schema import (
+from minibroker.protocol.schema import (
     BOOL,
     BYTES,
     INT16,

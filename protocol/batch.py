@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import msgpack
 
-from .errors import ProtocolError
+from minibroker.protocol.errors import ProtocolError
 
 HEADER = struct.Struct(">qiiIhiqqi")
 HEADER_SIZE = HEADER.size  # 46

@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from .api import ERROR_RESPONSE, SCHEMAS, api_name
-from .errors import ErrorCode, InvalidRequest, ProtocolError, UnsupportedVersion
-from .framing import encode_frame, encode_frame_of
+from minibroker.protocol.api import ERROR_RESPONSE, SCHEMAS, api_name
+from minibroker.protocol.errors import ErrorCode, InvalidRequest, ProtocolError, UnsupportedVersion
+from minibroker.protocol.framing import encode_frame, encode_frame_of
 
 
 class RequestHeader(NamedTuple):

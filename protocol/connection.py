@@ -33,10 +33,10 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from .api import ITEM_VERDICT_APIS
-from .codec import decode_response_envelope, encode_request, validate_response
-from .errors import ProtocolError, raise_for
-from .framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
+from minibroker.protocol.api import ITEM_VERDICT_APIS
+from minibroker.protocol.codec import decode_response_envelope, encode_request, validate_response
+from minibroker.protocol.errors import ProtocolError, raise_for
+from minibroker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
 
 __all__ = ["ITEM_VERDICT_APIS", "Connection", "Response", "check_error"]
 

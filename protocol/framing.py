@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 
-from .errors import FrameTooLarge, ProtocolError
+from minibroker.protocol.errors import FrameTooLarge, ProtocolError
 
 _LEN = struct.Struct(">I")
 FRAME_HEADER_SIZE = 4

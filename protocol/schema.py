@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .errors import InvalidRequest
+from minibroker.protocol.errors import InvalidRequest
 
 Validator = Callable[[Any, str], Any]
 

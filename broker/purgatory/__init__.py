@@ -39,16 +39,16 @@ here                                   Kafka (server/util/timer, DelayedOperatio
 =====================================  ==============================================
 """
 
-from .bucket import Bucket, TimerTask
-from .clock import Clock, ManualClock, MonotonicClock
-from .delivery import run_inline
-from .manual_timer import ManualTimer
-from .operation import DelayedOperation
-from .purgatory import Purgatory
-from .system_timer import SystemTimer, switch_interval_for
-from .timer import Timer
-from .watchers import Watchers
-from .wheel import TimingWheel
+from minibroker.broker.common.clock import Clock, ManualClock, MonotonicClock
+from minibroker.broker.purgatory.bucket import Bucket, TimerTask
+from minibroker.broker.purgatory.delivery import run_inline
+from minibroker.broker.purgatory.manual_timer import ManualTimer
+from minibroker.broker.purgatory.operation import DelayedOperation
+from minibroker.broker.purgatory.purgatory import Purgatory
+from minibroker.broker.purgatory.system_timer import SystemTimer, switch_interval_for
+from minibroker.broker.purgatory.timer import Timer
+from minibroker.broker.purgatory.watchers import Watchers
+from minibroker.broker.purgatory.wheel import TimingWheel
 
 __all__ = [
     "Bucket",

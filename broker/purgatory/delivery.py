@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from .bucket import TimerTask
+from minibroker.broker.purgatory.bucket import TimerTask
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from heapq import heappop
 
-from .bucket import Bucket, TimerTask
-from .wheel import TimingWheel
+from minibroker.broker.purgatory.bucket import Bucket, TimerTask
+from minibroker.broker.purgatory.wheel import TimingWheel
 
 
 class TimerEngine:

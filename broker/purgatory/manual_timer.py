@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .bucket import TimerTask
-from .clock import ManualClock
-from .delivery import ExpireBatch, deliver, run_inline
-from .engine import TimerEngine
+from minibroker.broker.common.clock import ManualClock
+from minibroker.broker.purgatory.bucket import TimerTask
+from minibroker.broker.purgatory.delivery import ExpireBatch, deliver, run_inline
+from minibroker.broker.purgatory.engine import TimerEngine
 
 
 class ManualTimer:

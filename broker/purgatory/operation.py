@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .bucket import TimerTask
+from minibroker.broker.purgatory.bucket import TimerTask
 
 # The one-shot claim: each op gets an iterator over range(1, 2); ``next(it, 0)`` is a single
 # C call, hence atomic under the GIL: it returns 1 once, then 0. A range iterator, unlike a

@@ -13,11 +13,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Hashable, Iterable
 
-from ..histogram import Histogram
-from .bucket import TimerTask
-from .operation import DelayedOperation
-from .timer import Timer
-from .watchers import Watchers
+from minibroker.broker.common.histogram import Histogram
+from minibroker.broker.purgatory.bucket import TimerTask
+from minibroker.broker.purgatory.operation import DelayedOperation
+from minibroker.broker.purgatory.timer import Timer
+from minibroker.broker.purgatory.watchers import Watchers
 
 ExpiryHandoff = Callable[[list], None]
 

@@ -16,10 +16,10 @@ from collections import deque
 from itertools import repeat, starmap
 from time import monotonic_ns
 
-from .bucket import TimerTask, unlink_all
-from .clock import Clock, ManualClock, MonotonicClock
-from .delivery import ExpireBatch, deliver, run_inline
-from .engine import TimerEngine
+from minibroker.broker.common.clock import Clock, ManualClock, MonotonicClock
+from minibroker.broker.purgatory.bucket import TimerTask, unlink_all
+from minibroker.broker.purgatory.delivery import ExpireBatch, deliver, run_inline
+from minibroker.broker.purgatory.engine import TimerEngine
 
 # Adds queued before the thread is woken to link them (a power of two: the check is a mask).
 DRAIN_BATCH = 1024

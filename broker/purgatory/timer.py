@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .bucket import TimerTask
-from .clock import Clock
+from minibroker.broker.common.clock import Clock
+from minibroker.broker.purgatory.bucket import TimerTask
 
 
 class Timer(Protocol):

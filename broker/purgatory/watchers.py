@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .operation import DelayedOperation
+from minibroker.broker.purgatory.operation import DelayedOperation
 
 
 class Watchers(list):

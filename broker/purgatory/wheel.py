@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from heapq import heappush
 
-from .bucket import Bucket, TimerTask
+from minibroker.broker.purgatory.bucket import Bucket, TimerTask
 
 
 class TimingWheel:

@@ -1,6 +1,6 @@
 """Partition logs on disk: segments of wire-identical batches, sparse indexes, recovery."""
 
-from .log import AppendInfo, Log, LogAppendError, LogConfig, ReadResult
-from .segment import Segment
+from minibroker.broker.storage.log import AppendInfo, Log, LogAppendError, LogConfig, ReadResult
+from minibroker.broker.storage.segment import Segment
 
 __all__ = ["AppendInfo", "Log", "LogAppendError", "LogConfig", "ReadResult", "Segment"]

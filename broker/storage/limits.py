@@ -15,7 +15,7 @@ import math
 import resource
 from collections.abc import Iterable
 
-from .segment import MAX_OPEN_SEALED
+from minibroker.broker.storage.segment import MAX_OPEN_SEALED
 
 FDS_PER_PARTITION = 1
 # Connections, sealed-segment reads, metadata and checkpoint files, the lock file, logs.

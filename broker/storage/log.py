@@ -18,7 +18,9 @@ from typing import Any
 
 import structlog
 
-from protocol.batch import (
+from minibroker.broker.storage.producer_state import ProducerStateManager
+from minibroker.broker.storage.segment import BatchInfo, Segment, scan_segment, walk_to
+from minibroker.protocol.batch import (
     BASE_AND_LENGTH,
     HEADER_SIZE,
     LAST_DELTA,
@@ -32,16 +34,13 @@ from protocol.batch import (
     patch_leader_epoch,
     producer_fields,
 )
-from protocol.errors import (
+from minibroker.protocol.errors import (
     CorruptMessage,
     InvalidRecord,
     MessageTooLarge,
     OffsetOutOfRange,
     RecordListTooLarge,
 )
-
-from .producer_state import ProducerStateManager
-from .segment import BatchInfo, Segment, scan_segment, walk_to
 
 
 @dataclass(frozen=True, slots=True)

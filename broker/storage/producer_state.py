@@ -26,7 +26,6 @@ An unreadable snapshot is skipped with a warning: the log itself is the truth.
 
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from collections import deque
@@ -35,8 +34,9 @@ from typing import Any
 
 import msgpack
 
-from protocol.batch import DERIVED_PRODUCER_ID_BASE, increment_sequence
-from protocol.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber
+from minibroker.broker.common.atomic_file import write_atomic
+from minibroker.protocol.batch import DERIVED_PRODUCER_ID_BASE, increment_sequence
+from minibroker.protocol.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber
 
 # Kafka's ProducerStateEntry.NumBatchesToRetain.
 BATCHES_TO_RETAIN = 5
@@ -221,11 +221,7 @@ class ProducerStateManager:
                 ],
             ]
         )
-        path = self._path(offset)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(_CRC.pack(zlib.crc32(body)) + body)
-        os.replace(tmp, path)
+        write_atomic(self._path(offset), _CRC.pack(zlib.crc32(body)) + body)
         for old in self.snapshot_offsets()[:-SNAPSHOTS_KEPT]:
             self._path(old).unlink(missing_ok=True)
 

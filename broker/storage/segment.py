@@ -29,7 +29,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple
 
-from protocol.batch import (
+from minibroker.protocol.batch import (
     BASE_AND_LENGTH,
     HEADER,
     HEADER_SIZE,

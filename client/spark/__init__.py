@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .fetch import DataLossError
-from .options import OptionError
-from .source import NAME, MinibrokerDataSource
+from minibroker.client.spark.fetch import DataLossError
+from minibroker.client.spark.options import OptionError
+from minibroker.client.spark.source import NAME, MinibrokerDataSource
 
 
 def register(spark: Any) -> None:

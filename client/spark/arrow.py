@@ -12,9 +12,8 @@ from __future__ import annotations
 import msgpack
 import pyarrow as pa
 
-from protocol import BatchHeader, CorruptBatch
-
-from .fetch import Chunk
+from minibroker.client.spark.fetch import Chunk
+from minibroker.protocol import BatchHeader, CorruptBatch
 
 SOURCE_DDL = (
     "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, "

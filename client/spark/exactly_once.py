@@ -21,9 +21,8 @@ import hashlib
 import uuid
 from dataclasses import dataclass
 
-from protocol.batch import DERIVED_PRODUCER_ID_BASE
-
-from ..idempotence import MAX_EPOCH, FixedIdentity
+from minibroker.client.idempotence import MAX_EPOCH, FixedIdentity
+from minibroker.protocol.batch import DERIVED_PRODUCER_ID_BASE
 
 EPOCHS_PER_ID = MAX_EPOCH + 1
 

@@ -21,14 +21,13 @@ from typing import Any
 
 import trio
 
-from protocol import ApiKey, BatchHeader, iter_batches
-from protocol.errors import ErrorCode, KafkaError, RequestTimedOut, error_class
-
-from ..cluster import Cluster
-from ..fetcher import METADATA_ERRORS
-from ..offsets import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, list_offsets
-from ..records import TopicPartition
-from .ranges import OffsetRange
+from minibroker.client.cluster import Cluster
+from minibroker.client.fetcher import METADATA_ERRORS
+from minibroker.client.offsets import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, list_offsets
+from minibroker.client.records import TopicPartition
+from minibroker.client.spark.ranges import OffsetRange
+from minibroker.protocol import ApiKey, BatchHeader, iter_batches
+from minibroker.protocol.errors import ErrorCode, KafkaError, RequestTimedOut, error_class
 
 _DONE = object()
 

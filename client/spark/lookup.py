@@ -13,13 +13,12 @@ from typing import Any
 
 import trio
 
-from protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
-from protocol.errors import ErrorCode, UnknownTopicOrPartition
-
-from ..cluster import Cluster
-from ..offsets import list_offsets, refine_by_time
-from ..records import TopicPartition
-from .options import Subscription
+from minibroker.client.cluster import Cluster
+from minibroker.client.offsets import list_offsets, refine_by_time
+from minibroker.client.records import TopicPartition
+from minibroker.client.spark.options import Subscription
+from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from minibroker.protocol.errors import ErrorCode, UnknownTopicOrPartition
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import SETTINGS, load_config
-from ..records import TopicPartition
-from . import kafka_keys
+from minibroker.client.config import SETTINGS, load_config
+from minibroker.client.records import TopicPartition
+from minibroker.client.spark import kafka_keys
 
 EARLIEST = -2  # Kafka's JSON spelling of "earliest" in startingOffsets
 LATEST = -1  # ... and of "latest" in startingOffsets / endingOffsets

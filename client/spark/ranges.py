@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 
-from ..records import TopicPartition
+from minibroker.client.records import TopicPartition
 
 Offsets = dict[TopicPartition, int]
 

@@ -21,11 +21,10 @@ from typing import Any
 import pyarrow as pa
 import trio
 
-from protocol.errors import InvalidProducerEpoch
-
-from ..idempotence import FixedIdentity
-from ..producer import BufferFull, Producer
-from .options import OptionError, WriteOptions
+from minibroker.client.idempotence import FixedIdentity
+from minibroker.client.producer import BufferFull, Producer
+from minibroker.client.spark.options import OptionError, WriteOptions
+from minibroker.protocol.errors import InvalidProducerEpoch
 
 _TEXT = ("string", "binary")
 SINK_TYPES = {

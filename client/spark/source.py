@@ -30,11 +30,11 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from . import lookup
-from .arrow import source_ddl, to_record_batch
-from .exactly_once import WriteIdentity
-from .fetch import RangeFetcher, data_loss
-from .options import (
+from minibroker.client.spark import lookup
+from minibroker.client.spark.arrow import source_ddl, to_record_batch
+from minibroker.client.spark.exactly_once import WriteIdentity
+from minibroker.client.spark.fetch import RangeFetcher, data_loss
+from minibroker.client.spark.options import (
     EARLIEST,
     LATEST,
     OffsetSpec,
@@ -46,8 +46,15 @@ from .options import (
     parse_read_options,
     parse_write_options,
 )
-from .ranges import OffsetRange, Offsets, cap_offsets, from_json, split_ranges, to_json
-from .sink import check_sink_schema, produce_batches
+from minibroker.client.spark.ranges import (
+    OffsetRange,
+    Offsets,
+    cap_offsets,
+    from_json,
+    split_ranges,
+    to_json,
+)
+from minibroker.client.spark.sink import check_sink_schema, produce_batches
 
 NAME = "minibroker"
 

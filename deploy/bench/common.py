@@ -10,8 +10,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from client import Admin, NewTopic
-from protocol.errors import KafkaError
+from minibroker.client import Admin, NewTopic
+from minibroker.protocol.errors import KafkaError
 
 
 def add_connection_arguments(

@@ -14,10 +14,14 @@ from typing import Any
 
 import trio
 
-from client import Consumer
-from client.config import parse_properties
-
-from .common import add_connection_arguments, bootstrap_of, percentile, report
+from minibroker.client import Consumer
+from minibroker.client.config import parse_properties
+from minibroker.deploy.bench.common import (
+    add_connection_arguments,
+    bootstrap_of,
+    percentile,
+    report,
+)
 
 BENCH_DEFAULTS: dict[
     str, object

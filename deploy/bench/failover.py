@@ -20,14 +20,13 @@ from typing import Any
 
 import trio
 
-from client import Admin, NewTopic
-from client.config import parse_properties
-from protocol.errors import KafkaError
-
-from ..cluster import ClusterState
-from ..cluster_ops import acks_all_write, broker_stats_of, quorum_view
-from ..launcher import free_port_range
-from .common import report
+from minibroker.client import Admin, NewTopic
+from minibroker.client.config import parse_properties
+from minibroker.deploy.bench.common import report
+from minibroker.deploy.cluster import ClusterState
+from minibroker.deploy.cluster_ops import acks_all_write, broker_stats_of, quorum_view
+from minibroker.deploy.launcher import free_port_range
+from minibroker.protocol.errors import KafkaError
 
 POLL_S = 0.01
 

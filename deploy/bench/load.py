@@ -20,8 +20,8 @@ from typing import Any
 
 import psutil
 
-from ..cluster import ClusterState
-from ..launcher import free_port_range
+from minibroker.deploy.cluster import ClusterState
+from minibroker.deploy.launcher import free_port_range
 
 
 def raise_fd_limit() -> None:

@@ -26,17 +26,22 @@ from typing import Any
 import psutil
 import trio
 
-from client import Admin, Consumer
-from protocol import ApiKey, FrameDecoder, decode_response_envelope, encode_batch, encode_request
-
-from .common import ensure_topic, percentile, report
-from .load import (
+from minibroker.client import Admin, Consumer
+from minibroker.deploy.bench.common import ensure_topic, percentile, report
+from minibroker.deploy.bench.load import (
     ClientProcesses,
     add_broker_under_test_argument,
     broker_under_test,
     cpu_seconds,
     raise_fd_limit,
     shares,
+)
+from minibroker.protocol import (
+    ApiKey,
+    FrameDecoder,
+    decode_response_envelope,
+    encode_batch,
+    encode_request,
 )
 
 CONNECTIONS_PER_PROCESS = 1250

@@ -17,10 +17,15 @@ from typing import Any
 
 import trio
 
-from client import Producer
-from client.config import parse_properties
-
-from .common import add_connection_arguments, bootstrap_of, ensure_topic, percentile, report
+from minibroker.client import Producer
+from minibroker.client.config import parse_properties
+from minibroker.deploy.bench.common import (
+    add_connection_arguments,
+    bootstrap_of,
+    ensure_topic,
+    percentile,
+    report,
+)
 
 # Large batches make a Python producer fast; a small buffer keeps the backlog (and so the
 # latency at full speed) short and the memory flat. --property overrides these.

@@ -32,9 +32,13 @@ from array import array
 from bisect import bisect_right
 from collections import deque
 
-from broker.purgatory import DelayedOperation, Purgatory, SystemTimer, switch_interval_for
-
-from .common import percentile
+from minibroker.broker.purgatory import (
+    DelayedOperation,
+    Purgatory,
+    SystemTimer,
+    switch_interval_for,
+)
+from minibroker.deploy.bench.common import percentile
 
 IMPLS = ("wheel", "heap", "trio-tasks")
 SCENARIOS = {"low": (20.0, 60.0), "high": (200.0, 400.0)}
@@ -538,7 +542,7 @@ def run_one(args: argparse.Namespace) -> dict:
 
 def _run_subprocess(args: argparse.Namespace, impl: str, rate: float) -> dict:
     cmd = [
-        sys.executable, "-m", "deploy.bench.purgatory", "--impl", impl, "--rate", str(rate),
+        sys.executable, "-m", "minibroker.deploy.bench.purgatory", "--impl", impl, "--rate", str(rate),
         "--scenario", args.scenario, "--requests", str(args.requests),
         "--timeout", str(args.timeout), "--tick", str(args.tick),
         "--wheel-size", str(args.wheel_size), "--purge-interval", str(args.purge_interval),

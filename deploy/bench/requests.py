@@ -18,16 +18,15 @@ from typing import Any
 import psutil
 import trio
 
-from protocol import ApiKey, FrameDecoder, encode_request
-
-from .common import ensure_topic, report
-from .load import (
+from minibroker.deploy.bench.common import ensure_topic, report
+from minibroker.deploy.bench.load import (
     ClientProcesses,
     add_broker_under_test_argument,
     broker_under_test,
     cpu_seconds,
     shares,
 )
+from minibroker.protocol import ApiKey, FrameDecoder, encode_request
 
 APIS = ("api-versions", "empty-fetch")
 

@@ -25,10 +25,14 @@ from typing import Any
 
 import trio
 
-from client import Admin, Consumer, Producer
-from client.config import parse_properties
-
-from .common import add_connection_arguments, bootstrap_of, ensure_topic, report
+from minibroker.client import Admin, Consumer, Producer
+from minibroker.client.config import parse_properties
+from minibroker.deploy.bench.common import (
+    add_connection_arguments,
+    bootstrap_of,
+    ensure_topic,
+    report,
+)
 
 FILL_SETTINGS = {"batch.size": 262144, "linger.ms": 5, "acks": 1}
 
@@ -83,7 +87,7 @@ def _session(master: str) -> Any:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from client.spark import register
+    from minibroker.client.spark import register
 
     spark = (
         SparkSession.builder.master(master)

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .session import add_spark_arguments, ensure_topic, spark_session
+from minibroker.deploy.pipelines.session import add_spark_arguments, ensure_topic, spark_session
 
 EVENT_SCHEMA = "user STRING, amount BIGINT, event_time TIMESTAMP"
 

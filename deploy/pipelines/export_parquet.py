@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-from .session import add_spark_arguments, spark_session
+from minibroker.deploy.pipelines.session import add_spark_arguments, spark_session
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -24,7 +24,7 @@ def spark_session(app_name: str, master: str) -> Any:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from client.spark import register
+    from minibroker.client.spark import register
 
     spark = (
         SparkSession.builder.master(master)
@@ -45,8 +45,8 @@ def ensure_topic(bootstrap: str, name: str, partitions: int = 1) -> bool:
     job writing results to a topic of its own creates it, and runs as its README recipe
     is written. Returns True if it created the topic.
     """
-    from client import NewTopic, SyncAdmin
-    from client.errors import TopicAlreadyExists
+    from minibroker.client import NewTopic, SyncAdmin
+    from minibroker.client.errors import TopicAlreadyExists
 
     with SyncAdmin(bootstrap) as admin:
         if name in admin.list_topics():

@@ -8,8 +8,8 @@ from typing import Any
 
 import trio
 
-from client import Admin
-from deploy.cluster import ClusterState
+from minibroker.client import Admin
+from minibroker.deploy.cluster import ClusterState
 
 
 async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:
@@ -55,7 +55,7 @@ async def leader_of(state: ClusterState, topic: str, partition: int) -> int:
 
 async def partition_led_by(state: ClusterState, topic: str, wanted: Callable[[int], bool]) -> int:
     """The first partition of ``topic`` whose leader satisfies ``wanted``: placement is
-    random (broker/placement.py), so tests look a suitable partition up."""
+    random (broker/controller/placement.py), so tests look a suitable partition up."""
     async with Admin(state.bootstrap) as admin:
         partitions = (await admin.describe_topics([topic]))[topic].partitions
     for index, p in enumerate(partitions):

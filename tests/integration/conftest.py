@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.launcher import BrokerProcess, free_port, free_port_range
+from minibroker.deploy.launcher import BrokerProcess, free_port, free_port_range
 
 
 @pytest.fixture
@@ -42,8 +42,8 @@ def broker(broker_process) -> str:
 @pytest.fixture
 def cluster_factory(tmp_path):
     """Start a local cluster the way `minibroker cluster up` does; stopped after the test."""
-    from deploy.cluster import ClusterState
-    from deploy.cluster_ops import acks_all_write
+    from minibroker.deploy.cluster import ClusterState
+    from minibroker.deploy.cluster_ops import acks_all_write
 
     states = []
 

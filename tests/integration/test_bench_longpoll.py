@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from deploy.bench import longpoll
+from minibroker.deploy.bench import longpoll
 
 pytestmark = pytest.mark.integration
 

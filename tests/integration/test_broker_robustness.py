@@ -10,10 +10,10 @@ import msgpack
 import pytest
 import trio
 
-import protocol as p
-from client import Admin, Consumer, NewTopic, Producer
-from deploy.launcher import ping
-from protocol.errors import ErrorCode
+import minibroker.protocol as p
+from minibroker.client import Admin, Consumer, NewTopic, Producer
+from minibroker.deploy.launcher import ping
+from minibroker.protocol.errors import ErrorCode
 
 pytestmark = pytest.mark.integration
 
@@ -171,7 +171,7 @@ def test_bad_config_stops_the_broker_with_one_line(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "deploy.cli",
+        "minibroker.deploy.cli",
         "broker",
         "--data-dir",
         str(tmp_path),

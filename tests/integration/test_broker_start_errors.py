@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from client import Admin, NewTopic
-from deploy.launcher import BrokerProcess, free_port
+from minibroker.client import Admin, NewTopic
+from minibroker.deploy.launcher import BrokerProcess, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ def run_broker(
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
     return subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "broker", *args],
+        [sys.executable, "-m", "minibroker.deploy.cli", "broker", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -10,7 +10,7 @@ import sys
 
 def chaos(*args: str) -> tuple[subprocess.CompletedProcess, dict]:
     run = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "chaos", *args],
+        [sys.executable, "-m", "minibroker.deploy.cli", "chaos", *args],
         capture_output=True,
         text=True,
         timeout=120,

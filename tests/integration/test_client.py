@@ -8,7 +8,7 @@ import time
 import pytest
 import trio
 
-from client import (
+from minibroker.client import (
     Admin,
     Consumer,
     NewTopic,
@@ -19,8 +19,8 @@ from client import (
     TopicPartition,
     key_partition,
 )
-from deploy.launcher import free_port
-from protocol.errors import (
+from minibroker.deploy.launcher import free_port
+from minibroker.protocol.errors import (
     BrokerNotAvailable,
     RequestTimedOut,
     TopicAlreadyExists,

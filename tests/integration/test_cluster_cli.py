@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from deploy.launcher import BrokerProcess, free_port, free_port_range, ping
+from minibroker.deploy.launcher import BrokerProcess, free_port, free_port_range, ping
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ def env_with_root(env: dict | None = None) -> dict:
 
 def mb(*args: str, timeout: float = 60, cwd=None, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "deploy.cli", *args],
+        [sys.executable, "-m", "minibroker.deploy.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

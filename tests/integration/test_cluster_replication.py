@@ -9,8 +9,8 @@ import psutil
 import pytest
 import trio
 
-from client import Admin, Consumer, NewTopic, Producer
-from protocol.errors import NotEnoughReplicas, RequestTimedOut
+from minibroker.client import Admin, Consumer, NewTopic, Producer
+from minibroker.protocol.errors import NotEnoughReplicas, RequestTimedOut
 
 from .cluster_helpers import isr_of, partition_view, segment_bytes, wait_for
 

@@ -11,17 +11,17 @@ import time
 import pytest
 import trio
 
-from broker.controller import METADATA_FILE
-from broker.metadata import (
+from minibroker.broker.controller.controller import METADATA_FILE
+from minibroker.broker.metadata.image import (
     BrokerInfo,
     ClusterMetadata,
     PartitionState,
     TopicState,
     save_metadata,
 )
-from client import Admin, Consumer, NewTopic, Producer
-from deploy.cluster_ops import gather_status, render_status
-from protocol.errors import KafkaError
+from minibroker.client import Admin, Consumer, NewTopic, Producer
+from minibroker.deploy.cluster_ops import gather_status, render_status
+from minibroker.protocol.errors import KafkaError
 
 from .cluster_helpers import broker_stats, wait_for
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from client import Admin, Consumer, NewTopic, Producer
+from minibroker.client import Admin, Consumer, NewTopic, Producer
 
 from .cluster_helpers import (
     isr_of,

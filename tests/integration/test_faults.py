@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from client import Admin, NewTopic, Producer
-from protocol import ApiKey
-from protocol.errors import ErrorCode, InvalidRequest, NotEnoughReplicas, RequestTimedOut
+from minibroker.client import Admin, NewTopic, Producer
+from minibroker.protocol import ApiKey
+from minibroker.protocol.errors import ErrorCode, InvalidRequest, NotEnoughReplicas, RequestTimedOut
 
 from .cluster_helpers import isr_of, wait_for
 

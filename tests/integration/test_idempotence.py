@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from client import Admin, Consumer, NewTopic, Producer
-from protocol import ApiKey
+from minibroker.client import Admin, Consumer, NewTopic, Producer
+from minibroker.protocol import ApiKey
 
 from .cluster_helpers import leader_of, wait_for
 

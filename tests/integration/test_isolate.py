@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from client import Admin, Consumer, NewTopic, Producer, SyncProducer
-from deploy.testing import LocalCluster
+from minibroker.client import Admin, Consumer, NewTopic, Producer, SyncProducer
+from minibroker.deploy.testing import LocalCluster
 from tests.waiting import wait_until
 
 from .cluster_helpers import broker_stats, partition_view, wait_for
@@ -32,7 +32,7 @@ ACKS_ALL = {"request.timeout.ms": 3000, "delivery.timeout.ms": 20000, "retry.bac
 def faults_cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "faults", *args],
+        [sys.executable, "-m", "minibroker.deploy.cli", "faults", *args],
         capture_output=True,
         text=True,
         timeout=60,

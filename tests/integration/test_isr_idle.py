@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from client import Admin, NewTopic, Producer
+from minibroker.client import Admin, NewTopic, Producer
 
 from .cluster_helpers import isr_of, wait_for
 

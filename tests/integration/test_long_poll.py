@@ -7,7 +7,7 @@ import time
 import pytest
 import trio
 
-from client import Admin, Consumer, NewTopic, Producer
+from minibroker.client import Admin, Consumer, NewTopic, Producer
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +58,7 @@ def test_stats_command_shows_purgatory_metrics(broker):
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "deploy.cli", "stats", "--bootstrap", broker]
+    cmd = [sys.executable, "-m", "minibroker.deploy.cli", "stats", "--bootstrap", broker]
     table = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     assert table.returncode == 0, table.stderr
     assert "purgatory" in table.stdout and "fetch" in table.stdout

@@ -10,8 +10,8 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from client import Admin, Consumer, NewTopic, Producer
-from deploy.launcher import free_port
+from minibroker.client import Admin, Consumer, NewTopic, Producer
+from minibroker.deploy.launcher import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +67,14 @@ async def test_stats_shows_request_times_per_api(broker_process):
     assert produce["requests"] >= 1 and produce["total"]["p99_ms_le"] is not None
     assert stats["purgatory"]["fetch"]["expiry_lateness"]["count"] >= 1
     out = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "stats", "--bootstrap", broker_process.address],
+        [
+            sys.executable,
+            "-m",
+            "minibroker.deploy.cli",
+            "stats",
+            "--bootstrap",
+            broker_process.address,
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -82,7 +89,7 @@ def test_a_taken_metrics_port_stops_the_broker_with_one_line(broker_factory, tmp
         [
             sys.executable,
             "-m",
-            "deploy.cli",
+            "minibroker.deploy.cli",
             "broker",
             "--data-dir",
             str(tmp_path / "second"),

@@ -14,9 +14,9 @@ import psutil
 import pytest
 import trio
 
-import protocol as p
-from client import Admin, Consumer, NewTopic, Producer
-from protocol.errors import ErrorCode
+import minibroker.protocol as p
+from minibroker.client import Admin, Consumer, NewTopic, Producer
+from minibroker.protocol.errors import ErrorCode
 from tests.integration.cluster_helpers import broker_stats, partition_view, wait_for
 from tests.integration.test_broker_robustness import RawConnection, batch, make_topic, produce
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import trio
 
-from deploy.launcher import free_port_range
+from minibroker.deploy.launcher import free_port_range
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +47,7 @@ def test_the_command_line_tour(tmp_path):
         )
     finally:
         subprocess.run(
-            [sys.executable, "-m", "deploy.cli", "cluster", "down"],
+            [sys.executable, "-m", "minibroker.deploy.cli", "cluster", "down"],
             cwd=tmp_path,
             capture_output=True,
             timeout=60,

@@ -12,9 +12,9 @@ import zlib
 import msgpack
 import pytest
 
-import protocol as p
-from client import Admin, Consumer, NewTopic, Producer
-from protocol.errors import CorruptMessage, ErrorCode, InvalidConfig, KafkaError
+import minibroker.protocol as p
+from minibroker.client import Admin, Consumer, NewTopic, Producer
+from minibroker.protocol.errors import CorruptMessage, ErrorCode, InvalidConfig, KafkaError
 
 from .test_broker_robustness import RawConnection, batch, make_topic, produce
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from client import Consumer, SyncConsumer, SyncProducer, errors
+from minibroker.client import Consumer, SyncConsumer, SyncProducer, errors
 
 ROOT = Path(__file__).resolve().parents[2]
 ACKS_ALL_FAST = {
@@ -24,7 +24,7 @@ ACKS_ALL_FAST = {
 
 def test_the_entry_point_provides_the_fixtures(pytestconfig):
     plugin = pytestconfig.pluginmanager.get_plugin("minibroker")
-    assert plugin is not None and plugin.__name__ == "deploy.testing"
+    assert plugin is not None and plugin.__name__ == "minibroker.deploy.testing"
 
 
 def test_the_readme_example_passes_in_a_project_of_its_own(tmp_path):

@@ -18,15 +18,15 @@ import sys
 import pytest
 import trio
 
-import protocol as p
-from broker.cluster_auth import ClusterCredentials, load_credentials
-from broker.peer import PeerConnection
-from client import Admin, Consumer, NewTopic, Producer
-from deploy.cluster_ops import gather_status, render_status
-from deploy.cluster_secret import SECRET_FILE
-from deploy.launcher import free_port
-from protocol import ApiKey, ErrorCode
-from protocol.errors import (
+import minibroker.protocol as p
+from minibroker.broker.network.cluster_auth import ClusterCredentials, load_credentials
+from minibroker.broker.network.peer import PeerConnection
+from minibroker.client import Admin, Consumer, NewTopic, Producer
+from minibroker.deploy.cluster_ops import gather_status, render_status
+from minibroker.deploy.cluster_secret import SECRET_FILE
+from minibroker.deploy.launcher import free_port
+from minibroker.protocol import ApiKey, ErrorCode
+from minibroker.protocol.errors import (
     ClusterAuthorizationFailed,
     InvalidRequest,
     SaslAuthenticationFailed,
@@ -442,7 +442,7 @@ def run_broker_command(tmp_path, *args: str) -> subprocess.CompletedProcess:
         [
             sys.executable,
             "-m",
-            "deploy.cli",
+            "minibroker.deploy.cli",
             "broker",
             "--listen",
             f"127.0.0.1:{free_port()}",

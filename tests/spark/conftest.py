@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from client import NewTopic, SyncAdmin, SyncProducer
-from deploy.launcher import BrokerProcess, free_port
+from minibroker.client import NewTopic, SyncAdmin, SyncProducer
+from minibroker.deploy.launcher import BrokerProcess, free_port
 
 _names = itertools.count()
 
@@ -30,7 +30,7 @@ def spark():
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    from client.spark import register
+    from minibroker.client.spark import register
 
     session = (
         SparkSession.builder.master("local[2]")

@@ -22,7 +22,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from pyspark.sql import SparkSession
 
-from client.spark import register
+from minibroker.client.spark import register
 
 # The sink hears of rows in Arrow batches of this many; small, so a task has stored some
 # of its records long before it has seen them all.

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import trio
 
-from client import NewTopic, SyncAdmin, SyncProducer
-from deploy.cluster import ClusterState
-from deploy.cluster_ops import acks_all_write
-from deploy.launcher import free_port_range
+from minibroker.client import NewTopic, SyncAdmin, SyncProducer
+from minibroker.deploy.cluster import ClusterState
+from minibroker.deploy.cluster_ops import acks_all_write
+from minibroker.deploy.launcher import free_port_range
 
 from .streaming_wait import wait_until_collected
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from client import NewTopic, SyncAdmin, SyncConsumer, SyncProducer
-from protocol import ApiKey
+from minibroker.client import NewTopic, SyncAdmin, SyncConsumer, SyncProducer
+from minibroker.protocol import ApiKey
 
 from .conftest import single_broker
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from deploy.pipelines import events_windowed, export_parquet
+from minibroker.deploy.pipelines import events_windowed, export_parquet
 
 pytestmark = pytest.mark.spark
 

@@ -9,9 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client import TopicPartition
-from client.spark.options import OptionError, parse_read_options, parse_write_options
-from client.spark.ranges import OffsetRange, cap_offsets, from_json, split_ranges, to_json
+from minibroker.client import TopicPartition
+from minibroker.client.spark.options import OptionError, parse_read_options, parse_write_options
+from minibroker.client.spark.ranges import (
+    OffsetRange,
+    cap_offsets,
+    from_json,
+    split_ranges,
+    to_json,
+)
 
 TP = TopicPartition
 
@@ -186,8 +192,8 @@ def test_offsets_by_timestamp_options_parse_and_take_precedence():
 
 
 def test_min_offsets_per_trigger_decision_and_durations():
-    from client.spark.options import parse_duration_ms
-    from client.spark.source import delay_trigger
+    from minibroker.client.spark.options import parse_duration_ms
+    from minibroker.client.spark.source import delay_trigger
 
     # 3 new offsets of a minimum 5: held until 10 s have passed since the last trigger.
     assert delay_trigger(3, now_ms=5_000, last_trigger_ms=0, min_offsets=5, max_delay_ms=10_000)
@@ -232,8 +238,8 @@ def test_exactly_once_options_and_when_they_are_refused(caplog):
 
 
 def test_write_identities_are_stable_distinct_and_epoch_per_version():
-    from client.spark.exactly_once import EPOCHS_PER_ID, WriteIdentity
-    from protocol.batch import DERIVED_PRODUCER_ID_BASE
+    from minibroker.client.spark.exactly_once import EPOCHS_PER_ID, WriteIdentity
+    from minibroker.protocol.batch import DERIVED_PRODUCER_ID_BASE
 
     batch_3 = WriteIdentity.streaming("q-1", 3)
     assert batch_3.for_task(0) == WriteIdentity.streaming("q-1", 3).for_task(0)  # a rerun

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from client import SyncConsumer
+from minibroker.client import SyncConsumer
 from tests.integration.test_readme_commands import ROOT, readme_block
 
 pytestmark = pytest.mark.spark
 
 
 def _ensure(broker: str, name: str, partitions: int) -> None:
-    from deploy.pipelines.session import ensure_topic
+    from minibroker.deploy.pipelines.session import ensure_topic
 
     ensure_topic(broker, name, partitions)
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from client import SyncConsumer
+from minibroker.client import SyncConsumer
 
 from .streaming_wait import wait_until_collected
 

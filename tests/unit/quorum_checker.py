@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from broker.quorum import AppendLog, HighWatermarkUpdated, LeaderChanged, RaftLog, Snapshot
+from minibroker.broker.raft import AppendLog, HighWatermarkUpdated, LeaderChanged, RaftLog, Snapshot
 
 
 class SafetyViolation(AssertionError):

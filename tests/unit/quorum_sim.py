@@ -1,4 +1,4 @@
-"""A deterministic simulation of KRaft voters (broker.quorum) over a faulty network.
+"""A deterministic simulation of KRaft voters (broker.raft) over a faulty network.
 
 One seed fixes everything: the network's drops, delays, duplicates and reordering, the
 partitions (symmetric and one-way), crashes (also between two effects of one step) and
@@ -19,8 +19,8 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from broker.purgatory.clock import ManualClock
-from broker.quorum import (
+from minibroker.broker.common.clock import ManualClock
+from minibroker.broker.raft import (
     AppendLog,
     Effect,
     HighWatermarkUpdated,

@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 
-from deploy.chaos import plan_nemesis
-from deploy.chaos_check import PLANTS, History, Send, check, plant
+from minibroker.deploy.chaos import plan_nemesis
+from minibroker.deploy.chaos_check import PLANTS, History, Send, check, plant
 
 RULE_OF = {
     "lose-ack": "lost",

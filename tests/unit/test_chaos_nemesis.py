@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from deploy.chaos import CONTROLLER, FAULT_KINDS, plan_nemesis, victims_for
-from deploy.chaos_check import check, load_history, plant, save_history
-from deploy.chaos_cli import fault_kinds
+from minibroker.deploy.chaos import CONTROLLER, FAULT_KINDS, plan_nemesis, victims_for
+from minibroker.deploy.chaos_check import check, load_history, plant, save_history
+from minibroker.deploy.chaos_cli import fault_kinds
 
 from .test_chaos_checker import clean_history
 

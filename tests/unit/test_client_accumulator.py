@@ -2,9 +2,9 @@
 
 import pytest
 
-from client.accumulator import DeliveryHandle, RecordAccumulator, record_size
-from protocol import read_records
-from protocol.errors import NotEnoughReplicas
+from minibroker.client.accumulator import DeliveryHandle, RecordAccumulator, record_size
+from minibroker.protocol import read_records
+from minibroker.protocol.errors import NotEnoughReplicas
 
 
 def rec(value: bytes, ts: int = 1000, key: bytes | None = None, headers=()):
@@ -163,7 +163,7 @@ def test_retried_idempotent_batches_go_back_in_sequence_order():
 
 
 def test_idempotence_state_sequences_and_epoch_bump():
-    from client.idempotence import MAX_EPOCH, IdempotenceState
+    from minibroker.client.idempotence import MAX_EPOCH, IdempotenceState
 
     state = IdempotenceState()
     state.set_producer_id(5, 0)

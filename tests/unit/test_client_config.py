@@ -2,7 +2,7 @@
 
 import pytest
 
-from client.config import describe, load_config, parse_bootstrap, parse_properties
+from minibroker.client.config import describe, load_config, parse_bootstrap, parse_properties
 
 
 def test_defaults_follow_kafka():

@@ -7,10 +7,10 @@ real broker behaviour is covered by the integration tests.
 import pytest
 import trio
 
-from client.connection import BrokerConnection
-from deploy.launcher import free_port
-from protocol import ApiKey, FrameDecoder, decode_request, encode_response
-from protocol.errors import (
+from minibroker.client.connection import BrokerConnection
+from minibroker.deploy.launcher import free_port
+from minibroker.protocol import ApiKey, FrameDecoder, decode_request, encode_response
+from minibroker.protocol.errors import (
     BrokerNotAvailable,
     NetworkException,
     RequestTimedOut,
@@ -148,8 +148,8 @@ PRESENT = {
 
 
 async def scripted_cluster(nursery, answers):
-    from client.cluster import Cluster
-    from client.config import load_config
+    from minibroker.client.cluster import Cluster
+    from minibroker.client.config import load_config
 
     script = MetadataScript(answers)
     cluster = Cluster(load_config("producer", {}), nursery)
@@ -168,7 +168,7 @@ async def test_wait_for_topic_waits_out_not_yet_answers(nursery, autojump_clock)
 
 
 async def test_wait_for_topic_raises_another_error_at_once(nursery, autojump_clock):
-    from protocol.errors import InvalidTopic
+    from minibroker.protocol.errors import InvalidTopic
 
     cluster = await scripted_cluster(nursery, [missing(3), missing(17)])
     with pytest.raises(InvalidTopic, match="topic 't'"):
@@ -176,7 +176,7 @@ async def test_wait_for_topic_raises_another_error_at_once(nursery, autojump_clo
 
 
 async def test_wait_for_topic_gives_up_after_its_timeout(nursery, autojump_clock):
-    from protocol.errors import UnknownTopicOrPartition
+    from minibroker.protocol.errors import UnknownTopicOrPartition
 
     cluster = await scripted_cluster(nursery, [missing(3)] * 100)
     with pytest.raises(UnknownTopicOrPartition, match="not in the cluster metadata after 5000 ms"):

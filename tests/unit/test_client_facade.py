@@ -8,9 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import client
-import protocol.errors
-from client import Admin, Consumer, Producer, SyncAdmin, SyncConsumer, SyncProducer
+from minibroker import client, protocol
+from minibroker.client import Admin, Consumer, Producer, SyncAdmin, SyncConsumer, SyncProducer
 
 # The facade's one deliberate rename: Producer.enqueue (waits for space) is send_nowait.
 RENAMED = {("Producer", "enqueue"): "send_nowait"}
@@ -36,7 +35,9 @@ def test_the_blocking_facade_has_every_method_of_the_async_clients():
 
 
 def test_import_client_errors_works_as_documented():
-    code = "import client.errors; print(client.errors.RequestTimedOut.__name__)"
+    code = (
+        "import minibroker.client.errors; print(minibroker.client.errors.RequestTimedOut.__name__)"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from client.partitioner import StickyPartitioner, key_partition, murmur2
+from minibroker.client.partitioner import StickyPartitioner, key_partition, murmur2
 
 
 def _signed(x: int) -> int:

@@ -2,10 +2,15 @@
 
 import pytest
 
-from client.fetcher import PartitionState, apply_partition_result, fetch_body, to_consumer_records
-from client.records import ConsumerRecord, TopicPartition, normalize_headers, to_bytes
-from protocol import encode_batch, patch_base_offset
-from protocol.errors import ErrorCode, InvalidRecord
+from minibroker.client.fetcher import (
+    PartitionState,
+    apply_partition_result,
+    fetch_body,
+    to_consumer_records,
+)
+from minibroker.client.records import ConsumerRecord, TopicPartition, normalize_headers, to_bytes
+from minibroker.protocol import encode_batch, patch_base_offset
+from minibroker.protocol.errors import ErrorCode, InvalidRecord
 
 TP = TopicPartition("t", 3)
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import trio
 
-from client.accumulator import DeliveryHandle, RecordAccumulator
-from client.config import load_config
-from client.idempotence import FixedIdentity
-from client.sender import Sender
-from protocol.batch import DERIVED_PRODUCER_ID_BASE
-from protocol.errors import (
+from minibroker.client.accumulator import DeliveryHandle, RecordAccumulator
+from minibroker.client.config import load_config
+from minibroker.client.idempotence import FixedIdentity
+from minibroker.client.sender import Sender
+from minibroker.protocol.batch import DERIVED_PRODUCER_ID_BASE
+from minibroker.protocol.errors import (
     InvalidRecord,
     NetworkException,
     NotLeaderOrFollower,
@@ -147,8 +147,8 @@ async def test_deliver_and_flush_skip_the_linger():
 
 
 def producer_fields_of(request):
-    from protocol import iter_batches
-    from protocol.batch import producer_fields
+    from minibroker.protocol import iter_batches
+    from minibroker.protocol.batch import producer_fields
 
     data = request["topics"][0]["partitions"][0]["records"]
     ((pos, header),) = iter_batches(data)
@@ -188,7 +188,7 @@ async def test_without_idempotence_batches_carry_no_producer_fields():
 
 
 def test_a_batch_of_unknown_fate_is_resolved_under_its_own_epoch_before_a_bump():
-    from client.accumulator import RecordAccumulator as Acc
+    from minibroker.client.accumulator import RecordAccumulator as Acc
 
     config = load_config("producer", {"linger.ms": 0})
     acc = Acc(config["batch.size"], 0, config["delivery.timeout.ms"])
@@ -209,8 +209,8 @@ def test_a_batch_of_unknown_fate_is_resolved_under_its_own_epoch_before_a_bump()
 
 
 def producer_fields_of_batch(batch):
-    from protocol import iter_batches
-    from protocol.batch import producer_fields
+    from minibroker.protocol import iter_batches
+    from minibroker.protocol.batch import producer_fields
 
     ((pos, header),) = iter_batches(batch.payload)
     return producer_fields(batch.payload, pos, header)

@@ -9,7 +9,7 @@ import stat
 import pytest
 import structlog
 
-from broker.cluster_auth import (
+from minibroker.broker.network.cluster_auth import (
     MECHANISM,
     Authenticator,
     ClusterCredentials,
@@ -19,9 +19,9 @@ from broker.cluster_auth import (
     new_nonce,
     proof,
 )
-from broker.session import ConnectionSession
-from deploy.cluster_secret import SECRET_FILE, ensure_cluster_secret
-from protocol.errors import ErrorCode
+from minibroker.broker.network.session import ConnectionSession
+from minibroker.deploy.cluster_secret import SECRET_FILE, ensure_cluster_secret
+from minibroker.protocol.errors import ErrorCode
 
 SECRET = bytes(range(32))
 LOG = structlog.get_logger("test")

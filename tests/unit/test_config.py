@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from broker.config import DEFS, BrokerConfig, ConfigError, load_config, parse_set_options
+from minibroker.broker.common.config import (
+    DEFS,
+    BrokerConfig,
+    ConfigError,
+    load_config,
+    parse_set_options,
+)
 
 
 def test_defaults_are_documented_and_kafka_named():

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from broker.faults import FaultError, FaultInjector
-from broker.session import ConnectionSession
-from deploy.isolation import IsolationError, peers_for
-from protocol.errors import ErrorCode
+from minibroker.broker.network.faults import FaultError, FaultInjector
+from minibroker.broker.network.session import ConnectionSession
+from minibroker.deploy.isolation import IsolationError, peers_for
+from minibroker.protocol.errors import ErrorCode
 
 
 def isolate(injector: FaultInjector, *peers: int) -> list[dict]:

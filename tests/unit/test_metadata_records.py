@@ -13,19 +13,19 @@ import itertools
 import pytest
 import structlog
 
-from broker.config import BrokerConfig
-from broker.controller import Controller
-from broker.metadata import BrokerInfo, ClusterMetadata
-from broker.metadata_records import (
+from minibroker.broker.common.clock import ManualClock
+from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.controller.controller import Controller
+from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata
+from minibroker.broker.metadata.records import (
     MetadataImage,
     MetadataRecordError,
     decode_record,
     encode_record,
     records_for_change,
 )
-from broker.purgatory.clock import ManualClock
-from broker.quorum import Entry
-from broker.quorum_driver import QuorumDriver
+from minibroker.broker.raft import Entry
+from minibroker.broker.raft.driver import QuorumDriver
 
 LOG = structlog.get_logger("test")
 
@@ -143,7 +143,7 @@ def test_metadata_survives_a_voter_restart_from_log_and_snapshot(tmp_path):
             snapshot_every=5,
         )
         d.load()
-        d._apply(d.core._drain())
+        d._apply(d.core.start())
         clock.advance(d.core.next_deadline_ms() - clock.now_ms())
         d._apply(d.core.poll())
         assert d.is_active

@@ -8,9 +8,10 @@ import json
 import pytest
 import structlog
 
-from broker.config import BrokerConfig
-from broker.controller import METADATA_FILE, Controller
-from broker.metadata import (
+from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.controller.controller import METADATA_FILE, Controller
+from minibroker.broker.metadata.check import MetadataError, check_document
+from minibroker.broker.metadata.image import (
     BrokerInfo,
     ClusterMetadata,
     MetadataStoreError,
@@ -18,10 +19,9 @@ from broker.metadata import (
     load_metadata,
     save_metadata,
 )
-from broker.metadata_check import MetadataError, check_document
-from broker.metadata_records import decode_record
-from broker.pending import PendingResponse
-from protocol.errors import ErrorCode
+from minibroker.broker.metadata.records import decode_record
+from minibroker.broker.network.pending import PendingResponse
+from minibroker.protocol.errors import ErrorCode
 
 LOG = structlog.get_logger("test")
 

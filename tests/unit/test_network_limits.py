@@ -7,17 +7,17 @@ import structlog
 import trio
 import trio.testing
 
-import protocol as p
-from broker.config import BrokerConfig
-from broker.fetch_request import MAX_FETCH_WAIT_MS, FetchRequest
-from broker.metadata import PartitionState
-from broker.outbox import Outbox
-from broker.pending import PendingResponse
-from broker.purgatory import ManualClock, ManualTimer, Purgatory
-from broker.replica_manager import ReplicaManager, duplicate_partition
-from broker.session import ConnectionSession
-from protocol.errors import InvalidRequest
-from protocol.schema import MAX_ERROR_CHARS, bounded
+import minibroker.protocol as p
+from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.metadata.image import PartitionState
+from minibroker.broker.network.outbox import Outbox
+from minibroker.broker.network.pending import PendingResponse
+from minibroker.broker.network.session import ConnectionSession
+from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
+from minibroker.broker.replication.fetch_request import MAX_FETCH_WAIT_MS, FetchRequest
+from minibroker.broker.replication.replica_manager import ReplicaManager, duplicate_partition
+from minibroker.protocol.errors import InvalidRequest
+from minibroker.protocol.schema import MAX_ERROR_CHARS, bounded
 
 
 def test_bounded_cuts_long_messages_and_says_how_much():

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.epoch_cache import LeaderEpochCache
-from broker.metadata import PartitionState
-from broker.partition import Partition
-from broker.storage import Log, LogConfig
-from protocol import encode_batch
-from protocol.errors import ErrorCode, NotEnoughReplicas, NotLeaderOrFollower
+from minibroker.broker.metadata.image import PartitionState
+from minibroker.broker.replication.partition import Partition
+from minibroker.broker.storage import Log, LogConfig
+from minibroker.broker.storage.epoch_cache import LeaderEpochCache
+from minibroker.protocol import encode_batch
+from minibroker.protocol.errors import ErrorCode, NotEnoughReplicas, NotLeaderOrFollower
 
 
 def batch(n: int, *, base_offset: int = 0, epoch: int = -1) -> bytes:

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from broker.placement import assign_replicas
+from minibroker.broker.controller.placement import assign_replicas
 
 
 @pytest.mark.parametrize("seed", range(20))

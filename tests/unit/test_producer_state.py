@@ -10,16 +10,16 @@ import msgpack
 import pytest
 import structlog
 
-from broker.storage import Log, LogConfig
-from broker.storage.producer_state import BATCHES_TO_RETAIN, ProducerStateManager
-from protocol import encode_batch, increment_sequence, iter_batches, read_records
-from protocol.batch import (
+from minibroker.broker.storage import Log, LogConfig
+from minibroker.broker.storage.producer_state import BATCHES_TO_RETAIN, ProducerStateManager
+from minibroker.protocol import encode_batch, increment_sequence, iter_batches, read_records
+from minibroker.protocol.batch import (
     DERIVED_PRODUCER_ID_BASE,
     MAX_SEQUENCE,
     producer_fields,
     restamp_producer,
 )
-from protocol.errors import InvalidProducerEpoch, InvalidRecord, OutOfOrderSequenceNumber
+from minibroker.protocol.errors import InvalidProducerEpoch, InvalidRecord, OutOfOrderSequenceNumber
 
 PID = 7
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import protocol as p
-from protocol.batch import CorruptBatch
-from protocol.errors import ErrorCode, KafkaError
+import minibroker.protocol as p
+from minibroker.protocol.batch import CorruptBatch
+from minibroker.protocol.errors import ErrorCode, KafkaError
 
 
 def produce_body(records: bytes = b"") -> dict:

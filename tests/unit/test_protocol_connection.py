@@ -3,9 +3,9 @@ rule for a top-level error that both the broker's peer links and the client foll
 
 import pytest
 
-from protocol import ApiKey, ProtocolError, decode_request, encode_response
-from protocol.connection import Connection, check_error
-from protocol.errors import (
+from minibroker.protocol import ApiKey, ProtocolError, decode_request, encode_response
+from minibroker.protocol.connection import Connection, check_error
+from minibroker.protocol.errors import (
     ErrorCode,
     FencedLeaderEpoch,
     InvalidRequest,

@@ -10,7 +10,7 @@ import weakref
 
 import pytest
 
-from broker.purgatory import (
+from minibroker.broker.purgatory import (
     DelayedOperation,
     ManualClock,
     ManualTimer,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from broker.quorum import (
+from minibroker.broker.raft import (
     AppendLog,
     Entry,
     HighWatermarkUpdated,

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from broker.purgatory.clock import ManualClock
-from broker.quorum import (
+from minibroker.broker.common.clock import ManualClock
+from minibroker.broker.raft import (
     DURABLE,
     AppendLog,
     BeginQuorumEpochRequest,
@@ -32,7 +32,7 @@ from broker.quorum import (
     VoteRequest,
     VoteResponse,
 )
-from protocol.errors import ErrorCode, NotLeaderOrFollower
+from minibroker.protocol.errors import ErrorCode, NotLeaderOrFollower
 
 CONFIG = QuorumConfig()
 T = CONFIG.election_timeout_ms

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import structlog
 
-from broker.purgatory.clock import ManualClock
-from broker.quorum import Entry, QuorumStateData
-from broker.quorum.wire import decode_request, decode_response, encode
-from broker.quorum_driver import METADATA_DIR, QuorumDriver
-from broker.quorum_store import LOG_FILE, QuorumStore, encode_entry
-from protocol import (
+from minibroker.broker.common.clock import ManualClock
+from minibroker.broker.raft import Entry, QuorumStateData
+from minibroker.broker.raft.driver import METADATA_DIR, QuorumDriver
+from minibroker.broker.raft.store import LOG_FILE, QuorumStore, encode_entry
+from minibroker.broker.raft.wire import decode_request, decode_response, encode
+from minibroker.protocol import (
     ApiKey,
     decode_request_envelope,
     decode_response_envelope,
@@ -52,7 +52,7 @@ def driver(tmp_path, clock, machine, snapshot_every=1000) -> QuorumDriver:
         snapshot_every=snapshot_every,
     )
     d.load()
-    d._apply(d.core._drain())
+    d._apply(d.core.start())
     return d
 
 
@@ -130,7 +130,7 @@ def test_every_quorum_message_round_trips_through_its_wire_schema(tmp_path):
     d = driver(tmp_path, clock, Counter())
     elect(d, clock)
     d.append([b"x"])
-    from broker.quorum import messages as m
+    from minibroker.broker.raft import messages as m
 
     samples = [
         (ApiKey.VOTE, m.VoteRequest(3, 1, 2, 10), m.VoteResponse(0, 3, None, True)),
@@ -157,14 +157,14 @@ def test_every_quorum_message_round_trips_through_its_wire_schema(tmp_path):
 
 def three_voter_leader(tmp_path, clock):
     """Voter 0 of {0, 1, 2}, made leader by hand (no network: peers are never started)."""
-    from broker.quorum.messages import VoteResponse
-    from protocol.errors import ErrorCode
+    from minibroker.broker.raft.messages import VoteResponse
+    from minibroker.protocol.errors import ErrorCode
 
     d = QuorumDriver(
         0, {0: ("h", 1), 1: ("h", 2), 2: ("h", 3)}, tmp_path, clock, structlog.get_logger()
     )
     d.load()
-    d._apply(d.core._drain())
+    d._apply(d.core.start())
     clock.advance(d.core.next_deadline_ms() - clock.now_ms())
     d._apply(d.core.poll())
     d._apply(d.core.handle(1, VoteResponse(ErrorCode.NONE, d.core.epoch, None, True)))
@@ -173,7 +173,7 @@ def three_voter_leader(tmp_path, clock):
 
 
 def fetch_from(d, replica, offset):
-    from broker.quorum.messages import FetchRequest
+    from minibroker.broker.raft.messages import FetchRequest
 
     epoch = d.core.log.epoch_at(offset)
     return d.core.handle(replica, FetchRequest(1, replica, d.core.epoch, offset, epoch, 0))
@@ -194,7 +194,7 @@ def test_an_answer_waits_for_commit_and_active_follows_the_epoch_start(tmp_path)
 
 
 def test_an_answer_pending_when_leadership_is_lost_says_not_controller(tmp_path):
-    from broker.quorum.messages import BeginQuorumEpochRequest
+    from minibroker.broker.raft.messages import BeginQuorumEpochRequest
 
     clock = ManualClock()
     changes = []

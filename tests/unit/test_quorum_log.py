@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.quorum import Entry, OffsetAndEpoch, RaftLog, Snapshot
+from minibroker.broker.raft import Entry, OffsetAndEpoch, RaftLog, Snapshot
 
 
 def log_of(*epochs: int, snapshot: Snapshot | None = None) -> RaftLog:

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from broker.quorum import KafkaRaftClient, VoteRequest
+from minibroker.broker.raft import KafkaRaftClient, VoteRequest
 from tests.unit.quorum_checker import SafetyViolation
 from tests.unit.quorum_sim import CONFIG, Simulation, run_seed
 

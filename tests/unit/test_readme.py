@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.config import DEFS
+from minibroker.broker.common.config import DEFS
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 import structlog
 
-import protocol as p
-from broker.config import BrokerConfig
-from broker.metadata import PartitionState
-from broker.pending import PendingResponse
-from broker.purgatory import ManualClock, ManualTimer, Purgatory
-from broker.replica_manager import ReplicaManager
-from protocol import encode_batch
-from protocol.errors import ErrorCode
+import minibroker.protocol as p
+from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.metadata.image import PartitionState
+from minibroker.broker.network.pending import PendingResponse
+from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
+from minibroker.broker.replication.replica_manager import ReplicaManager
+from minibroker.protocol import encode_batch
+from minibroker.protocol.errors import ErrorCode
 
 
 @pytest.fixture

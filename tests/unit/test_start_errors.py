@@ -10,10 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from deploy.broker_cli import describe_start_error
-from deploy.launcher import TEST_PORTS, ephemeral_range, free_port, free_port_range, port_holder
-from protocol import FrameDecoder
-from protocol.errors import FrameTooLarge
+from minibroker.deploy.broker_cli import describe_start_error
+from minibroker.deploy.launcher import (
+    TEST_PORTS,
+    ephemeral_range,
+    free_port,
+    free_port_range,
+    port_holder,
+)
+from minibroker.protocol import FrameDecoder
+from minibroker.protocol.errors import FrameTooLarge
 
 
 def test_start_errors_name_port_data_dir_or_descriptor_limit():

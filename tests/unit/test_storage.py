@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage import Log, LogAppendError, LogConfig
-from broker.storage import log as log_module
-from broker.storage import segment as segment_module
-from protocol import check_batch, encode_batch, iter_batches, read_records, unpack_header
-from protocol.errors import CorruptMessage, MessageTooLarge, OffsetOutOfRange
+from minibroker.broker.storage import Log, LogAppendError, LogConfig
+from minibroker.broker.storage import log as log_module
+from minibroker.broker.storage import segment as segment_module
+from minibroker.protocol import check_batch, encode_batch, iter_batches, read_records, unpack_header
+from minibroker.protocol.errors import CorruptMessage, MessageTooLarge, OffsetOutOfRange
 
 BIG = 1 << 20
 

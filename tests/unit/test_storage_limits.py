@@ -15,14 +15,14 @@ import msgpack
 import pytest
 import structlog
 
-from broker.config import BrokerConfig
-from broker.replica_manager import log_config_from
-from broker.storage import Log, LogConfig
-from broker.storage import segment as segment_module
-from broker.storage.limits import HEADROOM_FDS, partition_cap, partition_cap_error
-from broker.topic_config import TOPIC_CONFIGS, topic_configs_error, topic_value
-from protocol import encode_batch, read_records
-from protocol.errors import CorruptMessage, RecordListTooLarge
+from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.common.topic_config import TOPIC_CONFIGS, topic_configs_error, topic_value
+from minibroker.broker.replication.replica_manager import log_config_from
+from minibroker.broker.storage import Log, LogConfig
+from minibroker.broker.storage import segment as segment_module
+from minibroker.broker.storage.limits import HEADROOM_FDS, partition_cap, partition_cap_error
+from minibroker.protocol import encode_batch, read_records
+from minibroker.protocol.errors import CorruptMessage, RecordListTooLarge
 
 INT_MAX = 2**31 - 1
 

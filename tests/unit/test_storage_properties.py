@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from broker.storage import Log, LogConfig
-from protocol import encode_batch, iter_batches, read_records
+from minibroker.broker.storage import Log, LogConfig
+from minibroker.protocol import encode_batch, iter_batches, read_records
 
 SEGMENT_BYTES = 300
 INDEX_INTERVAL = 40

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from broker.purgatory import (
+from minibroker.broker.purgatory import (
     Bucket,
     ManualClock,
     ManualTimer,
@@ -16,8 +16,8 @@ from broker.purgatory import (
     TimerTask,
     TimingWheel,
 )
-from broker.purgatory.engine import TimerEngine
-from broker.purgatory.system_timer import DRAIN_BATCH, switch_interval_for
+from minibroker.broker.purgatory.engine import TimerEngine
+from minibroker.broker.purgatory.system_timer import DRAIN_BATCH, switch_interval_for
 from tests.waiting import wait_until
 
 BOUND_S = 10.0  # generous: these waits normally end within milliseconds

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.purgatory import ManualClock, ManualTimer, TimerTask
+from minibroker.broker.purgatory import ManualClock, ManualTimer, TimerTask
 
 
 class Probe(TimerTask):

@@ -1,0 +1,48 @@
+"""Atomic file writes: a crash leaves the old file or the new one, never half of either.
+
+The one way every checkpoint, snapshot and state file of ours is written (Kafka's
+``Utils.atomicMoveWithFallback`` after a flushed temp file)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def write_atomic(path: Path, data: bytes, *, mode: int = 0o644, replace: bool = True) -> bool:
+    """Write a temp file, fsync it, move it into place, fsync the directory.
+
+    ``mode`` is the file's permissions from its creation on (a secret is never readable
+    by others, not even for an instant). With ``replace=False`` an existing file wins:
+    the move is a hard link that fails if ``path`` exists, so of several concurrent
+    writers exactly one succeeds; the others get False and keep the winner's file.
+    """
+    # The pid keeps concurrent writers (two CLI commands, say) off each other's temp file.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        if replace:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            finally:
+                tmp.unlink()
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return True

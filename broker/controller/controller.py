@@ -1,0 +1,329 @@
+"""The controller role: owns cluster metadata, assigns replicas, elects leaders.
+
+Runs on the active controller only: the voter that leads the metadata quorum with its
+epoch committed (broker/server.py builds it from the committed MetadataImage then, and
+drops it when leadership is lost). Every change is made on a draft; the records that
+turn the old state into it (metadata_records.records_for_change) are appended to the
+quorum, and the request that caused it is answered once they commit, so an answer never
+names a state a new controller could forget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.common.topic_config import topic_configs_error
+from minibroker.broker.controller.placement import assign_replicas
+from minibroker.broker.metadata.check import topic_name_error
+from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata, PartitionState, TopicState
+from minibroker.broker.metadata.records import encode_record, records_for_change
+from minibroker.broker.network.pending import PendingResponse
+from minibroker.broker.storage.limits import partition_cap_error
+from minibroker.protocol.errors import ErrorCode
+
+# The pre-quorum controller's store: read once, to import it into an empty quorum.
+METADATA_FILE = "cluster-metadata.json"
+# Producer ids per AllocateProducerIds answer (Kafka's ProducerIdsBlock.PRODUCER_ID_BLOCK_SIZE).
+PRODUCER_ID_BLOCK = 1000
+
+__all__ = ["METADATA_FILE", "Controller", "topic_name_error"]
+
+
+class Controller:
+    def __init__(
+        self,
+        broker_id: int,
+        config: BrokerConfig,
+        logger: Any,
+        metadata: ClusterMetadata,
+        submit: Callable[[list[bytes], Any], PendingResponse],
+    ) -> None:
+        self.broker_id = broker_id
+        self.config = config
+        self.log = logger
+        # ``submit(records, answer)`` appends to the metadata quorum; the answer goes out
+        # once they commit (or NOT_CONTROLLER if this voter loses leadership first).
+        self.submit = submit
+        # Built from the committed MetadataImage when this voter became active; from then
+        # on it runs ahead of the image by the records appended but not yet committed.
+        self.metadata = metadata
+        self.metadata.controller_id = broker_id
+        self._changed = False
+        self._pending: list[bytes] = []
+
+    @contextmanager
+    def _change(self) -> Iterator[ClusterMetadata]:
+        """Make a change on a draft; the records that turn the old state into it are queued
+        for the quorum (``_reply`` appends them with the answer).
+
+        Inside the block ``self.metadata`` is the draft (helpers read it there) and
+        ``self.commit()`` marks it changed. If the block fails, the old object, never
+        touched, stays the metadata and nothing is appended.
+        """
+        committed = self.metadata
+        draft = committed.copy()
+        self.metadata = draft
+        self._changed = False
+        try:
+            yield draft
+        except BaseException:
+            self.metadata = committed
+            raise
+        if self._changed:
+            draft.epoch += 1
+            self._pending += [encode_record(r) for r in records_for_change(committed, draft)]
+        else:
+            self.metadata = committed
+
+    def _reply(self, answer: Any) -> Any:
+        """``answer`` now if nothing changed, else once the queued records commit."""
+        records, self._pending = self._pending, []
+        if not records:
+            return answer
+        return self.submit(records, answer)
+
+    def commit(self) -> None:
+        """Mark the draft of the current ``_change`` as changed: its records will be appended."""
+        self._changed = True
+
+    def import_legacy(self, legacy: ClusterMetadata) -> dict | PendingResponse:
+        """Take the topics and brokers of a pre-quorum ``cluster-metadata.json`` into the
+        metadata log, keeping their leader and partition epochs, so an upgraded cluster
+        keeps its topics. Topics the log already has are left as they are."""
+        with self._change() as md:
+            for name, topic in legacy.topics.items():
+                if name not in md.topics:
+                    md.topics[name] = topic
+                    self.commit()
+            for node_id, info in legacy.brokers.items():
+                if node_id not in md.brokers:
+                    md.brokers[node_id] = info
+                    self.commit()
+            md.epoch = max(md.epoch, legacy.epoch)  # metadata epochs never go back
+        return self._reply({"error_code": 0})
+
+    def register_broker(self, info: BrokerInfo, answer: dict) -> dict | PendingResponse:
+        md = self.metadata
+        if md.brokers.get(info.node_id) != info or info.node_id not in md.live:
+            with self._change():
+                self._register(info)
+        return self._reply(answer)
+
+    def _register(self, info: BrokerInfo) -> None:
+        md = self.metadata
+        if md.brokers.get(info.node_id) != info:
+            md.brokers[info.node_id] = info
+            self.log.info("broker_registered", node_id=info.node_id, host=info.host, port=info.port)
+            self.commit()
+        if self._unfence(info.node_id):
+            self.commit()
+
+    # --- liveness and leader election ---------------------------------------------------------
+
+    def broker_alive(self, broker_id: int, answer: dict) -> dict | PendingResponse:
+        """A heartbeat: a fenced broker that heartbeats again is live again."""
+        md = self.metadata
+        if broker_id in md.brokers and broker_id not in md.live:
+            with self._change():
+                self._unfence(broker_id)
+                self.commit()
+        return self._reply(answer)
+
+    def _unfence(self, broker_id: int) -> bool:
+        md = self.metadata
+        if broker_id in md.live:
+            return False
+        md.live.add(broker_id)
+        self.log.info("broker_unfenced", node_id=broker_id)
+        # Partitions that went offline with this broker as their last ISR member come back.
+        for topic in md.topics.values():
+            for index, state in enumerate(topic.partitions):
+                if state.leader < 0 and broker_id in state.isr:
+                    self._elect(topic.name, index, state, reason="replica_returned")
+        return True
+
+    def fence(self, broker_id: int, reason: str, answer: dict | None = None) -> Any:
+        """Take a dead (or cleanly stopping) broker out: move its leaderships, shrink ISRs."""
+        if broker_id in self.metadata.live and broker_id != self.broker_id:
+            with self._change() as md:
+                self._fence(md, broker_id, reason)
+        return self._reply(answer if answer is not None else {"error_code": 0})
+
+    def _fence(self, md: ClusterMetadata, broker_id: int, reason: str) -> None:
+        md.live.discard(broker_id)
+        self.log.warning("broker_fenced", node_id=broker_id, reason=reason)
+        for topic in md.topics.values():
+            for index, state in enumerate(topic.partitions):
+                if state.leader == broker_id:
+                    self._elect(topic.name, index, state, reason=reason)
+                elif broker_id in state.isr and len(state.isr) > 1:
+                    state.isr = [r for r in state.isr if r != broker_id]
+                    state.partition_epoch += 1
+        self.commit()
+
+    def _elect(self, topic: str, index: int, state: PartitionState, reason: str) -> None:
+        """A new leader from the live ISR (outside it only with unclean election), new epoch."""
+        live = self.metadata.live
+        candidates = [r for r in state.replicas if r in state.isr and r in live]
+        unclean = False
+        if not candidates and self.config["unclean.leader.election.enable"]:
+            candidates = [r for r in state.replicas if r in live]
+            unclean = bool(candidates)
+        old = state.leader
+        state.leader = candidates[0] if candidates else -1
+        state.leader_epoch += 1
+        state.partition_epoch += 1
+        if state.leader >= 0:
+            if unclean:
+                state.isr = [state.leader]
+            elif len(state.isr) > 1:
+                state.isr = [r for r in state.isr if r in live or r == state.leader]
+        self.log.info(
+            "leader_elected" if state.leader >= 0 else "partition_offline",
+            topic=topic,
+            partition=index,
+            old_leader=old,
+            new_leader=state.leader,
+            leader_epoch=state.leader_epoch,
+            isr=state.isr,
+            reason=reason,
+            unclean=unclean,
+        )
+
+    def create_topics(
+        self, topics: list[dict], validate_only: bool = False
+    ) -> dict | PendingResponse:
+        """``{"topics": results}``, sent once the new topics' records commit."""
+        if validate_only:
+            return {"topics": [self._create_topic(request, True) for request in topics]}
+        results: list[dict] = []
+        with self._change():
+            for request in topics:
+                results.append(self._create_topic(request, False))
+            if any(result["error_code"] == 0 for result in results):
+                self.commit()
+        return self._reply({"topics": results})
+
+    def _create_topic(self, request: dict, validate_only: bool) -> dict:
+        name = request["name"]
+        num_partitions = request["num_partitions"]
+        if num_partitions == -1:
+            num_partitions = self.config["num.partitions"]
+        rf = request["replication_factor"]
+        if rf == -1:
+            rf = self.config["default.replication.factor"]
+        result = {
+            "name": name,
+            "error_code": 0,
+            "error_message": None,
+            "num_partitions": num_partitions,
+            "replication_factor": rf,
+        }
+
+        def fail(code: ErrorCode, message: str) -> dict:
+            result.update(error_code=int(code), error_message=message)
+            return result
+
+        if (problem := topic_name_error(name)) is not None:
+            return fail(ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
+        if name in self.metadata.topics:
+            return fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic '{name}' already exists")
+        if num_partitions < 1:
+            return fail(
+                ErrorCode.INVALID_PARTITIONS, f"num_partitions must be >= 1, got {num_partitions}"
+            )
+        brokers = sorted(b for b in self.metadata.brokers if b in self.metadata.live)
+        if rf < 1 or rf > len(brokers):
+            return fail(
+                ErrorCode.INVALID_REPLICATION_FACTOR,
+                f"replication factor {rf} must be between 1 and the {len(brokers)} live broker(s)",
+            )
+        if (problem := topic_configs_error(request["configs"])) is not None:
+            return fail(ErrorCode.INVALID_CONFIG, problem)
+        hosted = (p.replicas for t in self.metadata.topics.values() for p in t.partitions)
+        if (problem := partition_cap_error(hosted, brokers, num_partitions, rf)) is not None:
+            return fail(ErrorCode.POLICY_VIOLATION, problem)
+        if validate_only:
+            return result
+        # Kafka's spread (broker/controller/placement.py): partition 0 is not always on one broker.
+        partitions = [
+            PartitionState(
+                leader=replicas[0], leader_epoch=0, replicas=replicas, isr=list(replicas)
+            )
+            for replicas in assign_replicas(brokers, num_partitions, rf)
+        ]
+        self.metadata.topics[name] = TopicState(name, partitions, dict(request["configs"]))
+        self.log.info("topic_created", topic=name, partitions=num_partitions, replication_factor=rf)
+        return result
+
+    # --- producer ids -------------------------------------------------------------------------
+
+    def allocate_producer_ids(self, broker_id: int) -> dict | PendingResponse:
+        """A block of PRODUCER_ID_BLOCK ids for ``broker_id``, answered once its record
+        commits: a new controller continues after it, so no id is handed out twice."""
+        with self._change() as md:
+            start = md.next_producer_id
+            md.next_producer_id = start + PRODUCER_ID_BLOCK
+            self.commit()
+        self.log.info("producer_ids_allocated", broker_id=broker_id, start=start)
+        return self._reply(
+            {
+                "error_code": 0,
+                "error_message": None,
+                "producer_id_start": start,
+                "producer_id_len": PRODUCER_ID_BLOCK,
+            }
+        )
+
+    # --- ISR changes proposed by leaders -------------------------------------------------------
+
+    def alter_partition(self, request: dict) -> dict | PendingResponse:
+        """Apply a leader's ISR proposal if it is based on the current state (Kafka's AlterPartition)."""
+        topic = self.metadata.topics.get(request["topic"])
+        index = request["partition"]
+        if topic is None or index >= len(topic.partitions):
+            return {"error_code": int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION), "error_message": None}
+        state = topic.partitions[index]
+        if request["broker_id"] != state.leader or request["leader_epoch"] != state.leader_epoch:
+            return {
+                "error_code": int(ErrorCode.FENCED_LEADER_EPOCH),
+                "error_message": f"leader is {state.leader} at epoch {state.leader_epoch}",
+            }
+        if request["partition_epoch"] != state.partition_epoch:
+            # A stale proposal: answer with the current state so the leader can catch up.
+            return {
+                "error_code": int(ErrorCode.INVALID_REQUEST),
+                "isr": state.isr,
+                "partition_epoch": state.partition_epoch,
+                "error_message": f"partition epoch {request['partition_epoch']} != {state.partition_epoch}",
+            }
+        new_isr = [r for r in request["new_isr"] if r in state.replicas]
+        if state.leader not in new_isr or len(set(new_isr)) != len(new_isr):
+            return {
+                "error_code": int(ErrorCode.INVALID_REQUEST),
+                "error_message": f"bad ISR {request['new_isr']}",
+            }
+        if sorted(new_isr) != sorted(state.isr):
+            with self._change() as md:
+                state = md.topics[topic.name].partitions[index]
+                self.log.info(
+                    "isr_changed",
+                    topic=topic.name,
+                    partition=index,
+                    old_isr=state.isr,
+                    new_isr=new_isr,
+                )
+                state.isr = new_isr
+                state.partition_epoch += 1
+                self.commit()
+        return self._reply(
+            {
+                "error_code": 0,
+                "error_message": None,
+                "isr": state.isr,
+                "partition_epoch": state.partition_epoch,
+            }
+        )

@@ -1,0 +1,186 @@
+"""How a broker finds and follows the active controller, whichever voter that is.
+
+Register with each new active controller (retrying until it answers), then heartbeat;
+send it what only the controller decides (CreateTopics, ISR changes), here when this
+broker is the controller, else over the link, and again to the next one after
+NOT_CONTROLLER. Metadata itself comes from the quorum's committed log, on every broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from minibroker.broker.network.peer import PeerConnection
+from minibroker.broker.network.pending import PendingResponse
+from minibroker.protocol import ApiKey
+from minibroker.protocol.errors import ErrorCode, KafkaError
+
+
+class VotersError(ValueError):
+    pass
+
+
+def parse_voters(text: str) -> dict[int, tuple[str, int]]:
+    """``"0@127.0.0.1:9092,1@127.0.0.1:9093"`` -> ``{0: ("127.0.0.1", 9092), ...}`` (Kafka's format)."""
+    voters: dict[int, tuple[str, int]] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        node, at, address = item.partition("@")
+        host, colon, port = address.rpartition(":")
+        if not at or not colon or not node.isdigit() or not port.isdigit():
+            raise VotersError(f"controller.quorum.voters: expected id@host:port, got {item!r}")
+        voters[int(node)] = (host, int(port))
+    return voters
+
+
+class ControllerLink:
+    """A broker's line to the active controller, whichever voter that is now.
+
+    Registers with each new controller, then heartbeats; ``controller_call`` calls
+    locally when this broker is the controller and retries on the next one after
+    NOT_CONTROLLER. Metadata itself comes from the quorum every voter runs.
+    """
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+        self.conns: dict[tuple[int, str], PeerConnection] = {}
+        self.log = broker.log
+
+    def _conn(self, target: int, lane: str) -> PeerConnection:
+        conn = self.conns.get((target, lane))
+        if conn is None:
+            b = self.broker
+            host, port = b.voters[target]
+            conn = self.conns[(target, lane)] = PeerConnection(
+                host,
+                port,
+                f"broker-{b.broker_id}" + ("-isr" if lane == "isr" else ""),
+                credentials=b.credentials,
+                peer_id=target,
+            )
+        return conn
+
+    async def request(self, target: int, api_key: int, body: dict) -> dict:
+        """One request to voter ``target`` (ISR changes on their own connection)."""
+        if api_key == ApiKey.ALTER_PARTITION:
+            return await self._conn(target, "isr").request(api_key, body, timeout=10)
+        timeout = 30 if api_key == ApiKey.CREATE_TOPICS else 5
+        return await self._conn(target, "main").request(api_key, body, timeout=timeout)
+
+    async def run(self) -> None:
+        b = self.broker
+        registration = {"broker_id": b.broker_id, "host": b.host, "port": b.port}
+        interval = b.config["broker.heartbeat.interval.ms"] / 1000
+        registered_with = -1
+        while True:
+            if registered_with != b.controller_id or b.controller_id < 0:
+                answer = await self.controller_call(
+                    ApiKey.BROKER_REGISTRATION, registration, b.role.register_broker, timeout=5
+                )
+                if answer.get("error_code", 0) == 0:
+                    registered_with = b.controller_id
+                    self.log.info("registered_with_controller", controller=registered_with)
+                else:
+                    await trio.sleep(0.05)
+                continue
+            await trio.sleep(interval)
+            answer = await self.controller_call(
+                ApiKey.BROKER_HEARTBEAT,
+                {"broker_id": b.broker_id, "metadata_epoch": b.metadata.epoch},
+                b.role.heartbeat,
+                timeout=max(interval, 5),
+            )
+            if answer.get("error_code", 0) != 0:
+                self.log.warning("heartbeat_failed", error=answer.get("error_message"))
+
+    def create_topics(
+        self, topics: list[dict], validate_only: bool, *, forwarded: bool = False
+    ) -> dict | PendingResponse:
+        """``{"topics": results}``. A client's request goes to the active controller (here or
+        forwarded), retried on the next one after NOT_CONTROLLER; a forwarded one is answered
+        here or refused, never forwarded again (no loops while the brokers disagree)."""
+        body = {"topics": topics, "validate_only": validate_only}
+        if forwarded:
+            if self.broker.controller is None:
+                return self._not_controller_topics(topics)
+            return self.broker.controller.create_topics(topics, validate_only)
+        pending = PendingResponse()
+
+        async def call() -> None:
+            answer = await self.controller_call(
+                ApiKey.CREATE_TOPICS,
+                body,
+                self.broker.role.create_topics,
+                timeout=30,
+            )
+            if "topics" not in answer:
+                answer = self._not_controller_topics(topics, answer)
+            pending.set(answer)
+
+        self.broker.nursery.start_soon(call)
+        return pending
+
+    def _not_controller_topics(self, topics: list[dict], error: dict | None = None) -> dict:
+        error = error or {
+            "error_code": int(ErrorCode.NOT_CONTROLLER),
+            "error_message": f"broker {self.broker.broker_id} is not the controller "
+            f"(the controller is {self.broker.controller_id})",
+        }
+        return {
+            "topics": [
+                {
+                    "name": t["name"],
+                    "error_code": error["error_code"],
+                    "error_message": error.get("error_message"),
+                    "num_partitions": t["num_partitions"],
+                    "replication_factor": t["replication_factor"],
+                }
+                for t in topics
+            ]
+        }
+
+    async def controller_call(
+        self, api_key: int, body: dict, local: Callable[[dict], Any], *, timeout: float
+    ) -> dict:
+        """Ask the active controller, whoever it is now: locally when it is this broker,
+        else over the link; NOT_CONTROLLER or an unreachable controller means wait for the
+        quorum to name the next one and ask again, until ``timeout``."""
+        answer: dict = {"error_code": int(ErrorCode.NOT_CONTROLLER), "error_message": None}
+        with trio.move_on_after(timeout):
+            while True:
+                unreachable = False
+                try:
+                    if self.broker.controller is not None:
+                        answer = local(body)
+                        if isinstance(answer, PendingResponse):
+                            answer = await answer.wait()
+                    elif (
+                        self.broker.controller_id >= 0
+                        and self.broker.controller_id != self.broker.broker_id
+                    ):
+                        answer = await self.request(self.broker.controller_id, api_key, body)
+                    else:
+                        answer = {
+                            "error_code": int(ErrorCode.NOT_CONTROLLER),
+                            "error_message": "no active controller yet",
+                        }
+                except KafkaError as exc:
+                    unreachable = True
+                    answer = {
+                        "error_code": int(exc.code),
+                        "error_message": f"controller unreachable: {exc}",
+                    }
+                code = answer.get("error_code", 0)
+                topic_codes = {t["error_code"] for t in answer.get("topics", [])}
+                if not (
+                    unreachable
+                    or code == ErrorCode.NOT_CONTROLLER
+                    or ErrorCode.NOT_CONTROLLER in topic_codes
+                ):
+                    return answer
+                with trio.move_on_after(0.2):
+                    await self.broker.leader_known.wait()
+                await trio.sleep(0.02)
+        return answer

@@ -1,0 +1,171 @@
+"""Cluster metadata as a log of records (KRaft's metadata records), and the state they build.
+
+The controller keeps making each change on a draft of ClusterMetadata (controller.py); what
+it persists is no longer the whole document but the records that turn the committed state
+into the draft (``records_for_change``). Every voter applies committed records, in log
+order, to its MetadataImage: the same records give the same metadata everywhere.
+
+Record types, after Kafka's (metadata/src/main/resources/common/metadata/*.json):
+
+    RegisterBroker   RegisterBrokerRecord  (id, host, port)
+    FenceBroker      FenceBrokerRecord
+    UnfenceBroker    UnfenceBrokerRecord
+    Topic            TopicRecord           (name, configs; ConfigRecord folded in)
+    Partition        PartitionRecord / PartitionChangeRecord: the partition's whole new
+                     state (leader, epochs, replicas, ISR), so applying one twice is harmless
+                     and no record depends on the exact state before it.
+    ProducerIds      ProducerIdsRecord     (next_producer_id): a block of producer ids
+                     was handed to a broker (KIP-730)
+
+Encoded with msgpack, one record per log entry; an unknown type or a malformed record raises
+MetadataRecordError (a bug or a newer peer: never silently skipped, or voters would diverge).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata, PartitionState, TopicState
+
+
+class MetadataRecordError(ValueError):
+    pass
+
+
+def encode_record(record: dict) -> bytes:
+    return msgpack.packb(record)
+
+
+def decode_record(data: bytes) -> dict:
+    try:
+        record = msgpack.unpackb(data, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData) as exc:
+        raise MetadataRecordError(f"undecodable metadata record: {exc}") from None
+    if not isinstance(record, dict) or record.get("type") not in _APPLY:
+        raise MetadataRecordError(f"unknown metadata record {str(record)[:100]}")
+    return record
+
+
+def _partition_record(topic: str, index: int, p: PartitionState) -> dict:
+    return {
+        "type": "Partition",
+        "topic": topic,
+        "partition": index,
+        "leader": p.leader,
+        "leader_epoch": p.leader_epoch,
+        "partition_epoch": p.partition_epoch,
+        "replicas": list(p.replicas),
+        "isr": list(p.isr),
+    }
+
+
+def records_for_change(old: ClusterMetadata, new: ClusterMetadata) -> list[dict]:
+    """The records that take ``old`` to ``new`` (brokers, fencing, topics, partitions).
+
+    Registrations come first and fencing before partitions, so a replay never sees a
+    partition led by a broker it does not know yet. Topics are never deleted (no
+    DeleteTopics yet).
+    """
+    out: list[dict] = []
+    for node_id, info in sorted(new.brokers.items()):
+        if old.brokers.get(node_id) != info:
+            out.append(
+                {
+                    "type": "RegisterBroker",
+                    "broker_id": node_id,
+                    "host": info.host,
+                    "port": info.port,
+                }
+            )
+    for node_id in sorted(old.live - new.live):
+        out.append({"type": "FenceBroker", "broker_id": node_id})
+    for node_id in sorted(new.live - old.live):
+        out.append({"type": "UnfenceBroker", "broker_id": node_id})
+    for name, topic in new.topics.items():
+        before = old.topics.get(name)
+        if before is None or before.configs != topic.configs:
+            out.append({"type": "Topic", "name": name, "configs": dict(topic.configs)})
+        for index, p in enumerate(topic.partitions):
+            was = before.partitions[index] if before and index < len(before.partitions) else None
+            if was != p:
+                out.append(_partition_record(name, index, p))
+    if new.next_producer_id != old.next_producer_id:
+        out.append({"type": "ProducerIds", "next_producer_id": new.next_producer_id})
+    return out
+
+
+class MetadataImage:
+    """The state machine the quorum feeds: ClusterMetadata built from committed records.
+
+    ``metadata.epoch`` is the offset after the last applied entry, so it only grows and
+    every voter names the same state by the same epoch.
+    """
+
+    def __init__(self) -> None:
+        self.metadata = ClusterMetadata()
+
+    def apply(self, entry: Any) -> None:
+        """A committed log entry (broker.raft.Entry): decode and apply its record."""
+        record = decode_record(entry.data)
+        _APPLY[record["type"]](self.metadata, record)
+        self.metadata.epoch = entry.offset + 1
+
+    def snapshot(self) -> bytes:
+        return msgpack.packb(self.metadata.to_json())
+
+    def restore(self, data: bytes) -> None:
+        try:
+            self.metadata = ClusterMetadata.parse(msgpack.unpackb(data, strict_map_key=False))
+        except Exception as exc:  # a snapshot we cannot read would make this voter diverge
+            raise MetadataRecordError(f"unreadable metadata snapshot: {exc}") from None
+
+
+def _register(md: ClusterMetadata, r: dict) -> None:
+    md.brokers[r["broker_id"]] = BrokerInfo(r["broker_id"], r["host"], r["port"])
+
+
+def _fence(md: ClusterMetadata, r: dict) -> None:
+    md.live.discard(r["broker_id"])
+
+
+def _unfence(md: ClusterMetadata, r: dict) -> None:
+    md.live.add(r["broker_id"])
+
+
+def _topic(md: ClusterMetadata, r: dict) -> None:
+    topic = md.topics.get(r["name"])
+    if topic is None:
+        md.topics[r["name"]] = TopicState(r["name"], [], dict(r["configs"]))
+    else:
+        topic.configs = dict(r["configs"])
+
+
+def _partition(md: ClusterMetadata, r: dict) -> None:
+    topic = md.topics.get(r["topic"])
+    index = r["partition"]
+    if topic is None or index > len(topic.partitions):
+        raise MetadataRecordError(f"partition record for unknown {r['topic']}-{index}")
+    state = PartitionState(
+        r["leader"], r["leader_epoch"], list(r["replicas"]), list(r["isr"]), r["partition_epoch"]
+    )
+    if index == len(topic.partitions):
+        topic.partitions.append(state)
+    else:
+        topic.partitions[index] = state
+
+
+def _producer_ids(md: ClusterMetadata, r: dict) -> None:
+    # Ids only move forward: a replayed or reordered record never hands out a block twice.
+    md.next_producer_id = max(md.next_producer_id, r["next_producer_id"])
+
+
+_APPLY = {
+    "ProducerIds": _producer_ids,
+    "RegisterBroker": _register,
+    "FenceBroker": _fence,
+    "UnfenceBroker": _unfence,
+    "Topic": _topic,
+    "Partition": _partition,
+}

@@ -1,0 +1,192 @@
+"""One replica fetcher task per follower partition, long-polling its leader.
+
+The fetch goes through the leader's fetch purgatory (``replica.fetch.wait.max.ms``,
+``replica.fetch.min.bytes``), so an idle follower costs one parked request, not a
+busy loop. This module is the I/O half of a follower: requests, timeouts, backoff and
+injected faults. Every change to the replica (append, HW, truncation, epoch cache) is
+a Partition method, so the rules live in one place and are tested without sockets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from minibroker.broker.network.cluster_auth import ClusterCredentials
+from minibroker.broker.network.peer import PeerConnection, log_peer_failure
+from minibroker.protocol import ApiKey
+from minibroker.protocol.errors import ErrorCode, KafkaError
+
+if TYPE_CHECKING:
+    from minibroker.broker.metadata.image import BrokerInfo
+    from minibroker.broker.replication.partition import Partition
+
+
+class ReplicaFetcher:
+    def __init__(
+        self,
+        partition: Partition,
+        leader: BrokerInfo,
+        broker_id: int,
+        config: Any,
+        logger: Any,
+        on_hw_change: Callable[[Partition], None],
+        faults: Any,
+        credentials: ClusterCredentials | None = None,
+    ) -> None:
+        self.partition = partition
+        self.leader = leader
+        self.leader_epoch = partition.leader_epoch
+        self.broker_id = broker_id
+        self.config = config
+        self.logger = logger.bind(
+            topic=partition.topic, partition=partition.index, leader=leader.node_id
+        )
+        self.on_hw_change = on_hw_change
+        self.cancel_scope = trio.CancelScope()
+        self.conn = PeerConnection(
+            leader.host,
+            leader.port,
+            f"replica-fetcher-{broker_id}",
+            credentials=credentials,
+            peer_id=leader.node_id,
+        )
+        self.faults = faults
+
+    async def run(self) -> None:
+        with self.cancel_scope:
+            try:
+                await self._loop()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self.conn.close()
+
+    def _request(self) -> dict:
+        p = self.partition
+        cfg = self.config
+        return {
+            "replica_id": self.broker_id,
+            "max_wait_ms": cfg["replica.fetch.wait.max.ms"],
+            "min_bytes": cfg["replica.fetch.min.bytes"],
+            "max_bytes": cfg["replica.fetch.max.bytes"],
+            "topics": [
+                {
+                    "name": p.topic,
+                    "partitions": [
+                        {
+                            "partition": p.index,
+                            "fetch_offset": p.log_end_offset,
+                            "partition_max_bytes": cfg["replica.fetch.max.bytes"],
+                            "current_leader_epoch": self.leader_epoch,
+                        }
+                    ],
+                }
+            ],
+        }
+
+    async def _truncate(self) -> None:
+        """Cut our log where it diverges from the new leader's, by leader epoch (KIP-101).
+
+        Without this, a follower that was once leader (or missed the end of an old epoch)
+        could keep records the new leader never had, and two replicas would hold two
+        different records at one offset. The fetcher asks; the partition decides and cuts.
+        """
+        p = self.partition
+        epoch = p.latest_epoch
+        if epoch < 0:
+            target = p.high_watermark  # no epochs known: keep what is committed
+        else:
+            body = await self.conn.request(
+                ApiKey.OFFSET_FOR_LEADER_EPOCH,
+                {
+                    "replica_id": self.broker_id,
+                    "topics": [
+                        {
+                            "name": p.topic,
+                            "partitions": [{"partition": p.index, "leader_epoch": epoch}],
+                        }
+                    ],
+                },
+                timeout=10,
+            )
+            answer = body["topics"][0]["partitions"][0]
+            error = ErrorCode.parse(answer["error_code"])
+            if error is not ErrorCode.NONE:
+                raise KafkaError(
+                    f"{error.name} from leader {self.leader.node_id} for OffsetsForLeaderEpoch"
+                )
+            target = p.offset_for_truncation(answer["leader_epoch"], answer["end_offset"])
+        leo = p.log_end_offset
+        if p.truncate_to(target):
+            self.logger.warning(
+                "follower_truncating_to_leader",
+                from_offset=leo,
+                to_offset=target,
+                leader_epoch=self.leader_epoch,
+            )
+
+    async def _loop(self) -> None:
+        cfg = self.config
+        timeout = cfg["replica.fetch.wait.max.ms"] / 1000 + 30
+        backoff = cfg["replica.fetch.backoff.ms"] / 1000
+        while True:
+            try:
+                await self._truncate()
+                break
+            except KafkaError as exc:
+                log_peer_failure(self.logger, "truncation_check_failed", exc)
+                await trio.sleep(backoff)
+            except Exception:
+                self.logger.exception("truncation_error")
+                await trio.sleep(backoff)
+        while True:
+            try:
+                delay_ms, _ = self.faults.replication(self.partition.key)
+                if delay_ms:
+                    await trio.sleep(delay_ms / 1000)
+                body = await self.conn.request(ApiKey.FETCH, self._request(), timeout=timeout)
+                # Asked again: a fault injected while this fetch was parked applies to its data.
+                if self.faults.replication(self.partition.key)[1]:
+                    # Dropped replication: the leader saw the fetch, we discard the data.
+                    await trio.sleep(backoff)
+                    continue
+                self._process(body["topics"][0]["partitions"][0])
+            except KafkaError as exc:
+                log_peer_failure(self.logger, "replica_fetch_failed", exc)
+                await trio.sleep(backoff)
+            except Exception:
+                # A bug or a bad answer must cost this partition a retry, not the broker.
+                self.logger.exception("replica_fetch_error")
+                await trio.sleep(backoff)
+
+    def _process(self, data: dict) -> None:
+        p = self.partition
+        error = ErrorCode.parse(data["error_code"])
+        if error is ErrorCode.OFFSET_OUT_OF_RANGE:
+            self._handle_out_of_range(data)
+            return
+        if error is not ErrorCode.NONE:
+            raise KafkaError(f"{error.name} from leader {self.leader.node_id}")
+        records = data["records"]
+        if records:
+            p.append_records_to_follower(records)
+        if p.maybe_update_follower_hw(data["high_watermark"]):
+            self.on_hw_change(p)
+
+    def _handle_out_of_range(self, data: dict) -> None:
+        """Kafka's handleOutOfRangeError: follow the leader's end, or restart at its start."""
+        p = self.partition
+        leo = p.log_end_offset
+        leader_leo = data.get("log_end_offset", -1)
+        leader_start = data.get("log_start_offset", -1)
+        if 0 <= leader_leo < leo:
+            # The leader is behind us: drop our unreplicated suffix.
+            self.logger.warning("follower_truncating", from_offset=leo, to_offset=leader_leo)
+            p.truncate_to(leader_leo)
+        elif leader_start > leo:
+            self.logger.warning("follower_reset_to_leader_start", offset=leader_start)
+            p.truncate_fully_and_start_at(leader_start)
+        else:
+            raise KafkaError(f"OFFSET_OUT_OF_RANGE from leader {self.leader.node_id}")

@@ -1,0 +1,445 @@
+"""Partitions hosted by this broker, their roles, and the produce and fetch paths over them.
+
+Mirrors Kafka's ReplicaManager: appends, reads bounded by HW or LEO, the two
+purgatories, and "which triggers complete which purgatories" (kafka-semantics §5):
+an append checks the fetch purgatory; an HW increase checks produce and fetch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.common.topic_config import log_config_values
+from minibroker.broker.metadata.check import topic_name_error
+from minibroker.broker.metadata.image import PartitionState
+from minibroker.broker.network.pending import PendingResponse
+from minibroker.broker.network.session import ConnectionSession
+from minibroker.broker.purgatory import DelayedOperation, Purgatory
+from minibroker.broker.replication.delayed import (
+    DelayedFetch,
+    DelayedProduce,
+    ProducePartitionStatus,
+    produce_response,
+)
+from minibroker.broker.replication.fetch_request import MAX_FETCH_WAIT_MS, FetchRequest
+from minibroker.broker.replication.offset_queries import list_offsets, offsets_for_leader_epoch
+from minibroker.broker.replication.partition import Partition
+from minibroker.broker.storage import Log, LogConfig
+from minibroker.broker.storage.epoch_cache import LeaderEpochCache
+from minibroker.protocol.errors import ErrorCode, KafkaError
+
+Key = tuple[str, int]
+
+# Shared consumer answers kept at once (see ReplicaManager._consumer_read): a
+# burst of identical long polls needs one; the bounds keep a varied load from holding
+# records for long.
+SHARED_ANSWERS = 256
+SHARED_ANSWER_BYTES = 8 << 20
+# Fetch bodies kept decoded (ReplicaManager.fetch), as many as the network layer keeps.
+FETCH_REQUESTS = 1024
+
+
+def duplicate_partition(topics: list[dict]) -> str | None:
+    """The first topic-partition named twice in a request's topics, or None.
+
+    Kafka refuses these (INVALID_REQUEST): a produce naming one partition three times
+    stored three batches and answered once; a fetch would read it twice.
+    """
+    seen: set[Key] = set()
+    for t in topics:
+        for p in t["partitions"]:
+            key = (t["name"], p["partition"])
+            if key in seen:
+                name = t["name"] if len(t["name"]) <= 100 else t["name"][:100] + "..."
+                return f"{name}-{p['partition']}"
+            seen.add(key)
+    return None
+
+
+def _invalid_request(message: str) -> dict:
+    return {"error_code": int(ErrorCode.INVALID_REQUEST), "error_message": message}
+
+
+def log_config_from(config: BrokerConfig, overrides: dict[str, str] | None = None) -> LogConfig:
+    """Broker defaults with per-topic overrides (Kafka's topic-level names)."""
+    return LogConfig(**log_config_values(config, overrides))
+
+
+class ReplicaManager:
+    def __init__(
+        self,
+        broker_id: int,
+        data_dir: Path,
+        config: BrokerConfig,
+        logger: Any,
+        fetch_purgatory: Purgatory,
+        produce_purgatory: Purgatory,
+        now_ms: Callable[[], int],
+    ) -> None:
+        self.broker_id = broker_id
+        self.data_dir = data_dir
+        self.config = config
+        self.logger = logger
+        self.fetch_purgatory = fetch_purgatory
+        self.produce_purgatory = produce_purgatory
+        self.now_ms = now_ms
+        self.partitions: dict[Key, Partition] = {}
+        # What delayed operations get instead of this manager: bound once, shared by all.
+        self._lookup = self.partitions.get
+        self._read_for_purgatory = self._read_completed_fetch
+        # Answers to identical consumer fetches (see _consumer_read). The key holds
+        # the partitions it read, so an id is never reused while its answer is kept.
+        self._shared_answers: dict[tuple, tuple[dict, int, bool]] = {}
+        self._shared_bytes = 0  # records held by those answers
+        self._fetch_requests: dict[int, tuple[dict, FetchRequest]] = {}  # see fetch
+        self.fetch_max_bytes: int = config["fetch.max.bytes"]
+        # Parked operations by the connection that asked: they die with it.
+        self._parked: dict[ConnectionSession, set[DelayedOperation]] = {}
+        self.topic_configs: dict[str, dict[str, str]] = {}
+        # Sends a Partition's proposed ISR to the controller (cluster mode; set by the server).
+        self.on_isr_change: Callable[[Partition, list[int]], None] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def partition_dir(self, topic: str, index: int) -> Path:
+        # Names reach here from the wire: never let one leave the data dir or alias
+        # another partition's directory, whatever check upstream was missed.
+        if topic_name_error(topic) is not None or type(index) is not int or index < 0:
+            raise ValueError(f"refusing partition directory for {topic[:64]!r}-{index!r}")
+        return self.data_dir / f"{topic}-{index}"
+
+    def host_partition(self, topic: str, index: int, state: PartitionState) -> Partition:
+        """Open (or create) the local replica and take the role the metadata gives it."""
+        key = (topic, index)
+        partition = self.partitions.get(key)
+        if partition is None:
+            log = Log.open(
+                self.partition_dir(topic, index),
+                log_config_from(self.config, self.topic_configs.get(topic)),
+                now_ms=lambda: int(time.time() * 1000),
+                logger=self.logger.bind(topic=topic, partition=index),
+            )
+            cache = LeaderEpochCache(self.partition_dir(topic, index))
+            partition = Partition(topic, index, log, self.broker_id, cache, self._propose_isr)
+            self.partitions[key] = partition
+        partition.min_insync_replicas = self.min_insync_replicas(topic)
+        if state.leader == self.broker_id:
+            if partition.make_leader(state, self.now_ms()):
+                self._hw_increased(key)
+        elif partition.make_follower(state):
+            # Leadership lost: pending acks=all produces and fetches now answer
+            # NOT_LEADER_OR_FOLLOWER (Kafka's completeDelayedOperationsWhenNotPartitionLeader).
+            self._hw_increased(key)
+        return partition
+
+    def min_insync_replicas(self, topic: str) -> int:
+        value = self.topic_configs.get(topic, {}).get("min.insync.replicas")
+        return int(value) if value is not None else self.config["min.insync.replicas"]
+
+    def close(self) -> None:
+        for partition in self.partitions.values():
+            try:
+                partition.log.close()
+            except Exception:
+                self.logger.exception(
+                    "log_close_failed", topic=partition.topic, partition=partition.index
+                )
+
+    def remove_expired_producers(self, now_ms: int) -> int:
+        """Kafka's producer-id expiration task, over every partition."""
+        expiration = self.config["producer.id.expiration.ms"]
+        return sum(
+            p.log.producers.remove_expired(now_ms, expiration) for p in self.partitions.values()
+        )
+
+    def delete_old_segments(self) -> int:
+        return sum(p.log.delete_old_segments(p.high_watermark) for p in self.partitions.values())
+
+    # --- purgatory triggers ---------------------------------------------------------------
+
+    def _hw_increased(self, key: Key) -> None:
+        self.produce_purgatory.check_and_complete(key)
+        self.fetch_purgatory.check_and_complete(key)
+
+    # --- parked operations and their connections --------------------------------------
+
+    def _park(
+        self,
+        purgatory: Purgatory,
+        op: DelayedFetch | DelayedProduce,
+        keys: list[Key],
+        session: ConnectionSession | None,
+    ) -> dict | PendingResponse:
+        pending = op.response
+        purgatory.try_complete_else_watch(op, keys)
+        if pending.body is not None:
+            return pending.body
+        if session is not None:
+            parked = self._parked.get(session)
+            if parked is None:
+                parked = self._parked[session] = set()
+                session.on_close(lambda: self._connection_closed(session))
+            parked.add(op)
+            op.parked_in = parked  # the op leaves this set when it completes
+        return pending
+
+    def _connection_closed(self, session: ConnectionSession) -> None:
+        """Nobody is left to answer: complete its parked ops now, leave the timer, free them.
+
+        Completed ops are skipped by triggers and dropped by the purgatory's purge. A
+        produce's records stay appended (they were written); only the waiting stops.
+        """
+        parked = self._parked.pop(session, None)
+        if not parked:
+            return
+        ops = list(parked)
+        for op in ops:
+            op.abandon()
+        self.logger.debug("parked_requests_abandoned", peer=session.peer, count=len(ops))
+
+    # --- produce --------------------------------------------------------------------------
+
+    def produce(
+        self, body: dict, session: ConnectionSession | None = None
+    ) -> dict | PendingResponse | None:
+        duplicate = duplicate_partition(body["topics"])
+        if duplicate is not None:
+            # Before anything is appended. acks=0 expects no answer: log it instead.
+            message = f"partition {duplicate} appears more than once in one produce request"
+            if body["acks"] == 0:
+                self.logger.info("produce_refused", error="INVALID_REQUEST", reason=message)
+                return None
+            return _invalid_request(message)
+        acks = body["acks"]
+        statuses: dict[Key, ProducePartitionStatus] = {}
+        if acks not in (-1, 0, 1):
+            for t in body["topics"]:
+                for p in t["partitions"]:
+                    statuses[(t["name"], p["partition"])] = ProducePartitionStatus(
+                        ErrorCode.INVALID_REQUIRED_ACKS, -1, -1
+                    )
+            return produce_response(statuses)
+        appended = []
+        for t in body["topics"]:
+            topic = t["name"]
+            for p in t["partitions"]:
+                key = (topic, p["partition"])
+                statuses[key] = self._append(key, p["records"], acks)
+                if statuses[key].acks_pending:
+                    appended.append(key)
+        if acks == 0:
+            return None  # Kafka sends no response to acks=0
+        if acks == 1 or not appended:
+            for status in statuses.values():
+                if status.acks_pending:
+                    status.acks_pending = False
+                    status.error = ErrorCode.NONE
+            return produce_response(statuses)
+        op = DelayedProduce(body["timeout_ms"], statuses, self._lookup)
+        return self._park(self.produce_purgatory, op, appended, session)
+
+    def _append(self, key: Key, records: bytes, acks: int) -> ProducePartitionStatus:
+        partition = self.partitions.get(key)
+        if partition is None:
+            return ProducePartitionStatus(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, -1)
+        try:
+            hw_before = partition.high_watermark
+            info = partition.append_records_to_leader(records, acks)
+        except KafkaError as exc:
+            return ProducePartitionStatus(exc.code, -1, -1, exc.message or None)
+        except Exception:
+            self.logger.exception("append_failed", topic=key[0], partition=key[1])
+            return ProducePartitionStatus(ErrorCode.KAFKA_STORAGE_ERROR, -1, -1)
+        if partition.high_watermark > hw_before:
+            self._hw_increased(key)
+        else:
+            # Followers long-poll on the LEO: new data may complete their fetches.
+            self.fetch_purgatory.check_and_complete(key)
+        return ProducePartitionStatus(ErrorCode.NONE, info.first_offset, info.last_offset + 1)
+
+    # --- fetch ----------------------------------------------------------------------------
+
+    def fetch(self, body: dict, session: ConnectionSession | None = None) -> dict | PendingResponse:
+        # The network layer hands every sender of the same Fetch bytes the same validated
+        # body: it is checked and made a FetchRequest once (the entry holds the body, so
+        # its id is not reused while there).
+        known = self._fetch_requests.get(id(body))
+        if known is not None and known[0] is body:
+            fetch = known[1]
+        else:
+            duplicate = duplicate_partition(body["topics"])
+            if duplicate is not None:
+                return _invalid_request(
+                    f"partition {duplicate} appears more than once in one fetch request"
+                )
+            fetch = FetchRequest(body, self.fetch_max_bytes)
+            if len(self._fetch_requests) >= FETCH_REQUESTS:
+                self._fetch_requests.clear()
+            self._fetch_requests[id(body)] = (body, fetch)
+        if fetch.for_follower:
+            response, total, stop_now = self._read(fetch, update_follower_state=True)
+        else:
+            response, total, stop_now = self._consumer_read(fetch)
+        max_wait = min(body["max_wait_ms"], MAX_FETCH_WAIT_MS)
+        if max_wait <= 0 or stop_now or total >= fetch.min_bytes or not fetch.targets:
+            return response
+        op = DelayedFetch(max_wait, fetch, self._lookup, self._read_for_purgatory)
+        return self._park(self.fetch_purgatory, op, [key for key, _, _ in fetch.targets], session)
+
+    def _read_completed_fetch(self, fetch: FetchRequest) -> dict:
+        """A DelayedFetch's answer: read again, not a follower fetch (readFromPurgatory)."""
+        if fetch.for_follower:
+            return self._read(fetch, update_follower_state=False)[0]
+        return self._consumer_read(fetch)[0]
+
+    def _consumer_read(self, fetch: FetchRequest) -> tuple[dict, int, bool]:
+        """``_read`` for a consumer, shared by identical fetches.
+
+        Consumers long-polling the same offsets read the same answer: thousands at the
+        log end (empty), expiring in one tick, or woken by one append (the same records).
+        A consumer reads below the HW, which never changes under a partition's leader
+        epoch, so an answer is shared while every partition it read is the same object
+        with the same role, epoch, HW, log start and end: read once, and packed once
+        (broker/network/socket_server.py), not per fetch (bench longpoll). Answers are never changed
+        once made.
+        """
+        lookup = self.partitions.get
+        state = []
+        for key, _, _ in fetch.targets:
+            partition = lookup(key)
+            if partition is None:
+                state.append(None)
+                continue
+            log = partition.log
+            state.append(
+                (
+                    partition,
+                    partition.is_leader,
+                    partition.leader_epoch,
+                    partition.high_watermark,
+                    log.log_start_offset,
+                    log.log_end_offset,
+                )
+            )
+        shared = self._shared_answers
+        key = (fetch.shape, tuple(state))
+        answer = shared.get(key)
+        if answer is None:
+            answer = self._read(fetch, update_follower_state=False)
+            size = answer[1]
+            self._shared_bytes += size
+            if len(shared) >= SHARED_ANSWERS or self._shared_bytes > SHARED_ANSWER_BYTES:
+                shared.clear()
+                self._shared_bytes = size
+            shared[key] = answer
+        return answer
+
+    def _read(self, fetch: FetchRequest, *, update_follower_state: bool) -> tuple[dict, int, bool]:
+        """Read every partition; returns (response body, bytes, whether to answer at once)."""
+        topics: dict[str, list] = {}
+        budget = fetch.max_bytes
+        total = 0
+        stop_now = False
+        for key, offset, max_bytes in fetch.targets:
+            entry = {"partition": key[1], "error_code": 0, "high_watermark": -1, "records": b""}
+            topics.setdefault(key[0], []).append(entry)
+            partition = self.partitions.get(key)
+            if partition is None:
+                entry["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                stop_now = True
+                continue
+            if not partition.is_leader:
+                entry["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                stop_now = True
+                continue
+            epoch = fetch.epochs[key]
+            if epoch >= 0 and epoch != partition.leader_epoch:
+                # A fetch for another epoch: an old leader's follower, or metadata we lack yet.
+                code = (
+                    ErrorCode.FENCED_LEADER_EPOCH
+                    if epoch < partition.leader_epoch
+                    else ErrorCode.UNKNOWN_LEADER_EPOCH
+                )
+                entry["error_code"] = int(code)
+                stop_now = True
+                continue
+            if fetch.for_follower and fetch.replica_id not in partition.replicas:
+                # An authenticated broker, but not a replica of this partition.
+                entry["error_code"] = int(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                entry["error_message"] = (
+                    f"broker {fetch.replica_id} is not a replica of {key[0]}-{key[1]}"
+                )
+                stop_now = True
+                continue
+            log = partition.log
+            entry["high_watermark"] = partition.high_watermark
+            entry["log_start_offset"] = log.log_start_offset
+            entry["log_end_offset"] = log.log_end_offset
+            try:
+                data = partition.read(
+                    offset,
+                    min(max_bytes, budget),
+                    for_follower=fetch.for_follower,
+                    min_one_batch=total == 0,
+                )
+            except KafkaError as exc:
+                entry["error_code"] = int(exc.code)
+                entry["error_message"] = str(exc)
+                stop_now = True
+                continue
+            entry["records"] = data
+            total += len(data)
+            budget = max(0, budget - len(data))
+            if (
+                fetch.for_follower
+                and update_follower_state
+                and partition.update_follower_fetch_state(fetch.replica_id, offset, self.now_ms())
+            ):
+                self._hw_increased(key)
+        body = {"topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}
+        return body, total, stop_now
+
+    # --- ISR changes -----------------------------------------------------------------------
+
+    def _propose_isr(self, partition: Partition, new_isr: list[int]) -> None:
+        """Partitions propose ISR changes here; the server sends them (AlterPartition)."""
+        if self.on_isr_change is not None:
+            self.on_isr_change(partition, new_isr)
+
+    def isr_update_accepted(
+        self, partition: Partition, leader_epoch: int, isr: list[int], partition_epoch: int
+    ) -> None:
+        """The controller accepted this leader's ISR proposal (AlterPartition answer)."""
+        # A shrink can let the HW move, and with it pending acks=all produces.
+        if partition.apply_isr_update(leader_epoch, isr, partition_epoch):
+            self._hw_increased(partition.key)
+
+    def isr_proposal_ended(self, partition: Partition) -> None:
+        """This leader's ISR proposal was refused or lost (no AlterPartition answer)."""
+        if partition.isr_proposal_ended():
+            self._hw_increased(partition.key)
+
+    def maybe_shrink_isr(self, now_ms: int, lag_ms: int) -> None:
+        """Kafka's isr-expiration task: each leader proposes its ISR without laggards."""
+        # A copy: on the controller a proposal applies new metadata before it returns.
+        for partition in list(self.partitions.values()):
+            out = partition.maybe_shrink_isr(now_ms, lag_ms)
+            if out:
+                self.logger.info(
+                    "isr_shrink_proposed",
+                    topic=partition.topic,
+                    partition=partition.index,
+                    out_of_sync=out,
+                )
+
+    # --- offset lookups (read-only, broker/replication/offset_queries.py) -----------------------------
+
+    def offsets_for_leader_epoch(self, body: dict) -> dict:
+        return offsets_for_leader_epoch(self._lookup, body)
+
+    def list_offsets(self, body: dict) -> dict:
+        return list_offsets(self._lookup, body)
