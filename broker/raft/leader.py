@@ -110,8 +110,12 @@ def on_fetch(client: RaftCore, source: int, req: FetchRequest) -> None:
     # Answer now when there is news: entries past the fetch offset, or a high watermark this
     # very fetch moved (the fetcher cannot know it yet; parked, it would learn it only at
     # max_wait, and every voter would apply each change that much later).
+    # Also when the high watermark moved since this voter's last answer (another voter's
+    # fetch moved it): the second follower to fetch after an append would otherwise park and
+    # learn the commit only at max_wait, so a new topic's replicas started 500 ms late.
     moved = s.high_watermark != high_watermark
-    if req.fetch_offset < client.log.end_offset or moved or req.max_wait_ms <= 0:
+    behind = replica.sent_high_watermark != s.high_watermark
+    if req.fetch_offset < client.log.end_offset or moved or behind or req.max_wait_ms <= 0:
         _answer(client, s, req, ErrorCode.NONE)
     else:
         s.parked[source] = (client.now() + req.max_wait_ms, req)
@@ -136,6 +140,9 @@ def _answer(client: RaftCore, s: LeaderState, req: FetchRequest, error: ErrorCod
         client.send(req.replica_id, _error_response(client, req.correlation_id, error))
         return
     records = client.log.read(req.fetch_offset, client.config.fetch_max_entries)
+    replica = s.voters.get(req.replica_id)
+    if replica is not None:
+        replica.sent_high_watermark = s.high_watermark
     client.send(
         req.replica_id,
         FetchResponse(

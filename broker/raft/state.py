@@ -59,6 +59,9 @@ class ReplicaState:
     last_fetch_ms: int = 0
     acknowledged: bool = False  # answered BeginQuorumEpoch or fetched in this epoch
     begin_resend_at: int = 0
+    # The high watermark our last Fetch answer told this voter: a fetch from a voter that
+    # has not heard of the current one is answered at once, not parked (KIP-1166's rule).
+    sent_high_watermark: int | None = None
 
 
 @dataclass(slots=True)

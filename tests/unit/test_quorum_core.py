@@ -252,6 +252,10 @@ def test_caught_up_fetch_parks_until_an_append_or_its_max_wait():
     # Follower 1's fetch moves the high watermark: answered at once, so it learns it.
     (moved,) = sends(fetch_from(core, 1, 1, 1, corr=1), FetchResponse)
     assert moved.message.high_watermark == 1 and moved.message.records == ()
+    # Follower 2 has not heard of high watermark 1 (follower 1's fetch moved it): it is
+    # answered at once too, else it would learn of the commit only at max wait.
+    (news,) = sends(fetch_from(core, 2, 1, 1, corr=8), FetchResponse)
+    assert news.message.high_watermark == 1 and news.message.records == ()
     parked = fetch_from(core, 2, 1, 1, corr=9)
     assert sends(parked, FetchResponse) == []  # parked: nothing to say yet
     assert core.next_deadline_ms() == core.clock.now_ms() + 500
