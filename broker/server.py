@@ -8,12 +8,9 @@ run on one thread.
 
 from __future__ import annotations
 
-import fcntl
-import gc
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,55 +18,34 @@ from typing import Any
 import trio
 
 from minibroker.broker.apis import RequestHandler
-from minibroker.broker.common.config import BrokerConfig, ConfigError
+from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.common.gc_policy import collect_garbage_rarely
 from minibroker.broker.controller.active import ControllerRole
 from minibroker.broker.controller.controller import METADATA_FILE, Controller
-from minibroker.broker.controller.membership import ControllerLink, VotersError, parse_voters
+from minibroker.broker.controller.membership import ControllerLink, quorum_voters
 from minibroker.broker.controller.producer_ids import ProducerIdManager
 from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata, load_metadata
 from minibroker.broker.metadata.records import MetadataImage
-from minibroker.broker.network.cluster_auth import (
-    Authenticator,
-    ClusterCredentials,
-    SecretFileError,
-    load_credentials,
-)
+from minibroker.broker.network.cluster_auth import Authenticator, credentials_from_config
 from minibroker.broker.network.faults import FaultInjector
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.network.request_metrics import RequestMetrics
 from minibroker.broker.network.socket_server import ConnectionHandler, max_connections_for
 from minibroker.broker.purgatory import MonotonicClock, Purgatory, SystemTimer, switch_interval_for
-from minibroker.broker.raft import QuorumConfig
+from minibroker.broker.raft.config import quorum_config
 from minibroker.broker.raft.driver import QuorumDriver
 from minibroker.broker.replication.alter_partition import AlterPartitionManager
 from minibroker.broker.replication.fetcher_manager import ReplicaFetcherManager
+from minibroker.broker.replication.housekeeping import run_housekeeping
 from minibroker.broker.replication.partition import Partition
 from minibroker.broker.replication.replica_manager import ReplicaManager
+from minibroker.broker.storage.dir_lock import lock_data_dir
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import KafkaError
 
 # A client request held for the metadata catch-up (after_catch_up) waits at most this long,
 # then is answered from what the broker knows: below a client's default request timeout.
 CATCH_UP_WAIT_S = 25
-# Allocations between young collections; young collections per middle one; middle per full.
-GC_THRESHOLDS = (10_000, 20, 100)
-
-
-class DataDirInUse(RuntimeError):
-    """Another broker process holds this data directory."""
-
-
-def lock_data_dir(data_dir: Path) -> int:
-    data_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(data_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise DataDirInUse(f"data dir {data_dir} is in use by another broker process") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    return fd
 
 
 class Broker:
@@ -91,21 +67,11 @@ class Broker:
         self.clock = MonotonicClock()
         self.started_ms = self.clock.now_ms()
         self.metadata = ClusterMetadata()
-        try:
-            self.voters = parse_voters(config["controller.quorum.voters"])
-        except VotersError as exc:
-            raise ConfigError(str(exc)) from None
-        if self.voters and broker_id not in self.voters:
-            # It would be a KRaft observer (metadata by fetching the log, no vote): not built.
-            raise ConfigError(
-                f"broker {broker_id} is not in controller.quorum.voters "
-                f"({', '.join(map(str, sorted(self.voters)))}): every broker of a cluster must "
-                "be a voter (brokers outside the voter set are not supported yet)"
-            )
+        self.voters = quorum_voters(broker_id, config)
         # The active controller is whichever voter leads the metadata quorum with its epoch
         # committed (KRaft): both follow the quorum (_leader_changed, _active_changed).
         self.controller_id = -1
-        self.credentials = self._credentials(broker_id, config)
+        self.credentials = credentials_from_config(broker_id, config, self.voters)
         self.authenticator = Authenticator(self.credentials, broker_id, logger)
         self.timer: SystemTimer | None = None
         self.replica_manager: ReplicaManager | None = None
@@ -125,24 +91,6 @@ class Broker:
         # until then client requests wait (apis.WAIT_FOR_METADATA).
         self.metadata_ready = trio.Event()
         self.faults = FaultInjector()
-
-    def _credentials(self, broker_id: int, config: BrokerConfig) -> ClusterCredentials | None:
-        """The cluster secret; required as soon as there are other brokers to trust."""
-        path = config["cluster.secret.file"]
-        if path:
-            try:
-                return load_credentials(Path(path), broker_id)
-            except SecretFileError as exc:
-                raise ConfigError(f"config 'cluster.secret.file': {exc}") from None
-        others = sorted(set(self.voters) - {broker_id})
-        if others:
-            raise ConfigError(
-                "config 'cluster.secret.file' is required: controller.quorum.voters lists "
-                f"other brokers ({', '.join(map(str, others))}), and brokers prove membership "
-                "to each other with the cluster's secret ('minibroker cluster up' writes one)"
-            )
-        # A single broker has no peers: every internal API is refused (nobody can authenticate).
-        return None
 
     def load_state(self) -> None:
         """Read what must be sound before serving; raises one-line errors (corrupt metadata)."""
@@ -196,14 +144,6 @@ class Broker:
 
     def _quorum_driver(self) -> QuorumDriver:
         """Every listed voter runs the metadata quorum; a lone broker is a one-voter quorum."""
-        c = self.config
-        config = QuorumConfig(
-            election_timeout_ms=c["controller.quorum.election.timeout.ms"],
-            fetch_timeout_ms=c["controller.quorum.fetch.timeout.ms"],
-            election_backoff_max_ms=c["controller.quorum.election.backoff.max.ms"],
-            request_timeout_ms=c["controller.quorum.request.timeout.ms"],
-            retry_backoff_ms=c["controller.quorum.retry.backoff.ms"],
-        )
         voters = self.voters or {self.broker_id: (self.host, self.port)}
         return QuorumDriver(
             self.broker_id,
@@ -211,7 +151,7 @@ class Broker:
             self.data_dir,
             self.clock,
             self.log,
-            config=config,
+            config=quorum_config(self.config),
             credentials=self.credentials,
             state_machine=self.image,
         )
@@ -273,12 +213,6 @@ class Broker:
             ],
             False,
         )
-
-    async def _isr_shrink_loop(self) -> None:
-        lag = self.config["replica.lag.time.max.ms"]
-        while True:
-            await trio.sleep(max(lag / 2, 10) / 1000)
-            self.replica_manager.maybe_shrink_isr(self.clock.now_ms(), lag)
 
     def stats(self) -> dict:
         rm = self.replica_manager
@@ -383,10 +317,10 @@ class Broker:
                 if self.quorum is not None:
                     await nursery.start(self.quorum.run)
                 nursery.start_soon(self.link.run)
-                nursery.start_soon(self._retention_loop)
-                nursery.start_soon(self._producer_expiration_loop)
+                nursery.start_soon(
+                    run_housekeeping, self.replica_manager, self.config, self.clock, self.log
+                )
                 nursery.start_soon(self._prefetch_producer_ids)
-                nursery.start_soon(self._isr_shrink_loop)
                 nursery.start_soon(self.role.fence_silent_brokers)
                 self.log.info(
                     "broker_started",
@@ -461,29 +395,9 @@ class Broker:
             except KafkaError as exc:
                 self.log.warning("controlled_shutdown_failed", error=str(exc))
 
-    async def _retention_loop(self) -> None:
-        interval = self.config["log.retention.check.interval.ms"] / 1000
-        while True:
-            await trio.sleep(interval)
-            try:
-                deleted = self.replica_manager.delete_old_segments()
-            except OSError as exc:
-                self.log.error("retention_failed", error=str(exc))
-                continue
-            if deleted:
-                self.log.info("retention_deleted_segments", count=deleted)
-
     async def _prefetch_producer_ids(self) -> None:
         await self.metadata_ready.wait()
         self.producer_ids.prefetch()
-
-    async def _producer_expiration_loop(self) -> None:
-        interval = self.config["producer.id.expiration.check.interval.ms"] / 1000
-        while True:
-            await trio.sleep(interval)
-            expired = self.replica_manager.remove_expired_producers(int(time.time() * 1000))
-            if expired:
-                self.log.info("producer_ids_expired", count=expired)
 
 
 async def serve(broker: Broker) -> None:
@@ -496,24 +410,6 @@ async def serve(broker: Broker) -> None:
                 await broker.controlled_shutdown()
                 nursery.cancel_scope.cancel()
                 break
-
-
-def collect_garbage_rarely() -> None:
-    """Start-up's objects are never scanned again, and young objects are collected in
-    larger, rarer passes.
-
-    With CPython's default thresholds (700, 10, 10) a broker holding 5,000 long polls
-    spent ~2 s of every 15 s in the cyclic collector, in pauses of up to 214 ms (full
-    collections walking every connection and parked request): that was the expiry
-    lateness p99 (bench longpoll, gc.callbacks). Requests free their objects by
-    reference count; the collector only has to find the rare cycle (an exception's
-    traceback, say), so collecting it less often costs memory only briefly. A frozen
-    object in a cycle would never be reclaimed, but what start-up loads (config, the
-    metadata image, the partitions, which are never removed) lives as long as the broker.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def run_broker(

@@ -13,6 +13,7 @@ from typing import Any
 
 import trio
 
+from minibroker.broker.common.config import BrokerConfig, ConfigError
 from minibroker.broker.network.peer import PeerConnection
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.protocol import ApiKey
@@ -32,6 +33,22 @@ def parse_voters(text: str) -> dict[int, tuple[str, int]]:
         if not at or not colon or not node.isdigit() or not port.isdigit():
             raise VotersError(f"controller.quorum.voters: expected id@host:port, got {item!r}")
         voters[int(node)] = (host, int(port))
+    return voters
+
+
+def quorum_voters(broker_id: int, config: BrokerConfig) -> dict[int, tuple[str, int]]:
+    """controller.quorum.voters, which must list this broker if it lists any."""
+    try:
+        voters = parse_voters(config["controller.quorum.voters"])
+    except VotersError as exc:
+        raise ConfigError(str(exc)) from None
+    if voters and broker_id not in voters:
+        # It would be a KRaft observer (metadata by fetching the log, no vote): not built.
+        raise ConfigError(
+            f"broker {broker_id} is not in controller.quorum.voters "
+            f"({', '.join(map(str, sorted(voters)))}): every broker of a cluster must "
+            "be a voter (brokers outside the voter set are not supported yet)"
+        )
     return voters
 
 
