@@ -306,9 +306,12 @@ class Broker:
             listeners = await trio.open_tcp_listeners(self.port, host=self.host)
             if config["metrics.port"]:
                 # Imported only when asked for: prometheus-client costs every broker ~4 MB.
-                from minibroker.broker.prometheus_export import serve_metrics
+                from minibroker.broker.prometheus_export import BrokerCollector, serve_metrics
 
-                self._metrics_server = serve_metrics(self, config["metrics.port"])
+                collector = BrokerCollector(
+                    self.broker_id, self.request_metrics, self.replica_manager, self.connections
+                )
+                self._metrics_server = serve_metrics(collector, config["metrics.port"])
             async with trio.open_nursery() as nursery:
                 self._wire(nursery)
                 nursery.start_soon(self.connections.serve, listeners)
