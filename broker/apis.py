@@ -3,6 +3,10 @@
 Handlers run on the trio thread and never block: a request that must wait (acks=all,
 long-poll fetch) parks in a purgatory and the connection keeps serving others.
 
+Like Kafka's KafkaApis, the handler is built with its collaborators (replica manager,
+controller role and link, quorum, authenticator, producer ids, faults, the metadata
+cache and the catch-up gate), never with the broker: it sits below server.py.
+
 Trust: the cluster's internal APIs (registration, heartbeats, ISR changes, metadata
 pushes, follower fetches) steer leaders, ISRs and high watermarks, so they are answered
 only on a connection whose peer authenticated as a cluster member (SASL_HANDSHAKE +
@@ -14,17 +18,23 @@ Everyone else gets CLUSTER_AUTHORIZATION_FAILED and nothing changes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
-from minibroker.broker.network.faults import FaultError
+from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.controller.active import ControllerRole
+from minibroker.broker.controller.membership import ControllerLink
+from minibroker.broker.controller.producer_ids import ProducerIdManager
+from minibroker.broker.metadata.cache import MetadataCache
+from minibroker.broker.network.cluster_auth import Authenticator
+from minibroker.broker.network.deferral import RequestDeferral
+from minibroker.broker.network.faults import FaultError, FaultInjector
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.network.session import ConnectionSession
+from minibroker.broker.raft.driver import QuorumDriver
 from minibroker.broker.raft.wire import QUORUM_APIS, SENDER_FIELDS
+from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.protocol import ApiKey, RequestHeader, api_name, supported_versions
 from minibroker.protocol.errors import ErrorCode
-
-if TYPE_CHECKING:
-    from minibroker.broker.server import Broker
 
 Handler = Callable[[RequestHeader, dict, ConnectionSession], "dict | PendingResponse | None"]
 
@@ -45,11 +55,44 @@ WAIT_FOR_METADATA = frozenset(
 
 
 class RequestHandler:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    """Kafka's KafkaApis: built with what answering needs, never with the broker itself."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        config: BrokerConfig,
+        logger: Any,
+        *,
+        cache: MetadataCache,
+        replica_manager: ReplicaManager,
+        role: ControllerRole,
+        link: ControllerLink,
+        quorum: QuorumDriver,
+        authenticator: Authenticator,
+        producer_ids: ProducerIdManager,
+        faults: FaultInjector,
+        deferral: RequestDeferral,
+        stats: Callable[[], dict],
+    ) -> None:
+        self.broker_id = broker_id
+        self.config = config
+        self.log = logger
+        self.cache = cache
+        self.replica_manager = replica_manager
+        self.role = role
+        self.link = link
+        self.quorum_driver = quorum
+        self.authenticator = authenticator
+        self.producer_ids = producer_ids
+        self.fault_injector = faults
+        self.deferral = deferral
+        self.stats = stats
         # The same for every request: one object, so the network layer packs it once.
         self._api_versions = {"error_code": 0, "api_versions": supported_versions()}
-        self.handlers: dict[int, Handler] = {
+        self.handlers = self._handlers()
+
+    def _handlers(self) -> dict[int, Handler]:
+        handlers: dict[int, Handler] = {
             ApiKey.API_VERSIONS: self.api_versions,
             ApiKey.METADATA: self.metadata,
             ApiKey.CREATE_TOPICS: self.create_topics,
@@ -57,12 +100,10 @@ class RequestHandler:
             ApiKey.FETCH: self.fetch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
             ApiKey.BROKER_STATS: self.broker_stats,
-            ApiKey.BROKER_REGISTRATION: self.controller_only(self.broker.role.register_broker),
-            ApiKey.BROKER_HEARTBEAT: self.controller_only(self.broker.role.heartbeat),
-            ApiKey.ALTER_PARTITION: self.controller_only(self.alter_partition),
-            ApiKey.ALLOCATE_PRODUCER_IDS: self.controller_only(
-                self.broker.role.allocate_producer_ids
-            ),
+            ApiKey.BROKER_REGISTRATION: self.controller_only(self.role.register_broker),
+            ApiKey.BROKER_HEARTBEAT: self.controller_only(self.role.heartbeat),
+            ApiKey.ALTER_PARTITION: self.controller_only(self.role.alter_partition),
+            ApiKey.ALLOCATE_PRODUCER_IDS: self.controller_only(self.role.allocate_producer_ids),
             ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
             ApiKey.UPDATE_METADATA: self.update_metadata,
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
@@ -71,7 +112,8 @@ class RequestHandler:
             ApiKey.SASL_AUTHENTICATE: self.sasl_authenticate,
         }
         for key in QUORUM_APIS:
-            self.handlers[key] = self.quorum
+            handlers[key] = self.quorum
+        return handlers
 
     def refuse_unless_member(
         self, session: ConnectionSession, api_key: int, claimed: int | None = None
@@ -88,7 +130,7 @@ class RequestHandler:
 
     def refuse(self, session: ConnectionSession, api_key: int, why: str) -> dict:
         principal = session.principal
-        self.broker.log.info(
+        self.log.info(
             "cluster_authorization_failed",
             peer=session.peer,
             api=api_name(api_key),
@@ -107,10 +149,10 @@ class RequestHandler:
             refusal = self.refuse_unless_member(session, header.api_key, body["broker_id"])
             if refusal is not None:
                 return refusal
-            if not self.broker.is_controller:
+            if not self.role.active:
                 return {
                     "error_code": int(ErrorCode.NOT_CONTROLLER),
-                    "error_message": f"broker {self.broker.broker_id} is not the controller",
+                    "error_message": f"broker {self.broker_id} is not the controller",
                 }
             return method(body)
 
@@ -119,7 +161,7 @@ class RequestHandler:
     def handle(
         self, header: RequestHeader, body: dict, session: ConnectionSession
     ) -> dict | PendingResponse | None:
-        faults = self.broker.faults
+        faults = self.fault_injector
         if faults.faults and header.api_key != ApiKey.FAULTS:
             # isolate: a request from a cut-off peer is lost, as on a partitioned network
             # (its id: the authenticated principal, or the one a handshake claims).
@@ -133,16 +175,16 @@ class RequestHandler:
                 return {"error_code": code, "error_message": "injected by fault fail-api"}
             delay = faults.api_delay(header.api_key)
             if delay:
-                return self.broker.delayed(
+                return self.deferral.delayed(
                     delay, self.handlers[header.api_key](header, body, session)
                 )
         handler = self.handlers[header.api_key]
         if (
             header.api_key in WAIT_FOR_METADATA
-            and not self.broker.metadata_ready.is_set()
+            and not self.cache.ready.is_set()
             and not (header.api_key == ApiKey.PRODUCE and body["acks"] == 0)  # no answer to hold
         ):
-            return self.broker.after_catch_up(lambda: handler(header, body, session))
+            return self.deferral.after_catch_up(lambda: handler(header, body, session))
         return handler(header, body, session)
 
     def quorum(
@@ -153,38 +195,38 @@ class RequestHandler:
         refusal = self.refuse_unless_member(session, header.api_key, claimed)
         if refusal is not None:
             return refusal
-        quorum = self.broker.quorum
-        if quorum is None or quorum.core is None or claimed not in quorum.voters:
+        quorum = self.quorum_driver
+        if quorum.core is None or claimed not in quorum.voters:
             return self.refuse(
                 session, header.api_key, f"from broker {claimed}, which is not a quorum voter"
             )
         return quorum.handle_request(header.api_key, body, claimed, session)
 
     def sasl_handshake(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
-        return self.broker.authenticator.handshake(session, body)
+        return self.authenticator.handshake(session, body)
 
     def sasl_authenticate(
         self, header: RequestHeader, body: dict, session: ConnectionSession
     ) -> dict:
-        return self.broker.authenticator.authenticate(session, body)
+        return self.authenticator.authenticate(session, body)
 
     def faults(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
-        if not self.broker.config["faults.enable"]:
+        if not self.config["faults.enable"]:
             return {
                 "error_code": int(ErrorCode.INVALID_REQUEST),
                 "faults": [],
-                "error_message": f"fault injection is off on broker {self.broker.broker_id}: "
+                "error_message": f"fault injection is off on broker {self.broker_id}: "
                 "start it with faults.enable=true",
             }
         try:
-            active = self.broker.faults.apply(body, self_id=self.broker.broker_id)
+            active = self.fault_injector.apply(body, self_id=self.broker_id)
         except FaultError as exc:
             return {
                 "error_code": int(ErrorCode.INVALID_REQUEST),
-                "faults": self.broker.faults.describe(),
+                "faults": self.fault_injector.describe(),
                 "error_message": str(exc),
             }
-        self.broker.log.warning("fault_injection", **body)
+        self.log.warning("fault_injection", **body)
         return {"error_code": 0, "faults": active, "error_message": None}
 
     # --- APIs -----------------------------------------------------------------------------
@@ -193,14 +235,13 @@ class RequestHandler:
         return self._api_versions
 
     def metadata(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
-        broker = self.broker
-        md = broker.metadata
+        md = self.cache.metadata
         wanted = body["topics"]
-        if wanted and broker.config["auto.create.topics.enable"]:
+        if wanted and self.config["auto.create.topics.enable"]:
             missing = [n for n in wanted if n not in md.topics]
             if missing:
-                broker.auto_create(missing)
-                md = broker.metadata
+                self._auto_create(missing)
+                md = self.cache.metadata
         names = list(md.topics) if wanted is None else wanted
         topics = []
         for name in names:
@@ -244,22 +285,28 @@ class RequestHandler:
         self, header: RequestHeader, body: dict, session: ConnectionSession
     ) -> dict | PendingResponse:
         # From another broker (an authenticated principal): forwarded to us as the controller.
-        return self.broker.link.create_topics(
+        return self.link.create_topics(
             body["topics"], body["validate_only"], forwarded=session.principal is not None
         )
 
-    def alter_partition(self, body: dict) -> dict:
-        return self.broker.role.alter_partition(body)
+    def _auto_create(self, names: list[str]) -> None:
+        """auto.create.topics.enable: ask the controller for each with the broker defaults."""
+        self.link.create_topics(
+            [
+                {"name": n, "num_partitions": -1, "replication_factor": -1, "configs": {}}
+                for n in names
+            ],
+            False,
+        )
 
     def offset_for_leader_epoch(
         self, header: RequestHeader, body: dict, session: ConnectionSession
     ) -> dict:
-        return self.broker.replica_manager.offsets_for_leader_epoch(body)
+        return self.replica_manager.offsets_for_leader_epoch(body)
 
     def update_metadata(
         self, header: RequestHeader, body: dict, session: ConnectionSession
     ) -> dict:
-        broker = self.broker
         refusal = self.refuse_unless_member(session, header.api_key)
         if refusal is not None:
             return refusal
@@ -268,19 +315,19 @@ class RequestHandler:
         return self.refuse(
             session,
             header.api_key,
-            f"from broker {session.principal}: broker {broker.broker_id} takes metadata "
+            f"from broker {session.principal}: broker {self.broker_id} takes metadata "
             "from the metadata quorum only",
         )
 
     def produce(
         self, header: RequestHeader, body: dict, session: ConnectionSession
     ) -> dict | PendingResponse | None:
-        broker = self.broker
-        if broker.config["auto.create.topics.enable"]:
-            missing = [t["name"] for t in body["topics"] if t["name"] not in broker.metadata.topics]
+        if self.config["auto.create.topics.enable"]:
+            topics = self.cache.metadata.topics
+            missing = [t["name"] for t in body["topics"] if t["name"] not in topics]
             if missing:
-                broker.auto_create(missing)
-        return broker.replica_manager.produce(body, session)
+                self._auto_create(missing)
+        return self.replica_manager.produce(body, session)
 
     def fetch(
         self, header: RequestHeader, body: dict, session: ConnectionSession
@@ -290,15 +337,15 @@ class RequestHandler:
             refusal = self.refuse_unless_member(session, header.api_key, body["replica_id"])
             if refusal is not None:
                 return refusal
-        return self.broker.replica_manager.fetch(body, session)
+        return self.replica_manager.fetch(body, session)
 
     def init_producer_id(
         self, header: RequestHeader, body: dict, session: ConnectionSession
     ) -> dict | PendingResponse:
-        return self.broker.producer_ids.init_producer_id(body)
+        return self.producer_ids.init_producer_id(body)
 
     def list_offsets(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
-        return self.broker.replica_manager.list_offsets(body)
+        return self.replica_manager.list_offsets(body)
 
     def broker_stats(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
-        return {"error_code": 0, "broker_id": self.broker.broker_id, "stats": self.broker.stats()}
+        return {"error_code": 0, "broker_id": self.broker_id, "stats": self.stats()}

@@ -22,7 +22,9 @@ from prometheus_client.exposition import start_http_server
 
 from minibroker.broker.common.config import ConfigError
 from minibroker.broker.common.histogram import Histogram
-from minibroker.broker.network.request_metrics import PHASES
+from minibroker.broker.network.request_metrics import PHASES, RequestMetrics
+from minibroker.broker.network.socket_server import ConnectionHandler
+from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.protocol import api_name
 
 _PARTITION_GAUGES = (
@@ -43,12 +45,27 @@ def _histogram(family: HistogramMetricFamily, labels: list[str], h: Histogram) -
 
 
 class BrokerCollector:
-    def __init__(self, broker: Any) -> None:
-        self.broker = broker
+    """Reads the broker's request metrics, purgatories, connections and partitions."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        request_metrics: RequestMetrics,
+        replica_manager: ReplicaManager,
+        connections: ConnectionHandler,
+    ) -> None:
+        self.broker = str(broker_id)
+        self.request_metrics = request_metrics
+        self.replica_manager = replica_manager
+        self.connections = connections
 
     def collect(self) -> Iterator[Any]:
-        b = self.broker
-        labels = {"broker": str(b.broker_id)}
+        yield from self._requests()
+        yield from self._purgatories()
+        yield from self._connections()
+        yield from self._partitions()
+
+    def _requests(self) -> Iterator[Any]:
         requests = CounterMetricFamily(
             "minibroker_requests", "Requests answered, per API.", labels=["broker", "api"]
         )
@@ -57,14 +74,15 @@ class BrokerCollector:
             "Request time per API and phase (queue, local, remote = purgatory, total).",
             labels=["broker", "api", "phase"],
         )
-        for key, m in list(b.request_metrics.apis.items()):
+        for key, m in list(self.request_metrics.apis.items()):
             name = api_name(key)
-            requests.add_metric([labels["broker"], name], m.total.count)
+            requests.add_metric([self.broker, name], m.total.count)
             for phase in PHASES:
-                _histogram(times, [labels["broker"], name, phase], getattr(m, phase))
+                _histogram(times, [self.broker, name, phase], getattr(m, phase))
         yield requests
         yield times
 
+    def _purgatories(self) -> Iterator[Any]:
         pending = GaugeMetricFamily(
             "minibroker_purgatory_pending", "Operations parked.", labels=["broker", "purgatory"]
         )
@@ -76,33 +94,36 @@ class BrokerCollector:
             "From an operation's deadline to its answer being handed to the connection.",
             labels=["broker", "purgatory"],
         )
-        rm = b.replica_manager
+        rm = self.replica_manager
         for purgatory in (rm.produce_purgatory, rm.fetch_purgatory):
             stats = purgatory.stats()
-            pending.add_metric([labels["broker"], purgatory.name], stats["pending"])
-            expired.add_metric([labels["broker"], purgatory.name], stats["expired"])
-            _histogram(lateness, [labels["broker"], purgatory.name], purgatory.expiry_lateness)
+            pending.add_metric([self.broker, purgatory.name], stats["pending"])
+            expired.add_metric([self.broker, purgatory.name], stats["expired"])
+            _histogram(lateness, [self.broker, purgatory.name], purgatory.expiry_lateness)
         yield pending
         yield expired
         yield lateness
 
-        connections = b.connections.open_connections if b.connections else 0
+    def _connections(self) -> Iterator[Any]:
         yield GaugeMetricFamily(
-            "minibroker_connections", "Open client and peer connections.", value=connections
+            "minibroker_connections",
+            "Open client and peer connections.",
+            value=self.connections.open_connections,
         )
-        muted = b.connections.muted_connections if b.connections else 0
         yield GaugeMetricFamily(
             "minibroker_connections_muted",
             "Connections not read until their queued answers drain (backpressure).",
-            value=muted,
+            value=self.connections.muted_connections,
         )
+
+    def _partitions(self) -> Iterator[Any]:
         families = {
             name: GaugeMetricFamily(
                 f"minibroker_partition_{name}", doc, labels=["broker", "topic", "partition"]
             )
             for name, doc in _PARTITION_GAUGES
         }
-        for p in list(rm.partitions.values()):
+        for p in list(self.replica_manager.partitions.values()):
             values = {
                 "high_watermark": p.high_watermark,
                 "log_end_offset": p.log.log_end_offset,
@@ -115,18 +136,18 @@ class BrokerCollector:
                 "log_size_bytes": p.log.size_bytes,
             }
             for name, value in values.items():
-                families[name].add_metric([labels["broker"], p.topic, str(p.index)], value)
+                families[name].add_metric([self.broker, p.topic, str(p.index)], value)
         yield from families.values()
 
 
-def serve_metrics(broker: Any, port: int, host: str = "127.0.0.1") -> Any:
+def serve_metrics(collector: BrokerCollector, port: int, host: str = "127.0.0.1") -> Any:
     """Start the endpoint on its own thread; returns the server (``shutdown()`` stops it).
 
     A port that cannot be had is a ConfigError naming ``metrics.port``: the broker's own
     port is fine, and the one-line start error must not blame it.
     """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(broker))
+    registry.register(collector)
     try:
         server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:

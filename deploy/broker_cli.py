@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     from minibroker.broker.common.config import ConfigError, load_config, parse_set_options
     from minibroker.broker.common.logs import configure_logging
     from minibroker.broker.metadata.image import MetadataStoreError
-    from minibroker.broker.server import DataDirInUse, run_broker
+    from minibroker.broker.server import run_broker
+    from minibroker.broker.storage.dir_lock import DataDirInUse
 
     try:
         config = load_config(args.config, parse_set_options(args.set))

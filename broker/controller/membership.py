@@ -13,6 +13,12 @@ from typing import Any
 
 import trio
 
+from minibroker.broker.common.config import BrokerConfig, ConfigError
+from minibroker.broker.common.tasks import Spawner
+from minibroker.broker.controller.active import ControllerRole
+from minibroker.broker.metadata.cache import MetadataCache
+from minibroker.broker.metadata.image import BrokerInfo
+from minibroker.broker.network.cluster_auth import ClusterCredentials
 from minibroker.broker.network.peer import PeerConnection
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.protocol import ApiKey
@@ -35,6 +41,22 @@ def parse_voters(text: str) -> dict[int, tuple[str, int]]:
     return voters
 
 
+def quorum_voters(broker_id: int, config: BrokerConfig) -> dict[int, tuple[str, int]]:
+    """controller.quorum.voters, which must list this broker if it lists any."""
+    try:
+        voters = parse_voters(config["controller.quorum.voters"])
+    except VotersError as exc:
+        raise ConfigError(str(exc)) from None
+    if voters and broker_id not in voters:
+        # It would be a KRaft observer (metadata by fetching the log, no vote): not built.
+        raise ConfigError(
+            f"broker {broker_id} is not in controller.quorum.voters "
+            f"({', '.join(map(str, sorted(voters)))}): every broker of a cluster must "
+            "be a voter (brokers outside the voter set are not supported yet)"
+        )
+    return voters
+
+
 class ControllerLink:
     """A broker's line to the active controller, whichever voter that is now.
 
@@ -43,21 +65,37 @@ class ControllerLink:
     NOT_CONTROLLER. Metadata itself comes from the quorum every voter runs.
     """
 
-    def __init__(self, broker: Any) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        me: BrokerInfo,
+        voters: dict[int, tuple[str, int]],
+        credentials: ClusterCredentials | None,
+        role: ControllerRole,
+        cache: MetadataCache,
+        tasks: Spawner,
+        *,
+        heartbeat_interval_ms: int,
+        logger: Any,
+    ) -> None:
+        self.me = me
+        self.voters = voters
+        self.credentials = credentials
+        self.role = role
+        self.cache = cache
+        self.tasks = tasks
+        self.heartbeat_interval_s = heartbeat_interval_ms / 1000
+        self.log = logger
         self.conns: dict[tuple[int, str], PeerConnection] = {}
-        self.log = broker.log
 
     def _conn(self, target: int, lane: str) -> PeerConnection:
         conn = self.conns.get((target, lane))
         if conn is None:
-            b = self.broker
-            host, port = b.voters[target]
+            host, port = self.voters[target]
             conn = self.conns[(target, lane)] = PeerConnection(
                 host,
                 port,
-                f"broker-{b.broker_id}" + ("-isr" if lane == "isr" else ""),
-                credentials=b.credentials,
+                f"broker-{self.me.node_id}" + ("-isr" if lane == "isr" else ""),
+                credentials=self.credentials,
                 peer_id=target,
             )
         return conn
@@ -70,17 +108,17 @@ class ControllerLink:
         return await self._conn(target, "main").request(api_key, body, timeout=timeout)
 
     async def run(self) -> None:
-        b = self.broker
-        registration = {"broker_id": b.broker_id, "host": b.host, "port": b.port}
-        interval = b.config["broker.heartbeat.interval.ms"] / 1000
+        me, cache, role = self.me, self.cache, self.role
+        registration = {"broker_id": me.node_id, "host": me.host, "port": me.port}
+        interval = self.heartbeat_interval_s
         registered_with = -1
         while True:
-            if registered_with != b.controller_id or b.controller_id < 0:
+            if registered_with != cache.controller_id or cache.controller_id < 0:
                 answer = await self.controller_call(
-                    ApiKey.BROKER_REGISTRATION, registration, b.role.register_broker, timeout=5
+                    ApiKey.BROKER_REGISTRATION, registration, role.register_broker, timeout=5
                 )
                 if answer.get("error_code", 0) == 0:
-                    registered_with = b.controller_id
+                    registered_with = cache.controller_id
                     self.log.info("registered_with_controller", controller=registered_with)
                 else:
                     await trio.sleep(0.05)
@@ -88,8 +126,8 @@ class ControllerLink:
             await trio.sleep(interval)
             answer = await self.controller_call(
                 ApiKey.BROKER_HEARTBEAT,
-                {"broker_id": b.broker_id, "metadata_epoch": b.metadata.epoch},
-                b.role.heartbeat,
+                {"broker_id": me.node_id, "metadata_epoch": cache.metadata.epoch},
+                role.heartbeat,
                 timeout=max(interval, 5),
             )
             if answer.get("error_code", 0) != 0:
@@ -103,30 +141,31 @@ class ControllerLink:
         here or refused, never forwarded again (no loops while the brokers disagree)."""
         body = {"topics": topics, "validate_only": validate_only}
         if forwarded:
-            if self.broker.controller is None:
+            controller = self.role.controller
+            if controller is None:
                 return self._not_controller_topics(topics)
-            return self.broker.controller.create_topics(topics, validate_only)
+            return controller.create_topics(topics, validate_only)
         pending = PendingResponse()
 
         async def call() -> None:
             answer = await self.controller_call(
                 ApiKey.CREATE_TOPICS,
                 body,
-                self.broker.role.create_topics,
+                self.role.create_topics,
                 timeout=30,
             )
             if "topics" not in answer:
                 answer = self._not_controller_topics(topics, answer)
             pending.set(answer)
 
-        self.broker.nursery.start_soon(call)
+        self.tasks.start_soon(call)
         return pending
 
     def _not_controller_topics(self, topics: list[dict], error: dict | None = None) -> dict:
         error = error or {
             "error_code": int(ErrorCode.NOT_CONTROLLER),
-            "error_message": f"broker {self.broker.broker_id} is not the controller "
-            f"(the controller is {self.broker.controller_id})",
+            "error_message": f"broker {self.me.node_id} is not the controller "
+            f"(the controller is {self.cache.controller_id})",
         }
         return {
             "topics": [
@@ -148,19 +187,17 @@ class ControllerLink:
         else over the link; NOT_CONTROLLER or an unreachable controller means wait for the
         quorum to name the next one and ask again, until ``timeout``."""
         answer: dict = {"error_code": int(ErrorCode.NOT_CONTROLLER), "error_message": None}
+        cache = self.cache
         with trio.move_on_after(timeout):
             while True:
                 unreachable = False
                 try:
-                    if self.broker.controller is not None:
+                    if self.role.active:
                         answer = local(body)
                         if isinstance(answer, PendingResponse):
                             answer = await answer.wait()
-                    elif (
-                        self.broker.controller_id >= 0
-                        and self.broker.controller_id != self.broker.broker_id
-                    ):
-                        answer = await self.request(self.broker.controller_id, api_key, body)
+                    elif cache.controller_id >= 0 and cache.controller_id != self.me.node_id:
+                        answer = await self.request(cache.controller_id, api_key, body)
                     else:
                         answer = {
                             "error_code": int(ErrorCode.NOT_CONTROLLER),
@@ -181,6 +218,6 @@ class ControllerLink:
                 ):
                     return answer
                 with trio.move_on_after(0.2):
-                    await self.broker.leader_known.wait()
+                    await cache.leader_known.wait()
                 await trio.sleep(0.02)
         return answer

@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import trio
-
+from minibroker.broker.common.tasks import Spawner
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.protocol.errors import ErrorCode
 
@@ -24,9 +23,9 @@ Allocate = Callable[[], Awaitable[dict]]
 
 
 class ProducerIdManager:
-    def __init__(self, allocate: Allocate, nursery: trio.Nursery, logger: Any) -> None:
+    def __init__(self, allocate: Allocate, tasks: Spawner, logger: Any) -> None:
         self.allocate = allocate
-        self.nursery = nursery
+        self.tasks = tasks
         self.log = logger
         self.next_id = 0
         self.end_id = 0  # exclusive: the block is [next_id, end_id)
@@ -42,7 +41,7 @@ class ProducerIdManager:
     def _start_fetch(self) -> None:
         if not self._fetching:
             self._fetching = True
-            self.nursery.start_soon(self._fetch_block)
+            self.tasks.start_soon(self._fetch_block)
 
     def init_producer_id(self, body: dict) -> dict | PendingResponse:
         if body["transactional_id"] is not None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import msgpack
 
+from minibroker.broker.common.config import BrokerConfig, ConfigError
 from minibroker.broker.network.session import ConnectionSession
 from minibroker.protocol.errors import ErrorCode
 
@@ -94,6 +95,27 @@ def client_transcript(
 
 def _refuse(code: ErrorCode, message: str) -> dict:
     return {"error_code": int(code), "error_message": message}
+
+
+def credentials_from_config(
+    broker_id: int, config: BrokerConfig, voters: dict[int, tuple[str, int]]
+) -> ClusterCredentials | None:
+    """The cluster secret; required as soon as there are other brokers to trust."""
+    path = config["cluster.secret.file"]
+    if path:
+        try:
+            return load_credentials(Path(path), broker_id)
+        except SecretFileError as exc:
+            raise ConfigError(f"config 'cluster.secret.file': {exc}") from None
+    others = sorted(set(voters) - {broker_id})
+    if others:
+        raise ConfigError(
+            "config 'cluster.secret.file' is required: controller.quorum.voters lists "
+            f"other brokers ({', '.join(map(str, others))}), and brokers prove membership "
+            "to each other with the cluster's secret ('minibroker cluster up' writes one)"
+        )
+    # A single broker has no peers: every internal API is refused (nobody can authenticate).
+    return None
 
 
 class Authenticator:

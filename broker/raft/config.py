@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minibroker.broker.common.config import BrokerConfig
+
 # LeaderState.CHECK_QUORUM_TIMEOUT_FACTOR: a leader resigns when a majority has not fetched
 # for 1.5 fetch timeouts, later than the followers' own timeout, so a healthy quorum never
 # sees its leader resign before a follower would have started an election anyway.
@@ -30,3 +32,14 @@ class QuorumConfig:
     @property
     def check_quorum_timeout_ms(self) -> int:
         return int(self.fetch_timeout_ms * CHECK_QUORUM_TIMEOUT_FACTOR)
+
+
+def quorum_config(config: BrokerConfig) -> QuorumConfig:
+    """The broker's ``controller.quorum.*`` settings."""
+    return QuorumConfig(
+        election_timeout_ms=config["controller.quorum.election.timeout.ms"],
+        fetch_timeout_ms=config["controller.quorum.fetch.timeout.ms"],
+        election_backoff_max_ms=config["controller.quorum.election.backoff.max.ms"],
+        request_timeout_ms=config["controller.quorum.request.timeout.ms"],
+        retry_backoff_ms=config["controller.quorum.retry.backoff.ms"],
+    )

@@ -142,6 +142,10 @@ class QuorumDriver:
             log=log,
         )
 
+    @property
+    def loaded(self) -> bool:
+        return self.core is not None
+
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         if self.core is None:
             self.load()

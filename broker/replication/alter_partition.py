@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import trio
-
+from minibroker.broker.common.tasks import Spawner
 from minibroker.broker.replication.partition import Partition
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.protocol import ApiKey
@@ -26,14 +25,14 @@ class AlterPartitionManager:
         replica_manager: ReplicaManager,
         controller_call: ControllerCall,
         local: Callable[[dict], Any],
-        nursery: trio.Nursery,
+        tasks: Spawner,
         logger: Any,
     ) -> None:
         self.broker_id = broker_id
         self.replica_manager = replica_manager
         self.controller_call = controller_call
         self.local = local
-        self.nursery = nursery
+        self.tasks = tasks
         self.log = logger
         self.in_flight: set[tuple[str, int]] = set()
 
@@ -50,7 +49,7 @@ class AlterPartitionManager:
             "new_isr": new_isr,
         }
         self.in_flight.add(key)
-        self.nursery.start_soon(self._send, partition, request)
+        self.tasks.start_soon(self._send, partition, request)
 
     async def _send(self, partition: Partition, request: dict) -> None:
         rm = self.replica_manager

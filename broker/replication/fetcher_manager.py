@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import trio
-
 from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.common.tasks import Spawner
 from minibroker.broker.metadata.image import BrokerInfo
 from minibroker.broker.network.cluster_auth import ClusterCredentials
 from minibroker.broker.network.faults import FaultInjector
@@ -25,6 +24,7 @@ class ReplicaFetcherManager:
         faults: FaultInjector,
         credentials: ClusterCredentials | None,
         on_follower_hw: Callable[[Partition], None],
+        tasks: Spawner,
     ) -> None:
         self.broker_id = broker_id
         self.config = config
@@ -32,8 +32,8 @@ class ReplicaFetcherManager:
         self.faults = faults
         self.credentials = credentials
         self.on_follower_hw = on_follower_hw
+        self.tasks = tasks
         self.fetchers: dict[tuple[str, int], ReplicaFetcher] = {}
-        self.nursery: trio.Nursery | None = None
 
     def follow(self, wanted: Iterable[tuple[Partition, BrokerInfo]]) -> None:
         """Fetch exactly these (partition, leader) pairs; stop fetching everything else."""
@@ -61,4 +61,4 @@ class ReplicaFetcherManager:
             self.credentials,
         )
         self.fetchers[partition.key] = fetcher
-        self.nursery.start_soon(fetcher.run)
+        self.tasks.start_soon(fetcher.run)
