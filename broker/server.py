@@ -36,6 +36,7 @@ from minibroker.broker.network.cluster_auth import (
 )
 from minibroker.broker.network.faults import FaultInjector
 from minibroker.broker.network.pending import PendingResponse
+from minibroker.broker.network.poller import choose_backend
 from minibroker.broker.network.request_metrics import RequestMetrics
 from minibroker.broker.network.socket_server import ConnectionHandler, max_connections_for
 from minibroker.broker.purgatory import MonotonicClock, Purgatory, SystemTimer, switch_interval_for
@@ -105,6 +106,8 @@ class Broker:
         # The active controller is whichever voter leads the metadata quorum with its epoch
         # committed (KRaft): both follow the quorum (_leader_changed, _active_changed).
         self.controller_id = -1
+        # Checked here, so an unavailable poller is a one-line start error like any config.
+        self.poller = choose_backend(config["socket.poller"])
         self.credentials = self._credentials(broker_id, config)
         self.authenticator = Authenticator(self.credentials, broker_id, logger)
         self.timer: SystemTimer | None = None
@@ -289,6 +292,7 @@ class Broker:
             "quorum": self.quorum.stats() if self.quorum else {},
             "connections": self.connections.open_connections if self.connections else 0,
             "connections_muted": self.connections.muted_connections if self.connections else 0,
+            "poller": self.poller,
             "purgatory": {
                 "produce": rm.produce_purgatory.stats(),
                 "fetch": rm.fetch_purgatory.stats(),
@@ -367,6 +371,7 @@ class Broker:
                 queued_response_bytes=config["queued.max.response.bytes"],
                 send_stall_ms=config["connections.max.send.stall.ms"],
                 metrics=self.request_metrics,
+                poller=self.poller,
             )
             # Bind before any task starts, so "address in use" surfaces as a plain OSError.
             listeners = await trio.open_tcp_listeners(self.port, host=self.host)

@@ -11,6 +11,7 @@ import pytest
 import trio
 
 import minibroker.protocol as p
+from minibroker.broker.network.poller import available_backends
 from minibroker.client import Admin, Consumer, NewTopic, Producer
 from minibroker.deploy.launcher import ping
 from minibroker.protocol.errors import ErrorCode
@@ -191,6 +192,12 @@ def test_bad_config_stops_the_broker_with_one_line(tmp_path):
     )
     assert "config 'log.segment.bytes': expected an integer" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+    missing = next(b for b in ("epoll", "kqueue") if b not in available_backends())
+    result = subprocess.run(
+        [*cmd, "--set", f"socket.poller={missing}"], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: config 'socket.poller': '{missing}' is not available")
 
 
 async def test_sigkill_and_restart_keeps_every_acknowledged_record(broker_factory, tmp_path):
