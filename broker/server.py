@@ -32,6 +32,7 @@ from minibroker.broker.metadata.records import MetadataImage
 from minibroker.broker.network.cluster_auth import Authenticator, credentials_from_config
 from minibroker.broker.network.deferral import RequestDeferral
 from minibroker.broker.network.faults import FaultInjector
+from minibroker.broker.network.poller import choose_backend
 from minibroker.broker.network.request_metrics import RequestMetrics
 from minibroker.broker.network.socket_server import ConnectionHandler, max_connections_for
 from minibroker.broker.purgatory import MonotonicClock, Purgatory, SystemTimer, switch_interval_for
@@ -87,6 +88,8 @@ class Broker:
         self.credentials = credentials_from_config(broker_id, config, self.voters)
         self.tasks = BackgroundTasks()
         self.cache = MetadataCache()
+        # Checked here, so an unavailable poller is a one-line start error like any config.
+        self.poller = choose_backend(config["socket.poller"])
         self.faults = FaultInjector()
         self.request_metrics = RequestMetrics()
         self.role = ControllerRole(self.me, config, self.clock, logger)
@@ -220,6 +223,7 @@ class Broker:
             queued_response_bytes=config["queued.max.response.bytes"],
             send_stall_ms=config["connections.max.send.stall.ms"],
             metrics=self.request_metrics,
+            poller=self.poller,
         )
 
     def load_state(self) -> None:
@@ -274,6 +278,7 @@ class Broker:
             "quorum": self.quorum.stats(),
             "connections": self.connections.open_connections,
             "connections_muted": self.connections.muted_connections,
+            "poller": self.poller,
             "purgatory": {
                 "produce": rm.produce_purgatory.stats(),
                 "fetch": rm.fetch_purgatory.stats(),

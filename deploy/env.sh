@@ -13,7 +13,8 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
 fi
 STAMP="$VENV/.minibroker-installed"
-HASH="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+# sha256sum is GNU coreutils; macOS has shasum.
+HASH="$( (sha256sum 2>/dev/null || shasum -a 256) < "$ROOT/pyproject.toml" | cut -d' ' -f1)"
 NEED=1
 if [ -f "$STAMP" ] && [ "$(head -1 "$STAMP")" = "$HASH" ]; then
     NEED=0

@@ -100,6 +100,13 @@ DEFS: dict[str, ConfigDef] = {
         "whatever the client asks; the first batch still goes out whole so a consumer progresses.",
         1024,
     ),
+    "socket.poller": ConfigDef(
+        str,
+        "auto",
+        "How the broker watches its connections: auto (epoll on Linux, kqueue on macOS and "
+        "BSD, else poll), epoll, kqueue or poll; $MINIBROKER_POLLER overrides it.",
+        choices=("auto", "epoll", "kqueue", "poll"),
+    ),
     "queued.max.response.bytes": ConfigDef(
         int,
         33554432,

@@ -10,7 +10,9 @@ not take (broker/network/outbox.py). Only an unparseable frame, an idle timeout 
 that stops reading its responses closes the connection; everything else gets an error
 response.
 
-The selector is Linux's epoll (and an eventfd to wake it), as trio's own I/O is here.
+The selector is the OS's own (broker/network/poller.py: epoll on Linux, kqueue on macOS
+and BSD, plain poll elsewhere); a muted connection is still watched for its client
+hanging up, so what it parked is freed at once.
 
 Limits (Kafka's SocketServer): at ``max.connections`` the acceptor stops accepting
 until a connection closes; a connection over ``max.connections.per.ip`` is closed at
@@ -22,7 +24,6 @@ from __future__ import annotations
 import errno
 import os
 import resource
-import select
 import time
 from collections import defaultdict
 from typing import Any
@@ -31,6 +32,7 @@ import trio
 
 from minibroker.broker.network.outbox import Outbox
 from minibroker.broker.network.pending import PendingResponse
+from minibroker.broker.network.poller import Poller, choose_backend, open_poller
 from minibroker.broker.network.request_metrics import RequestMetrics
 from minibroker.broker.network.session import ConnectionSession
 from minibroker.protocol import (
@@ -55,6 +57,7 @@ _FRAMES_PER_TURN = 32
 _FETCH_KEY = bytes([ApiKey.FETCH])  # a positive fixint: the envelope's second byte
 _FETCH_BODIES = 1024  # distinct Fetch bodies kept validated (a hostile mix only clears it)
 _EVENTS_PER_PASS = 256  # ready sockets served before the reactor yields
+_IDLE_SWEEPS = 10  # connections.max.idle.ms is swept this many times over
 # What a parked request costs besides its answer (its task, operation and pending
 # response): charged to the connection's budget, so a client cannot park without bound.
 _PARKED_BYTES = 4096
@@ -164,7 +167,7 @@ class _Connection:
         "decoder",
         "fd",
         "host",
-        "last_read",
+        "idle_sweeps",
         "muted",
         "outbox",
         "session",
@@ -179,7 +182,7 @@ class _Connection:
         self.decoder = FrameDecoder(handler.max_frame_bytes)
         self.outbox = Outbox(handler.queued_response_bytes, handler.send_stall_s)
         self.backlog: list | None = None  # frames read but not dispatched yet
-        self.last_read = _now()
+        self.idle_sweeps = 0  # idle sweeps since the last read (see _idle_sweeper)
         self.muted = False  # not read while its answers pile up (backpressure)
         self.closed = False
 
@@ -190,8 +193,9 @@ class ConnectionHandler:
     Kafka's Processor: one selector loop reads every connection, instead of a task per
     connection. With thousands of long-polling connections a trio task per connection
     cost a task switch, an epoll re-registration and a wake-up per request; here one
-    ``epoll`` (level-triggered, each socket registered once) reports the readable
+    poller (level-triggered, each socket registered once) reports the readable
     sockets of a pass and each is read and dispatched in turn (bench longpoll, py-spy).
+    ``poller`` is ``socket.poller``: auto, epoll, kqueue or poll (broker/network/poller.py).
     """
 
     def __init__(
@@ -206,8 +210,10 @@ class ConnectionHandler:
         queued_response_bytes: int = 1 << 25,
         send_stall_ms: int = 60000,
         metrics: RequestMetrics | None = None,
+        poller: str = "auto",
     ) -> None:
         self.dispatcher = dispatcher
+        self.poller_name = choose_backend(poller)
         self.metrics = metrics
         self.max_frame_bytes = max_frame_bytes
         self.idle_s = idle_ms / 1000
@@ -222,11 +228,9 @@ class ConnectionHandler:
         self._per_ip: defaultdict[str, int] = defaultdict(int)
         self._slot_free = trio.lowlevel.ParkingLot()
         self._connections: dict[int, _Connection] = {}  # by socket descriptor
-        self._epoll: select.epoll | None = None
+        self._poller: Poller | None = None
         # Connections with frames left over from a long read, served before new reads.
         self._backlogged: list[_Connection] = []
-        # Written when a muted connection with a backlog gets room: wakes the reactor.
-        self._wakeup = -1
         self._nursery: trio.Nursery | None = None
         self._packer = _SharedBodyPacker()
         # Validated Fetch bodies by (version, bytes): see _one.
@@ -241,9 +245,7 @@ class ConnectionHandler:
     # --- accepting --------------------------------------------------------------------------
 
     async def serve(self, listeners: list[trio.SocketListener]) -> None:
-        self._epoll = select.epoll()
-        self._wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._epoll.register(self._wakeup, select.EPOLLIN)
+        self._poller = open_poller(self.poller_name)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -255,8 +257,7 @@ class ConnectionHandler:
             # Cancelled (shutdown) or failed: every connection ends with the server.
             for conn in list(self._connections.values()):
                 self._close(conn)
-            self._epoll.close()
-            os.close(self._wakeup)
+            self._poller.close()
 
     async def _accept_loop(self, listener: trio.SocketListener) -> None:
         async with listener:
@@ -300,8 +301,8 @@ class ConnectionHandler:
         conn.outbox.attach(stream, lambda: nursery.start_soon(self._write, conn))
         conn.outbox.on_room = lambda: self._unmute(conn)
         try:
-            self._epoll.register(conn.fd, select.EPOLLIN)
-        except OSError as exc:  # out of kernel memory for epoll entries: refuse this one
+            self._poller.register(conn.fd)
+        except OSError as exc:  # out of kernel memory for poller entries: refuse this one
             self.log.error("connection_refused", peer=peer, error=str(exc))
             stream.socket.close()
             return
@@ -317,10 +318,7 @@ class ConnectionHandler:
         if conn.muted:
             self.muted_connections -= 1
         del self._connections[conn.fd]
-        try:
-            self._epoll.unregister(conn.fd)
-        except OSError:
-            pass
+        self._poller.unregister(conn.fd)
         # Before the socket closes and its descriptor can be reused: a writer still
         # running stops at its next frame, and a late answer is dropped.
         conn.outbox.close()
@@ -340,21 +338,25 @@ class ConnectionHandler:
 
     def _mute(self, conn: _Connection) -> None:
         # Backpressure (Kafka mutes the channel): read no more requests from this client
-        # until its answers drain; its socket buffer fills and TCP slows it down.
+        # until its answers drain; its socket buffer fills and TCP slows it down. The
+        # poller still reports the client hanging up (issue 25: a muted connection whose
+        # client left held its parked fetches until max_wait_ms, its descriptor in
+        # CLOSE_WAIT).
         conn.muted = True
         self.muted_connections += 1
-        self._epoll.modify(conn.fd, 0)
+        self._poller.mute(conn.fd)
 
     def _unmute(self, conn: _Connection) -> None:
         if not conn.muted or conn.closed:
             return
         conn.muted = False
         self.muted_connections -= 1
-        self._epoll.modify(conn.fd, select.EPOLLIN)
-        conn.last_read = _now()  # waiting for room is not idleness
+        self._poller.unmute(conn.fd)
+        conn.idle_sweeps = 0  # waiting for room is not idleness
         if conn.backlog:
+            # Its socket may have nothing new to read: the reactor must run regardless.
             self._backlogged.append(conn)
-            os.eventfd_write(self._wakeup, 1)
+            self._poller.wake()
 
     async def _write(self, conn: _Connection) -> None:
         """The writer for what the socket did not take at once (see Outbox)."""
@@ -379,19 +381,21 @@ class ConnectionHandler:
 
     async def _idle_sweeper(self) -> None:
         """connections.max.idle.ms: one sweep a tenth of it apart, not a deadline per read
-        (a deadline moved at every request was a heap entry per request in trio), so an
-        idle connection is closed after 100 to 110 % of the idle time. A muted connection
+        (a deadline moved at every request was a heap entry per request in trio). A read
+        zeroes the connection's count of sweeps, each sweep adds one, and the eleventh
+        closes it: after 100 to 110 % of the idle time, measured by trio's clock alone
+        (a read costs no clock call, and trio's MockClock tests it). A muted connection
         is waiting for its client to read, which the send-stall timeout bounds."""
-        idle_s = self.idle_s
+        idle_ms = int(self.idle_s * 1000)
         while True:
-            await trio.sleep(max(idle_s / 10, 0.01))
-            oldest = _now() - idle_s
-            for conn in [c for c in self._connections.values() if c.last_read <= oldest]:
-                if conn.muted or conn.outbox.queued:
-                    continue
-                self.log.info(
-                    "connection_idle_closed", peer=conn.session.peer, idle_ms=int(idle_s * 1000)
-                )
+            await trio.sleep(max(self.idle_s / _IDLE_SWEEPS, 0.01))
+            idle = []
+            for conn in self._connections.values():
+                conn.idle_sweeps += 1
+                if conn.idle_sweeps > _IDLE_SWEEPS and not conn.muted and not conn.outbox.queued:
+                    idle.append(conn)
+            for conn in idle:
+                self.log.info("connection_idle_closed", peer=conn.session.peer, idle_ms=idle_ms)
                 self._close(conn)
 
     # --- the reactor ------------------------------------------------------------------------
@@ -400,35 +404,40 @@ class ConnectionHandler:
         """Read every readable connection, a bounded pass at a time.
 
         A pass takes at most ``_EVENTS_PER_PASS`` ready sockets and then yields, so
-        expiring operations and replication run between passes; level-triggered epoll
-        reports the rest on the next pass, in turn (Linux rotates its ready list).
+        expiring operations and replication run between passes; the level-triggered
+        poller reports the rest on the next pass, in turn (Linux rotates epoll's ready
+        list; the other backends rotate theirs).
         """
-        epoll = self._epoll
-        poll = epoll.poll
-        epoll_fd = epoll.fileno()
-        wakeup = self._wakeup
+        poller = self._poller
+        poll = poller.poll
+        wait = poller.wait
+        wakeup = poller.wakeup_fd
         connections = self._connections
         serve = self._serve_readable
-        wait_readable = trio.lowlevel.wait_readable
         checkpoint = trio.lowlevel.checkpoint
         more = False
         while True:
             if more or self._backlogged:
                 await checkpoint()
             else:
-                await wait_readable(epoll_fd)
+                await wait()
             if self._backlogged:
                 # Frames read earlier come before new reads.
                 backlogged, self._backlogged = self._backlogged, []
                 for conn in backlogged:
                     if not conn.closed and not conn.muted:
                         self._dispatch(conn)
-            events = poll(0, _EVENTS_PER_PASS)
+            events = poll(_EVENTS_PER_PASS)
             more = len(events) == _EVENTS_PER_PASS
             for fd, _ in events:
                 conn = connections.get(fd)
                 if conn is not None:
-                    if not conn.backlog:
+                    if conn.muted:
+                        # A muted socket is reported only when its client hung up (the
+                        # poller's contract): what it parked is cancelled now.
+                        self.log.debug("connection_closed_muted_peer_gone", peer=conn.session.peer)
+                        self._close(conn)
+                    elif not conn.backlog:
                         try:
                             serve(conn)
                         except Exception as exc:
@@ -436,7 +445,7 @@ class ConnectionHandler:
                             # down.
                             self._failed(conn, exc)
                 elif fd == wakeup:
-                    os.eventfd_read(wakeup)
+                    poller.woken()
 
     def _serve_readable(self, conn: _Connection) -> None:
         try:
@@ -449,7 +458,8 @@ class ConnectionHandler:
         if not count:
             self._close(conn)
             return
-        conn.last_read = received = _now()
+        conn.idle_sweeps = 0
+        received = _now()
         try:
             frames = conn.decoder.feed(self._received_view[:count])
         except ProtocolError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 import trio
 
 import minibroker.protocol as p
+from minibroker.broker.network.poller import POLLER_ENV, available_backends
 from minibroker.client import Admin, Consumer, NewTopic, Producer
 from minibroker.deploy.launcher import ping
 from minibroker.protocol.errors import ErrorCode
@@ -191,6 +193,17 @@ def test_bad_config_stops_the_broker_with_one_line(tmp_path):
     )
     assert "config 'log.segment.bytes': expected an integer" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+    missing = next(b for b in ("epoll", "kqueue") if b not in available_backends())
+    env = {k: v for k, v in os.environ.items() if k != POLLER_ENV}  # it would win
+    result = subprocess.run(
+        [*cmd, "--set", f"socket.poller={missing}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: config 'socket.poller': '{missing}' is not available")
 
 
 async def test_sigkill_and_restart_keeps_every_acknowledged_record(broker_factory, tmp_path):

@@ -15,6 +15,7 @@ import pytest
 import trio
 
 import minibroker.protocol as p
+from minibroker.broker.network.poller import choose_backend
 from minibroker.client import Admin, Consumer, NewTopic, Producer
 from minibroker.protocol.errors import ErrorCode
 from tests.integration.cluster_helpers import broker_stats, partition_view, wait_for
@@ -82,6 +83,43 @@ async def test_parked_fetches_die_with_their_connection(broker_factory):
     final = (await stats_of(proc.address))["purgatory"]["fetch"]
     assert final["completed"] == after["completed"]
     assert final["watched"] == 0  # the produce's trigger dropped the abandoned entries
+
+
+async def test_a_muted_connection_that_closes_frees_what_it_parked_at_once(broker_factory):
+    """A parked fetch reserves its max_bytes of the connection's response budget, so 32 of
+    them mute it; the broker still watches the socket for hang-up (issue 25, item 2)."""
+    proc = broker_factory()
+    await make_topic(proc.address)
+    base = await stats_of(proc.address)  # counts the stats connection itself
+    assert base["poller"] == choose_backend()  # $MINIBROKER_POLLER reaches the broker
+    body = fetch_body(max_wait_ms=600000, max_bytes=1 << 20)  # a consumer's default partition size
+    body["min_bytes"] = 2**30  # never satisfied: every fetch parks
+    conn = await RawConnection.open(proc.address)
+    await conn.stream.send_all(
+        b"".join(p.encode_request(p.ApiKey.FETCH, 0, i, "raw", body) for i in range(500))
+    )
+
+    async def muted() -> dict | None:
+        stats = await stats_of(proc.address)
+        return stats if stats["connections_muted"] == 1 else None
+
+    parked = (await wait_for(muted, 30, "the connection to be muted"))["purgatory"]["fetch"]
+    assert parked["pending"] - base["purgatory"]["fetch"]["pending"] == 32  # 32 MiB / 1 MiB
+    await conn.stream.aclose()
+    closed_at = time.monotonic()
+
+    async def freed() -> dict | None:
+        stats = await stats_of(proc.address)
+        fetch = stats["purgatory"]["fetch"]
+        done = fetch["pending"] == base["purgatory"]["fetch"]["pending"]
+        return stats if done and stats["connections"] == base["connections"] else None
+
+    after = await wait_for(freed, 20, "the closed muted connection and its fetches to go")
+    freed_s = time.monotonic() - closed_at
+    assert after["connections_muted"] == 0
+    assert after["purgatory"]["fetch"]["expired"] == parked["expired"]  # cancelled, not waited
+    # The target is 1 s; the bound is generous for a loaded machine (stats calls included).
+    assert freed_s < 5, f"freed after {freed_s:.1f}s"
 
 
 async def test_a_parked_acks_all_produce_dies_with_its_connection_records_stay(

@@ -13,9 +13,11 @@ from minibroker.broker.metadata.image import PartitionState
 from minibroker.broker.network.outbox import Outbox
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.network.session import ConnectionSession
+from minibroker.broker.network.socket_server import ConnectionHandler
 from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
 from minibroker.broker.replication.fetch_request import MAX_FETCH_WAIT_MS, FetchRequest
 from minibroker.broker.replication.replica_manager import ReplicaManager, duplicate_partition
+from minibroker.deploy.launcher import free_port
 from minibroker.protocol.errors import InvalidRequest
 from minibroker.protocol.schema import MAX_ERROR_CHARS, bounded
 
@@ -154,3 +156,34 @@ async def test_outbox_writes_at_once_and_starts_a_writer_only_for_what_is_left()
     assert outbox.queued == 0 and not outbox._frames
     theirs.close()
     await stream.aclose()
+
+
+async def test_idle_connections_close_after_100_to_110_percent_of_the_idle_time(autojump_clock):
+    """connections.max.idle.ms by trio's clock: 10 s of it pass in little real time here."""
+    # Jump only once the loop has been idle a little: the poll backend waits in a worker
+    # thread, and jumping while its answer is on the way would starve the reader.
+    autojump_clock.autojump_threshold = 0.05
+    handler = ConnectionHandler(
+        None, max_frame_bytes=1 << 20, idle_ms=10_000, logger=structlog.get_logger()
+    )
+    port = free_port()
+    listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(handler.serve, listeners)
+        idle = await trio.open_tcp_stream("127.0.0.1", port)
+        busy = await trio.open_tcp_stream("127.0.0.1", port)
+        opened = trio.current_time()
+
+        async def keep_busy() -> None:
+            await busy.send_all((1000).to_bytes(4, "big"))  # a frame that never completes:
+            while True:  # read, so not idle, yet never a request
+                await trio.sleep(3)
+                await busy.send_all(b"x")
+
+        nursery.start_soon(keep_busy)
+        with trio.fail_after(60):
+            assert await idle.receive_some(1) == b""  # closed by the broker
+        assert 10 <= trio.current_time() - opened <= 11
+        await trio.sleep(15)
+        assert handler.open_connections == 1  # the one that kept sending stays
+        nursery.cancel_scope.cancel()
