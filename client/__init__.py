@@ -14,7 +14,12 @@ from minibroker.client.consumer import Consumer
 from minibroker.client.offsets import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, OffsetAndTimestamp
 from minibroker.client.partitioner import key_partition, murmur2
 from minibroker.client.producer import BufferFull, Producer, ProducerClosed
-from minibroker.client.records import ConsumerRecord, RecordMetadata, TopicPartition
+from minibroker.client.records import (
+    ConsumerRecord,
+    ProducerRecord,
+    RecordMetadata,
+    TopicPartition,
+)
 from minibroker.client.sync import SyncAdmin, SyncConsumer, SyncDeliveryHandle, SyncProducer
 
 __all__ = [
@@ -32,6 +37,7 @@ __all__ = [
     "PartitionInfo",
     "Producer",
     "ProducerClosed",
+    "ProducerRecord",
     "RecordMetadata",
     "SyncAdmin",
     "SyncConsumer",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import trio
@@ -24,7 +24,13 @@ from minibroker.client.accumulator import (
 from minibroker.client.background import ClusterClient
 from minibroker.client.idempotence import FixedIdentity
 from minibroker.client.partitioner import StickyPartitioner
-from minibroker.client.records import RecordMetadata, normalize_headers, to_bytes
+from minibroker.client.records import (
+    RecordFields,
+    RecordMetadata,
+    normalize_headers,
+    takes_record,
+    to_bytes,
+)
 from minibroker.client.sender import Sender
 from minibroker.protocol.errors import MessageTooLarge, RequestTimedOut
 
@@ -106,71 +112,45 @@ class Producer(ClusterClient):
 
     # --- sending ------------------------------------------------------------------------------
 
-    async def send(
-        self,
-        topic: str,
-        value: bytes | str | None = None,
-        key: bytes | str | None = None,
-        partition: int | None = None,
-        headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None,
-        timestamp: int | None = None,
-    ) -> RecordMetadata:
+    @takes_record
+    async def send(self, fields: RecordFields) -> RecordMetadata:
         """Send one record and wait for the broker's ack (per ``acks``)."""
-        handle = await self.enqueue(topic, value, key, partition, headers, timestamp)
+        handle = await self.enqueue(*fields)
         return await self._open().deliver(handle)
 
-    async def enqueue(
-        self,
-        topic: str,
-        value: bytes | str | None = None,
-        key: bytes | str | None = None,
-        partition: int | None = None,
-        headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None,
-        timestamp: int | None = None,
-    ) -> DeliveryHandle:
+    @takes_record
+    async def enqueue(self, fields: RecordFields) -> DeliveryHandle:
         """Like send_nowait, but waits (up to ``max.block.ms``) for metadata or buffer space."""
         sender = self._open()
+        topic, _, _, partition, _, _ = fields
         if partition is None and topic not in self._cluster.topics:
             await self.wait_for_partitions(topic)
         if self._acc.buffered_bytes >= self._buffer_memory:
             with trio.move_on_after(self._max_block_s):
                 while self._acc.buffered_bytes >= self._buffer_memory:
                     await sender.space_freed.wait()
-        handle, created = self._append(topic, value, key, partition, headers, timestamp)
+        handle, created = self._append(fields)
         if created:
             await trio.lowlevel.checkpoint()  # once per batch: let the sender ship the last one
         return handle
 
-    def send_nowait(
-        self,
-        topic: str,
-        value: bytes | str | None = None,
-        key: bytes | str | None = None,
-        partition: int | None = None,
-        headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None,
-        timestamp: int | None = None,
-    ) -> DeliveryHandle:
+    @takes_record
+    def send_nowait(self, fields: RecordFields) -> DeliveryHandle:
         """Queue a record without waiting; the sender runs when the caller next yields to trio.
 
         Raises BufferFull when ``buffer.memory`` bytes are already waiting.
         """
-        self._open()
+        if self._sender is None:  # not self._open(): one call less per record
+            self._open()
         if self._acc.buffered_bytes >= self._buffer_memory:
             raise BufferFull(
                 f"{self._acc.buffered_bytes} bytes are waiting to be sent (buffer.memory="
                 f"{self._buffer_memory}): await flush() or use enqueue()"
             )
-        return self._append(topic, value, key, partition, headers, timestamp)[0]
+        return self._append(fields)[0]
 
-    def _append(
-        self,
-        topic: str,
-        value: Any,
-        key: Any,
-        partition: int | None,
-        headers: Any,
-        timestamp: int | None,
-    ) -> tuple[DeliveryHandle, bool]:
+    def _append(self, fields: RecordFields) -> tuple[DeliveryHandle, bool]:
+        topic, value, key, partition, headers, timestamp = fields
         if type(value) is not bytes:
             value = to_bytes(value, "value")
         if key is not None and type(key) is not bytes:
@@ -188,10 +168,10 @@ class Producer(ClusterClient):
                 f"the record is about {nbytes} bytes, larger than max.request.size "
                 f"({self._max_request_size})"
             )
-        record = (timestamp, key, value, hdrs)
+        wire = (timestamp, key, value, hdrs)
         parts = self._cluster.topics.get(topic)
         if not parts:
-            return self._sender.park(topic, (self._place, partition, record, nbytes)), False
+            return self._sender.park(topic, (self._place, partition, wire, nbytes)), False
         count = len(parts)
         if partition is None:
             partition = self._partitioner.partition(topic, key, count, nbytes)
@@ -199,7 +179,7 @@ class Producer(ClusterClient):
             return DeliveryHandle(
                 self._sender.fail_invalid_partition(topic, partition, count), 0
             ), False
-        batch, index, created = self._acc.append(topic, partition, record, nbytes)
+        batch, index, created = self._acc.append(topic, partition, wire, nbytes)
         if created:
             self._sender.wake()
         return DeliveryHandle(batch, index), created

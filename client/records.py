@@ -1,11 +1,90 @@
-"""The values users hold: topic-partitions, produced-record metadata, consumed records."""
+"""The values users hold: records to send, topic-partitions, produced-record metadata,
+consumed records."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 Headers = list[tuple[str, bytes | None]]
+HeadersIn = Mapping[str, Any] | Iterable[tuple[str, Any]] | None  # what users may pass
+
+
+class ProducerRecord(NamedTuple):
+    """A record to send (Kafka's ProducerRecord). Its fields, in this order, are the
+    parameters of every send method: ``producer.send(*record)`` sends it.
+
+    The value, key and header values are bytes, or str taken as UTF-8; the timestamp is
+    milliseconds since the epoch (None: now); the partition None lets the partitioner pick.
+    """
+
+    topic: str
+    value: bytes | str | None = None
+    key: bytes | str | None = None
+    partition: int | None = None
+    headers: HeadersIn = None
+    timestamp: int | None = None
+
+
+# ProducerRecord's fields in its order, as the send methods' implementations receive them:
+# a plain tuple, because building the NamedTuple would cost the per-record path ~120 ns.
+RecordFields = tuple[Any, ...]
+
+_P = ParamSpec("_P")
+_S = TypeVar("_S")
+_R = TypeVar("_R")
+
+
+def _fields_as_parameters(
+    record_type: Callable[_P, ProducerRecord],
+) -> Callable[[Callable[[_S, RecordFields], _R]], Callable[Concatenate[_S, _P], _R]]:
+    """A decorator: the method takes one RecordFields tuple, its callers the record's fields
+    as parameters (``send(topic, value, key=None, ...)``).
+
+    Bound to ProducerRecord once (below), so the parameter list is written once, in the
+    record: a type checker reads it from the record's constructor (the ParamSpec), and
+    ``help()`` and the sync facade from the function made here. The function is generated
+    with real parameters, as ``collections.namedtuple`` makes ``__new__``: send_nowait is
+    the producer's per-record path, and a ``*args, **kwargs`` wrapper would cost it a
+    third. A coroutine method's wrapper returns its coroutine (no second coroutine frame).
+    """
+    hints = typing.get_type_hints(record_type)
+    names = record_type._fields
+    defaults = record_type._field_defaults
+    fields = [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=defaults.get(name, inspect.Parameter.empty),
+            annotation=hints[name],
+        )
+        for name in names
+    ]
+    params = ", ".join(f"{n}=_defaults[{n!r}]" if n in defaults else n for n in names)
+    source = f"def with_fields(self, {params}):\n    return _method(self, ({', '.join(names)},))\n"
+
+    def decorate(method: Callable[[_S, RecordFields], _R]) -> Callable[Concatenate[_S, _P], _R]:
+        scope = {"_method": method, "_defaults": defaults}
+        exec(compile(source, f"<fields of {method.__qualname__}>", "exec"), scope)
+        with_fields = functools.update_wrapper(scope["with_fields"], method)
+        # Resolved now: the method's annotations are strings of its own module.
+        returns = typing.get_type_hints(method).get("return", inspect.Signature.empty)
+        self_param = next(iter(inspect.signature(method).parameters.values()))
+        with_fields.__signature__ = inspect.Signature(
+            [self_param, *fields], return_annotation=returns
+        )
+        with_fields.__annotations__ = {**{p.name: p.annotation for p in fields}, "return": returns}
+        if inspect.iscoroutinefunction(method) and hasattr(inspect, "markcoroutinefunction"):
+            inspect.markcoroutinefunction(with_fields)  # Python 3.12+
+        return with_fields
+
+    return decorate
+
+
+takes_record = _fields_as_parameters(ProducerRecord)
 
 
 class TopicPartition(NamedTuple):
@@ -42,7 +121,7 @@ def to_bytes(value: Any, what: str) -> bytes | None:
     raise TypeError(f"record {what} must be bytes, str or None, got {type(value).__name__}")
 
 
-def normalize_headers(headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> Headers:
+def normalize_headers(headers: HeadersIn) -> Headers:
     """Accept a dict or (name, value) pairs; names are str, values bytes (str as UTF-8) or None."""
     if not headers:
         return []

@@ -4,22 +4,26 @@ Each Sync* object runs its own trio loop in a daemon thread. One task in that lo
 owns the async client for its whole life (its nursery must open and close in one
 task); the caller's methods cross over with ``trio.from_thread.run``. A call costs
 a thread hop (tens of microseconds), so bulk producers should use ``send_many``.
+
+The facade's methods are derived from the async classes' (:func:`blocking`), so their
+signatures, annotations and docstrings are the async ones with the awaiting taken out.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 import trio
 
-from minibroker.client.admin import Admin, NewTopic, TopicDescription
+from minibroker.client.admin import Admin
+from minibroker.client.background import ClusterClient
 from minibroker.client.consumer import Consumer
-from minibroker.client.offsets import OffsetAndTimestamp
 from minibroker.client.producer import DeliveryHandle, Producer
-from minibroker.client.records import ConsumerRecord, RecordMetadata, TopicPartition
+from minibroker.client.records import RecordMetadata
 
 
 class _LoopThread:
@@ -87,6 +91,69 @@ class _LoopThread:
             raise error
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_W = TypeVar("_W")
+
+
+@overload
+def blocking(
+    method: Callable[Concatenate[Any, _P], Coroutine[Any, Any, _R]],
+) -> Callable[Concatenate[Any, _P], _R]: ...
+@overload
+def blocking(method: Callable[Concatenate[Any, _P], _R]) -> Callable[Concatenate[Any, _P], _R]: ...
+@overload
+def blocking(
+    method: Callable[Concatenate[Any, _P], Any], wrap: type[_W]
+) -> Callable[Concatenate[Any, _P], _W]: ...
+def blocking(method: Callable[..., Any], wrap: type | None = None) -> Callable[..., Any]:
+    """The facade's method for the async client's ``method``: the same parameters, run in
+    the client's loop, returning the result, or ``wrap(loop, result)``, once there.
+
+    A coroutine method is awaited in the loop; a plain one runs there too, since the
+    client's state belongs to the loop's thread.
+    """
+    name = method.__name__
+    awaited = inspect.iscoroutinefunction(inspect.unwrap(method))
+
+    def facade(self: _SyncBase, *args: Any, **kwargs: Any) -> Any:
+        loop = self._loop
+        call = loop.call if awaited else loop.call_sync
+        result = call(getattr(loop.client, name), *args, **kwargs)
+        return result if wrap is None else wrap(loop, result)
+
+    signature = inspect.signature(method, eval_str=True)
+    if wrap is not None:
+        signature = signature.replace(return_annotation=wrap)
+    return _described(facade, method, signature)
+
+
+def opening(client_type: type[ClusterClient]) -> Callable[..., None]:
+    """The facade's ``__init__``: the async client's parameters (a producer's ``identity``
+    too), the client built in the caller's thread so bad settings raise there."""
+
+    def __init__(self: _SyncBase, *args: Any, **kwargs: Any) -> None:
+        client = client_type(*args, **kwargs)
+        self._loop = _LoopThread(lambda: client, f"minibroker-{client.ROLE}")
+
+    init = client_type.__init__
+    return _described(__init__, init, inspect.signature(init, eval_str=True))
+
+
+def _described(
+    facade: Callable[..., Any], method: Callable[..., Any], signature: inspect.Signature
+) -> Callable[..., Any]:
+    """Give the facade the async method's name, docstring and (resolved) signature."""
+    facade.__name__ = facade.__qualname__ = method.__name__
+    facade.__doc__ = method.__doc__
+    facade.__signature__ = signature
+    facade.__annotations__ = {
+        **{p.name: p.annotation for p in signature.parameters.values() if p.name != "self"},
+        "return": signature.return_annotation,
+    }
+    return facade
+
+
 class _SyncBase:
     _loop: _LoopThread
 
@@ -123,46 +190,24 @@ class SyncDeliveryHandle:
 
 
 class SyncProducer(_SyncBase):
-    """``with SyncProducer("127.0.0.1:9092", acks=1) as p: p.send("t", b"v")``."""
+    """``with SyncProducer("127.0.0.1:9092", acks=1) as p: p.send("t", b"v")``.
 
-    def __init__(
-        self, bootstrap: str | None = None, config: Mapping[str, Any] | None = None, **settings: Any
-    ) -> None:
-        producer = Producer(bootstrap, config, **settings)  # validate settings in this thread
-        self._loop = _LoopThread(lambda: producer, "minibroker-producer")
+    ``send_nowait`` is ``enqueue`` here: a blocking caller waits for buffer space (up to
+    ``max.block.ms``) rather than handling BufferFull.
+    """
 
-    def send(
-        self,
-        topic: str,
-        value: Any = None,
-        key: Any = None,
-        partition: int | None = None,
-        headers: Any = None,
-        timestamp: int | None = None,
-    ) -> RecordMetadata:
-        """Send and block until acknowledged."""
-        return self._loop.call(
-            self._loop.client.send, topic, value, key, partition, headers, timestamp
-        )
-
-    def send_nowait(
-        self,
-        topic: str,
-        value: Any = None,
-        key: Any = None,
-        partition: int | None = None,
-        headers: Any = None,
-        timestamp: int | None = None,
-    ) -> SyncDeliveryHandle:
-        """Queue a record (waits only for metadata or buffer space) and return its handle."""
-        handle = self._loop.call(
-            self._loop.client.enqueue, topic, value, key, partition, headers, timestamp
-        )
-        return SyncDeliveryHandle(self._loop, handle)
+    __init__ = opening(Producer)
+    send = blocking(Producer.send)
+    enqueue = blocking(Producer.enqueue, SyncDeliveryHandle)
+    send_nowait = enqueue
+    flush = blocking(Producer.flush)
+    close_batches = blocking(Producer.close_batches)
+    wait_for_partitions = blocking(Producer.wait_for_partitions)
+    partitions_for = blocking(Producer.partitions_for)
 
     def send_many(self, topic: str, records: Iterable[Any]) -> list[SyncDeliveryHandle]:
-        """Queue many records in one thread hop. Each item is a value, or a dict with
-        ``value`` and optionally ``key``, ``partition``, ``headers``, ``timestamp``."""
+        """Queue many records in one thread hop. Each item is a value, or a dict of
+        ProducerRecord's other fields (``value``, ``key``, ``partition``, ...)."""
         items = list(records)
         producer: Producer = self._loop.client
 
@@ -177,96 +222,33 @@ class SyncProducer(_SyncBase):
 
         return [SyncDeliveryHandle(self._loop, h) for h in self._loop.call(enqueue_all)]
 
-    def flush(self) -> None:
-        self._loop.call(self._loop.client.flush)
-
-    def partitions_for(self, topic: str) -> int | None:
-        return self._loop.call_sync(self._loop.client.partitions_for, topic)
-
-    def close_batches(self) -> None:
-        self._loop.call_sync(self._loop.client.close_batches)
-
-    def wait_for_partitions(self, topic: str) -> int:
-        return self._loop.call(self._loop.client.wait_for_partitions, topic)
-
 
 class SyncConsumer(_SyncBase):
     """``with SyncConsumer("127.0.0.1:9092", **{"auto.offset.reset": "earliest"}) as c: ...``."""
 
-    def __init__(
-        self, bootstrap: str | None = None, config: Mapping[str, Any] | None = None, **settings: Any
-    ) -> None:
-        consumer = Consumer(bootstrap, config, **settings)
-        self._loop = _LoopThread(lambda: consumer, "minibroker-consumer")
-
-    def assign(self, partitions: Iterable[tuple[str, int]]) -> None:
-        self._loop.call_sync(self._loop.client.assign, list(partitions))
-
-    def assignment(self) -> set[TopicPartition]:
-        return self._loop.call_sync(self._loop.client.assignment)
-
-    def seek(self, tp: tuple[str, int], offset: int) -> None:
-        self._loop.call_sync(self._loop.client.seek, tp, offset)
-
-    def seek_to_beginning(self, *partitions: tuple[str, int]) -> None:
-        self._loop.call_sync(self._loop.client.seek_to_beginning, *partitions)
-
-    def seek_to_end(self, *partitions: tuple[str, int]) -> None:
-        self._loop.call_sync(self._loop.client.seek_to_end, *partitions)
-
-    def position(self, tp: tuple[str, int]) -> int:
-        return self._loop.call(self._loop.client.position, tp)
-
-    def highwater(self, tp: tuple[str, int]) -> int:
-        return self._loop.call_sync(self._loop.client.highwater, tp)
-
-    def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
-        return self._loop.call(self._loop.client.poll, timeout_ms, max_records)
-
-    def list_offsets(
-        self, timestamps: Mapping[tuple[str, int], int]
-    ) -> dict[TopicPartition, OffsetAndTimestamp]:
-        return self._loop.call(self._loop.client.list_offsets, timestamps)
-
-    def beginning_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[TopicPartition, int]:
-        return self._loop.call(self._loop.client.beginning_offsets, list(partitions))
-
-    def end_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[TopicPartition, int]:
-        return self._loop.call(self._loop.client.end_offsets, list(partitions))
-
-    def offsets_for_times(
-        self, timestamps: Mapping[tuple[str, int], int]
-    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
-        return self._loop.call(self._loop.client.offsets_for_times, timestamps)
-
-    def partitions_for(self, topic: str) -> int | None:
-        return self._loop.call(self._loop.client.partitions_for, topic)
+    __init__ = opening(Consumer)
+    assign = blocking(Consumer.assign)
+    assignment = blocking(Consumer.assignment)
+    seek = blocking(Consumer.seek)
+    seek_to_beginning = blocking(Consumer.seek_to_beginning)
+    seek_to_end = blocking(Consumer.seek_to_end)
+    position = blocking(Consumer.position)
+    highwater = blocking(Consumer.highwater)
+    poll = blocking(Consumer.poll)
+    list_offsets = blocking(Consumer.list_offsets)
+    beginning_offsets = blocking(Consumer.beginning_offsets)
+    end_offsets = blocking(Consumer.end_offsets)
+    offsets_for_times = blocking(Consumer.offsets_for_times)
+    partitions_for = blocking(Consumer.partitions_for)
 
 
 class SyncAdmin(_SyncBase):
-    def __init__(
-        self, bootstrap: str | None = None, config: Mapping[str, Any] | None = None, **settings: Any
-    ) -> None:
-        admin = Admin(bootstrap, config, **settings)
-        self._loop = _LoopThread(lambda: admin, "minibroker-admin")
+    """``with SyncAdmin("127.0.0.1:9092") as a: a.create_topics([NewTopic("t", 3, 3)])``."""
 
-    def create_topics(self, topics: Iterable[NewTopic], **options: Any) -> dict[str, Any]:
-        return self._loop.call(self._loop.client.create_topics, list(topics), **options)
-
-    def list_topics(self) -> list[str]:
-        return self._loop.call(self._loop.client.list_topics)
-
-    def describe_topics(self, names: Iterable[str] | None = None) -> dict[str, TopicDescription]:
-        return self._loop.call(
-            self._loop.client.describe_topics, None if names is None else list(names)
-        )
-
-    def describe_cluster(self) -> Any:
-        return self._loop.call(self._loop.client.describe_cluster)
-
-    def broker_stats(self, node_id: int | None = None) -> dict[str, Any]:
-        return self._loop.call(self._loop.client.broker_stats, node_id)
-
-    def faults(self, node_id: int, action: str, **spec: Any) -> list[dict[str, Any]]:
-        """Inject or clear a fault on one broker; see ``Admin.faults``."""
-        return self._loop.call(self._loop.client.faults, node_id, action, **spec)
+    __init__ = opening(Admin)
+    create_topics = blocking(Admin.create_topics)
+    list_topics = blocking(Admin.list_topics)
+    describe_topics = blocking(Admin.describe_topics)
+    describe_cluster = blocking(Admin.describe_cluster)
+    broker_stats = blocking(Admin.broker_stats)
+    faults = blocking(Admin.faults)

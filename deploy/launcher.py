@@ -170,9 +170,6 @@ class BrokerProcess:
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         with open(self.log_path, "ab") as log:
             # Own session: a Ctrl-C at the launcher's terminal does not reach the brokers.
             self.proc = subprocess.Popen(
@@ -180,7 +177,6 @@ class BrokerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=env,
                 start_new_session=True,
             )
 

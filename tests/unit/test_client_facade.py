@@ -1,5 +1,6 @@
 """What the README promises of the client's public surface: the blocking facade has the
-async clients' methods, and ``client.errors`` names each error class exactly once."""
+async clients' methods with their signatures, the send methods take ProducerRecord's
+fields, and ``client.errors`` names each error class exactly once."""
 
 from __future__ import annotations
 
@@ -8,11 +9,24 @@ import subprocess
 import sys
 from pathlib import Path
 
-from minibroker import client, protocol
-from minibroker.client import Admin, Consumer, Producer, SyncAdmin, SyncConsumer, SyncProducer
+import pytest
 
-# The facade's one deliberate rename: Producer.enqueue (waits for space) is send_nowait.
-RENAMED = {("Producer", "enqueue"): "send_nowait"}
+from minibroker import client, protocol
+from minibroker.client import (
+    Admin,
+    Consumer,
+    DeliveryHandle,
+    Producer,
+    SyncAdmin,
+    SyncConsumer,
+    SyncDeliveryHandle,
+    SyncProducer,
+)
+from minibroker.client.records import ProducerRecord, takes_record
+
+PAIRS = ((Admin, SyncAdmin), (Consumer, SyncConsumer), (Producer, SyncProducer))
+# What the facade returns where the async method returns something to await.
+SYNC_RESULT = {DeliveryHandle: SyncDeliveryHandle}
 
 
 def public_methods(cls: type) -> set[str]:
@@ -24,14 +38,60 @@ def public_methods(cls: type) -> set[str]:
 
 
 def test_the_blocking_facade_has_every_method_of_the_async_clients():
-    for async_cls, sync_cls in (
-        (Admin, SyncAdmin),
-        (Consumer, SyncConsumer),
-        (Producer, SyncProducer),
-    ):
-        wanted = {RENAMED.get((async_cls.__name__, m), m) for m in public_methods(async_cls)}
-        missing = wanted - public_methods(sync_cls) - {"aclose"}
+    for async_cls, sync_cls in PAIRS:
+        missing = public_methods(async_cls) - public_methods(sync_cls) - {"aclose"}
         assert missing == set(), (sync_cls.__name__, missing)
+
+
+@pytest.mark.parametrize(
+    ("async_cls", "sync_cls", "name"),
+    [
+        (a, s, name)
+        for a, s in PAIRS
+        for name in sorted(public_methods(a) - {"aclose"} | {"__init__"})
+    ],
+)
+def test_each_facade_method_has_the_async_signature(async_cls, sync_cls, name):
+    """Parameters (names, kinds, defaults, resolved annotations) equal; the return type the
+    same once awaited: ``async def f() -> X`` is ``def f() -> X`` in the facade."""
+    theirs = inspect.signature(getattr(async_cls, name), eval_str=True)
+    ours = inspect.signature(getattr(sync_cls, name), eval_str=True)
+    assert list(ours.parameters.values()) == list(theirs.parameters.values())
+    returns = theirs.return_annotation
+    assert ours.return_annotation == SYNC_RESULT.get(returns, returns)
+    assert not inspect.iscoroutinefunction(getattr(sync_cls, name))
+
+
+def test_sync_send_nowait_is_enqueue_as_the_readme_says():
+    assert SyncProducer.send_nowait is SyncProducer.enqueue
+
+
+def test_every_send_method_takes_producer_record_fields_in_order():
+    fields = list(ProducerRecord._fields)
+    for method in (Producer.send, Producer.enqueue, Producer.send_nowait, SyncProducer.send):
+        params = list(inspect.signature(method).parameters.values())[1:]
+        assert [p.name for p in params] == fields
+        assert [p.default for p in params[1:]] == [
+            ProducerRecord._field_defaults[f] for f in fields[1:]
+        ]
+
+
+class Recorder:
+    @takes_record
+    def take(self, fields):
+        return fields
+
+
+def test_takes_record_passes_positional_keyword_and_default_fields_in_record_order():
+    r = Recorder()
+    assert r.take("t") == ("t", None, None, None, None, None)
+    assert r.take("t", b"v", partition=2, timestamp=7) == ("t", b"v", None, 2, None, 7)
+    record = ProducerRecord("t", b"v", b"k", 1, {"h": b"x"}, 9)
+    assert r.take(*record) == tuple(record)
+    with pytest.raises(TypeError):
+        r.take("t", colour="red")
+    with pytest.raises(TypeError):
+        r.take()
 
 
 def test_import_client_errors_works_as_documented():
