@@ -32,6 +32,7 @@ from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.network.session import ConnectionSession
 from minibroker.broker.raft.driver import QuorumDriver
 from minibroker.broker.raft.wire import QUORUM_APIS, SENDER_FIELDS
+from minibroker.broker.replication.fetch_request import FetchRequest
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.protocol import ApiKey, RequestHeader, api_name, supported_versions
 from minibroker.protocol.errors import ErrorCode
@@ -158,8 +159,19 @@ class RequestHandler:
 
         return handler
 
+    def prepare(self, header: RequestHeader, body: dict) -> dict | FetchRequest:
+        """A validated body as its handler takes it: a Fetch becomes the FetchRequest the
+        read path works on, every other body stays itself; InvalidRequest if it cannot.
+
+        The network layer keeps prepared Fetches by their bytes (SocketServer._one), so
+        identical long polls from thousands of consumers are decoded and prepared once.
+        """
+        if header.api_key == ApiKey.FETCH:
+            return self.replica_manager.fetch_request(body)
+        return body
+
     def handle(
-        self, header: RequestHeader, body: dict, session: ConnectionSession
+        self, header: RequestHeader, body: Any, session: ConnectionSession
     ) -> dict | PendingResponse | None:
         faults = self.fault_injector
         if faults.faults and header.api_key != ApiKey.FAULTS:
@@ -330,14 +342,14 @@ class RequestHandler:
         return self.replica_manager.produce(body, session)
 
     def fetch(
-        self, header: RequestHeader, body: dict, session: ConnectionSession
+        self, header: RequestHeader, fetch: FetchRequest, session: ConnectionSession
     ) -> dict | PendingResponse:
-        if body["replica_id"] >= 0:
+        if fetch.for_follower:
             # A follower's fetch moves its LEO, hence the HW and the ISR: members only.
-            refusal = self.refuse_unless_member(session, header.api_key, body["replica_id"])
+            refusal = self.refuse_unless_member(session, header.api_key, fetch.replica_id)
             if refusal is not None:
                 return refusal
-        return self.replica_manager.fetch(body, session)
+        return self.replica_manager.fetch(fetch, session)
 
     def init_producer_id(
         self, header: RequestHeader, body: dict, session: ConnectionSession

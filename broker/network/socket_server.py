@@ -26,7 +26,7 @@ import os
 import resource
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -39,6 +39,7 @@ from minibroker.protocol import (
     ApiKey,
     FrameDecoder,
     ProtocolError,
+    RequestHeader,
     decode_request_body,
     decode_request_envelope,
     encode_packed_response,
@@ -55,7 +56,7 @@ _now = time.monotonic
 _RECV_BYTES = 1 << 18  # one read's most; the buffer is shared by every connection
 _FRAMES_PER_TURN = 32
 _FETCH_KEY = bytes([ApiKey.FETCH])  # a positive fixint: the envelope's second byte
-_FETCH_BODIES = 1024  # distinct Fetch bodies kept validated (a hostile mix only clears it)
+_FETCHES_KEPT = 1024  # distinct Fetch bodies kept prepared (a hostile mix only clears it)
 _EVENTS_PER_PASS = 256  # ready sockets served before the reactor yields
 _IDLE_SWEEPS = 10  # connections.max.idle.ms is swept this many times over
 # What a parked request costs besides its answer (its task, operation and pending
@@ -63,6 +64,19 @@ _IDLE_SWEEPS = 10  # connections.max.idle.ms is swept this many times over
 _PARKED_BYTES = 4096
 # accept(2) errors that mean "no capacity now": retry after a pause (as trio.serve_listeners).
 _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+
+
+class Dispatcher(Protocol):
+    """What the socket server asks of the request handler (Kafka's KafkaApis)."""
+
+    def prepare(self, header: RequestHeader, body: dict) -> Any:
+        """A validated body as the handler takes it (InvalidRequest if it cannot be);
+        kept by the body's bytes for Fetch, so it must not change once made."""
+
+    def handle(
+        self, header: RequestHeader, body: Any, session: ConnectionSession
+    ) -> dict | PendingResponse | None:
+        """An answer now, a parked one, or None (acks=0: no answer)."""
 
 
 def max_connections_for(configured: int) -> int:
@@ -200,7 +214,7 @@ class ConnectionHandler:
 
     def __init__(
         self,
-        dispatcher: Any,
+        dispatcher: Dispatcher,
         *,
         max_frame_bytes: int,
         idle_ms: int,
@@ -233,8 +247,8 @@ class ConnectionHandler:
         self._backlogged: list[_Connection] = []
         self._nursery: trio.Nursery | None = None
         self._packer = _SharedBodyPacker()
-        # Validated Fetch bodies by (version, bytes): see _one.
-        self._fetch_bodies: dict[tuple[int, bytes], dict] = {}
+        # Prepared Fetch requests by (version, body bytes): see _one.
+        self._fetches: dict[tuple[int, bytes], Any] = {}
         # Every read lands here and is copied out by the connection's FrameDecoder before
         # anything else runs, so one buffer serves all: os.read(fd, 256 KiB) allocated and
         # shrank a 256 KiB bytes object per read, ~9 us of a ~10 us read (measured).
@@ -514,16 +528,16 @@ class ConnectionHandler:
         session = conn.session
         body = split = None
         try:
-            # A Fetch's body is looked up by its bytes first: thousands of consumers
-            # long-polling one partition send the same one, over and over, and decoding
-            # and validating it was 40 % of reading a request (bench longpoll, py-spy).
+            # A Fetch is looked up by its bytes first: thousands of consumers long-polling
+            # one partition send the same ones, over and over, and decoding, validating and
+            # preparing the body was 40 % of reading a request (bench longpoll, py-spy).
             if payload[1:2] == _FETCH_KEY:
                 split = split_request_envelope(payload)
             if split is None:
                 header, raw = decode_request_envelope(payload)
             else:
                 header, body_bytes = split
-                body = self._fetch_bodies.get((header.api_version, body_bytes))
+                body = self._fetches.get((header.api_version, body_bytes))
                 if body is None:  # new bytes: decode the body alone, the header is read
                     raw = decode_request_body(body_bytes)
         except ProtocolError as exc:
@@ -531,13 +545,13 @@ class ConnectionHandler:
             return False
         try:
             if body is None:
-                body = validate_request(header, raw)
+                body = self.dispatcher.prepare(header, validate_request(header, raw))
                 if split is not None:
-                    # Handlers never change a request body, so one serves every sender.
-                    bodies = self._fetch_bodies
-                    if len(bodies) >= _FETCH_BODIES:
-                        bodies.clear()
-                    bodies[header.api_version, body_bytes] = body
+                    # Prepared requests are never changed, so one serves every sender.
+                    fetches = self._fetches
+                    if len(fetches) >= _FETCHES_KEPT:
+                        fetches.clear()
+                    fetches[header.api_version, body_bytes] = body
         except (InvalidRequest, UnsupportedVersion) as exc:
             log.info(
                 "request_rejected",

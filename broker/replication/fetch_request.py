@@ -23,6 +23,7 @@ class FetchRequest:
         "epochs",
         "for_follower",
         "max_bytes",
+        "max_wait_ms",
         "min_bytes",
         "replica_id",
         "response_bound",
@@ -39,6 +40,7 @@ class FetchRequest:
             for p in t["partitions"]
         }
         self.min_bytes = body["min_bytes"]
+        self.max_wait_ms = min(body["max_wait_ms"], MAX_FETCH_WAIT_MS)
         self.max_bytes = min(body["max_bytes"], fetch_max_bytes)
         self.targets: list[tuple[Key, int, int]] = [
             (

@@ -25,12 +25,12 @@ from minibroker.broker.replication.delayed import (
     ProducePartitionStatus,
     produce_response,
 )
-from minibroker.broker.replication.fetch_request import MAX_FETCH_WAIT_MS, FetchRequest
+from minibroker.broker.replication.fetch_request import FetchRequest
 from minibroker.broker.replication.offset_queries import list_offsets, offsets_for_leader_epoch
 from minibroker.broker.replication.partition import Partition
 from minibroker.broker.storage import Log, LogConfig
 from minibroker.broker.storage.epoch_cache import LeaderEpochCache
-from minibroker.protocol.errors import ErrorCode, KafkaError
+from minibroker.protocol.errors import ErrorCode, InvalidRequest, KafkaError
 
 Key = tuple[str, int]
 
@@ -39,8 +39,6 @@ Key = tuple[str, int]
 # records for long.
 SHARED_ANSWERS = 256
 SHARED_ANSWER_BYTES = 8 << 20
-# Fetch bodies kept decoded (ReplicaManager.fetch), as many as the network layer keeps.
-FETCH_REQUESTS = 1024
 
 
 def duplicate_partition(topics: list[dict]) -> str | None:
@@ -95,7 +93,6 @@ class ReplicaManager:
         # the partitions it read, so an id is never reused while its answer is kept.
         self._shared_answers: dict[tuple, tuple[dict, int, bool]] = {}
         self._shared_bytes = 0  # records held by those answers
-        self._fetch_requests: dict[int, tuple[dict, FetchRequest]] = {}  # see fetch
         self.fetch_max_bytes: int = config["fetch.max.bytes"]
         # Parked operations by the connection that asked: they die with it.
         self._parked: dict[ConnectionSession, set[DelayedOperation]] = {}
@@ -263,28 +260,29 @@ class ReplicaManager:
 
     # --- fetch ----------------------------------------------------------------------------
 
-    def fetch(self, body: dict, session: ConnectionSession | None = None) -> dict | PendingResponse:
-        # The network layer hands every sender of the same Fetch bytes the same validated
-        # body: it is checked and made a FetchRequest once (the entry holds the body, so
-        # its id is not reused while there).
-        known = self._fetch_requests.get(id(body))
-        if known is not None and known[0] is body:
-            fetch = known[1]
-        else:
-            duplicate = duplicate_partition(body["topics"])
-            if duplicate is not None:
-                return _invalid_request(
-                    f"partition {duplicate} appears more than once in one fetch request"
-                )
-            fetch = FetchRequest(body, self.fetch_max_bytes)
-            if len(self._fetch_requests) >= FETCH_REQUESTS:
-                self._fetch_requests.clear()
-            self._fetch_requests[id(body)] = (body, fetch)
+    def fetch_request(self, body: dict) -> FetchRequest:
+        """A validated Fetch body as the read path takes it; InvalidRequest if it names a
+        partition twice.
+
+        The network layer prepares each distinct Fetch body once and hands every sender
+        of the same bytes the same FetchRequest (thousands of consumers long-polling one
+        partition send the same bytes over and over); it is never changed once made.
+        """
+        duplicate = duplicate_partition(body["topics"])
+        if duplicate is not None:
+            raise InvalidRequest(
+                f"partition {duplicate} appears more than once in one fetch request"
+            )
+        return FetchRequest(body, self.fetch_max_bytes)
+
+    def fetch(
+        self, fetch: FetchRequest, session: ConnectionSession | None = None
+    ) -> dict | PendingResponse:
         if fetch.for_follower:
             response, total, stop_now = self._read(fetch, update_follower_state=True)
         else:
             response, total, stop_now = self._consumer_read(fetch)
-        max_wait = min(body["max_wait_ms"], MAX_FETCH_WAIT_MS)
+        max_wait = fetch.max_wait_ms
         if max_wait <= 0 or stop_now or total >= fetch.min_bytes or not fetch.targets:
             return response
         op = DelayedFetch(max_wait, fetch, self._lookup, self._read_for_purgatory)

@@ -56,6 +56,7 @@ def test_fetch_request_is_capped_by_the_broker():
         "replica_id": -1,
         "min_bytes": 1,
         "max_bytes": 2**31 - 1,
+        "max_wait_ms": 2**31 - 1,
         "topics": [
             {
                 "name": "t",
@@ -68,6 +69,7 @@ def test_fetch_request_is_capped_by_the_broker():
     }
     fetch = FetchRequest(body, fetch_max_bytes=5000)
     assert fetch.max_bytes == 5000
+    assert fetch.max_wait_ms == MAX_FETCH_WAIT_MS  # clamped, not refused
     assert [cap for _, _, cap in fetch.targets] == [5000, 100]
     assert fetch.response_bound == 5000
     body["topics"][0]["partitions"] = body["topics"][0]["partitions"][1:]
@@ -122,7 +124,7 @@ async def test_a_parked_fetch_is_clamped_and_dies_with_its_connection(tmp_path):
     body = p.validate_request(p.RequestHeader(p.ApiKey.FETCH, 0, 1, None), raw)
     session = ConnectionSession("127.0.0.1:1")
     try:
-        pending = manager.fetch(body, session)
+        pending = manager.fetch(manager.fetch_request(body), session)
         assert isinstance(pending, PendingResponse)
         assert pending.max_bytes == 1048576  # the partition's cap: what its connection budgets
         (op,) = manager._parked[session]
@@ -187,3 +189,55 @@ async def test_idle_connections_close_after_100_to_110_percent_of_the_idle_time(
         await trio.sleep(15)
         assert handler.open_connections == 1  # the one that kept sending stays
         nursery.cancel_scope.cancel()
+
+
+class _CountingDispatcher:
+    """The request handler's two calls, counted: what the socket server asks of it."""
+
+    def __init__(self) -> None:
+        self.prepared: list[dict] = []
+        self.handled: list[object] = []
+
+    def prepare(self, header: p.RequestHeader, body: dict) -> object:
+        self.prepared.append(body)
+        return {"prepared": len(self.prepared)}
+
+    def handle(self, header: p.RequestHeader, body: object, session: ConnectionSession) -> dict:
+        self.handled.append(body)
+        return {"error_code": 0}
+
+
+async def test_the_same_fetch_bytes_are_prepared_once_for_every_connection():
+    dispatcher = _CountingDispatcher()
+    server = ConnectionHandler(
+        dispatcher, max_frame_bytes=1 << 20, idle_ms=60_000, logger=structlog.get_logger()
+    )
+    port = free_port()
+    listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
+
+    def fetch_frame(correlation_id: int, offset: int) -> bytes:
+        body = {
+            "max_wait_ms": 0,
+            "min_bytes": 1,
+            "topics": [{"name": "t", "partitions": [{"partition": 0, "fetch_offset": offset}]}],
+        }
+        return p.encode_request(p.ApiKey.FETCH, 0, correlation_id, "c", body)
+
+    async def ask(stream: trio.SocketStream, frame: bytes) -> None:
+        await stream.send_all(frame)
+        decoder = p.FrameDecoder()
+        while not list(decoder.feed(await stream.receive_some(1 << 16))):
+            pass
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.serve, listeners)
+        with trio.fail_after(30):
+            first = await trio.open_tcp_stream("127.0.0.1", port)
+            second = await trio.open_tcp_stream("127.0.0.1", port)
+            await ask(first, fetch_frame(1, 0))
+            await ask(second, fetch_frame(7, 0))  # other connection, other correlation id
+            await ask(first, fetch_frame(2, 5))  # other bytes
+        nursery.cancel_scope.cancel()
+    assert len(dispatcher.prepared) == 2  # offset 0 once for both connections, offset 5
+    assert dispatcher.handled[0] is dispatcher.handled[1]
+    assert dispatcher.handled[2] is not dispatcher.handled[0]

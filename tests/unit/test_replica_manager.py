@@ -16,7 +16,7 @@ from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.protocol import encode_batch
-from minibroker.protocol.errors import ErrorCode
+from minibroker.protocol.errors import ErrorCode, InvalidRequest
 
 
 @pytest.fixture
@@ -56,7 +56,8 @@ def fetch(manager: ReplicaManager, replica_id: int, offset: int, max_wait_ms: in
         "min_bytes": 1,
         "topics": [{"name": "t", "partitions": [{"partition": 0, "fetch_offset": offset}]}],
     }
-    return manager.fetch(p.validate_request(p.RequestHeader(p.ApiKey.FETCH, 0, 1, None), raw))
+    body = p.validate_request(p.RequestHeader(p.ApiKey.FETCH, 0, 1, None), raw)
+    return manager.fetch(manager.fetch_request(body))
 
 
 def only_partition(body: dict) -> dict:
@@ -176,7 +177,7 @@ def test_identical_long_polls_share_one_answer_and_never_a_stale_one(manager):
     assert only_partition(moved)["error_code"] == ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
-def test_a_repeated_fetch_body_is_decoded_once_and_a_refused_one_refused_again(manager):
+def test_a_prepared_fetch_reads_afresh_each_time_and_a_refused_one_is_refused_again(manager):
     produce(manager)
     fetch(manager, 1, 3)
     fetch(manager, 2, 3)
@@ -191,12 +192,12 @@ def test_a_repeated_fetch_body_is_decoded_once_and_a_refused_one_refused_again(m
         }
         return p.validate_request(p.RequestHeader(p.ApiKey.FETCH, 0, 1, None), raw)
 
-    at_zero = body(0)  # the network layer hands every sender of these bytes this object
+    # The network layer hands every sender of the same bytes one prepared request.
+    at_zero = manager.fetch_request(body(0))
     assert only_partition(manager.fetch(at_zero))["records"]
-    request = manager._fetch_requests[id(at_zero)][1]
     assert only_partition(manager.fetch(at_zero))["records"]
-    assert manager._fetch_requests[id(at_zero)][1] is request
-    assert only_partition(manager.fetch(body(3)))["records"] == b""
+    assert only_partition(manager.fetch(manager.fetch_request(body(3))))["records"] == b""
     twice = body(0, copies=2)
     for _ in range(2):
-        assert manager.fetch(twice)["error_code"] == ErrorCode.INVALID_REQUEST
+        with pytest.raises(InvalidRequest, match="more than once"):
+            manager.fetch_request(twice)
