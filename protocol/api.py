@@ -2,7 +2,9 @@
 
 Each (key, version) has a request schema and a response schema. Adding a field
 means adding a version; a peer that asks for a version we do not have gets
-UNSUPPORTED_VERSION, never a guess.
+UNSUPPORTED_VERSION, never a guess. A new version's field is optional with the
+value that means "as before" as its default, so a body without it (what the older
+version sends) means what it always did.
 """
 
 from __future__ import annotations
@@ -345,6 +347,11 @@ VOTE_REQ = struct(
     }
 )
 VOTE_RESP = struct({**_QUORUM_RESP, "vote_granted": BOOL}, {"error_message": ERROR_MESSAGE})
+# Version 1 (Kafka's Vote v2, KIP-996): pre_vote asks "would you vote for me?" without the
+# epoch moving; the response echoes it.
+_PRE_VOTE = {"pre_vote": (BOOL, False)}
+VOTE_REQ_V1 = struct(VOTE_REQ.fields, _PRE_VOTE)
+VOTE_RESP_V1 = struct(VOTE_RESP.fields, {**VOTE_RESP.optional, **_PRE_VOTE})
 BEGIN_QUORUM_EPOCH_REQ = struct({"leader_epoch": _QUORUM_EPOCH, "leader_id": NODE_ID})
 BEGIN_QUORUM_EPOCH_RESP = struct(_QUORUM_RESP, {"error_message": ERROR_MESSAGE})
 END_QUORUM_EPOCH_REQ = struct(
@@ -355,7 +362,9 @@ END_QUORUM_EPOCH_REQ = struct(
     }
 )
 END_QUORUM_EPOCH_RESP = BEGIN_QUORUM_EPOCH_RESP
-_QUORUM_ENTRY = struct({"offset": OFFSET, "epoch": INT32, "data": BYTES, "control": BOOL})
+_QUORUM_ENTRY = struct(
+    {"offset": OFFSET, "epoch": INT32, "data": BYTES}, {"control": (BOOL, False)}
+)
 QUORUM_FETCH_REQ = struct(
     {
         "correlation_id": INT64,
@@ -471,7 +480,7 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.INIT_PRODUCER_ID: {0: (INIT_PRODUCER_ID_REQ, INIT_PRODUCER_ID_RESP)},
     ApiKey.ALLOCATE_PRODUCER_IDS: {0: (ALLOCATE_PRODUCER_IDS_REQ, ALLOCATE_PRODUCER_IDS_RESP)},
     ApiKey.FAULTS: {0: (FAULTS_REQ, FAULTS_RESP)},
-    ApiKey.VOTE: {0: (VOTE_REQ, VOTE_RESP)},
+    ApiKey.VOTE: {0: (VOTE_REQ, VOTE_RESP), 1: (VOTE_REQ_V1, VOTE_RESP_V1)},
     ApiKey.BEGIN_QUORUM_EPOCH: {0: (BEGIN_QUORUM_EPOCH_REQ, BEGIN_QUORUM_EPOCH_RESP)},
     ApiKey.END_QUORUM_EPOCH: {0: (END_QUORUM_EPOCH_REQ, END_QUORUM_EPOCH_RESP)},
     ApiKey.QUORUM_FETCH: {0: (QUORUM_FETCH_REQ, QUORUM_FETCH_RESP)},

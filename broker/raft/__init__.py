@@ -1,4 +1,5 @@
-"""The controller quorum: a sans-IO Raft core modelled on Kafka's KRaft (KIP-595, KIP-630).
+"""The controller quorum: a sans-IO Raft core modelled on Kafka's KRaft (KIP-595, KIP-630,
+KIP-996 pre-vote).
 
 Pure state: messages and clock ticks in; messages to send, log appends/truncations,
 snapshots, "high watermark is now N" and role changes out (effects.py has the driver's
@@ -15,7 +16,10 @@ Our names against Kafka's (org.apache.kafka.raft):
                                ReplicatedLog.validateOffsetAndEpoch, endOffsetForEpoch,
                                truncateToEndOffset
     UnattachedState (voted_id) UnattachedState + VotedState (merged in Kafka 3.9 too)
-    CandidateState, FollowerState, LeaderState, ResignedState, ReplicaState   same names
+    ProspectiveState, CandidateState, FollowerState, LeaderState, ResignedState,
+    ReplicaState               same names
+    VoteRequest.pre_vote       VoteRequest/VoteResponse PreVote (Vote v2; our VOTE v1)
+    FollowerState.fetched_at   FollowerState's "has fetched from the leader" (check-quorum)
     leader.py                  LeaderState + the leader half of KafkaRaftClient
     LeaderState.parked         the fetch purgatory (ThresholdPurgatory) of parked Fetches
     Entry(control=True)        control records (LeaderChangeMessage at epoch start)
@@ -26,8 +30,18 @@ Our names against Kafka's (org.apache.kafka.raft):
     LeaderChanged              RaftClient.Listener.handleLeaderChange
     IllegalStateError          IllegalStateException
 
+Elections (KIP-996): every timeout that used to start an election (a follower's fetch
+timeout, an unattached voter's election timeout, a lost candidacy, a resigned leader's)
+makes the voter *prospective*: it asks for pre-votes in its current epoch, persisting
+nothing, and bumps the epoch as a candidate only once a majority grants. Check-quorum on
+both sides: a voter refuses pre-votes while it hears a live leader (a leader always; a
+follower whose leader answered a fetch within the fetch timeout), and a leader that has
+not heard fetches from a majority for 1.5 fetch timeouts resigns. So a paused or cut-off
+voter cannot depose a healthy leader, and a partitioned leader steps down.
+
 Not modelled: observers (non-voter brokers that follow the log), voter set changes
-(KIP-853), pre-vote (KIP-996), chunked snapshot transfer.
+(KIP-853), chunked snapshot transfer, falling back to standard votes for peers without
+VOTE v1 (every voter runs the same build).
 """
 
 from minibroker.broker.raft.client import KafkaRaftClient

@@ -43,10 +43,12 @@ from minibroker.broker.raft.messages import (
 )
 from minibroker.broker.raft.state import (
     CandidateState,
+    Election,
     EpochState,
     FollowerState,
     IllegalStateError,
     LeaderState,
+    ProspectiveState,
     ReplicaState,
     ResignedState,
     UnattachedState,
@@ -98,7 +100,7 @@ class KafkaRaftClient:
         s = self.state
         if isinstance(s, LeaderState | ResignedState):
             return self.node_id
-        return s.leader_id if isinstance(s, FollowerState) else None
+        return s.leader_id if isinstance(s, FollowerState | ProspectiveState) else None
 
     def start(self) -> list[Effect]:
         """The effects construction produced (the first LeaderChanged, a restored state's
@@ -129,6 +131,15 @@ class KafkaRaftClient:
         }
         return lag | {self.node_id: 0}
 
+    def voter_fetch_age_ms(self) -> dict[int, int] | None:
+        """As leader, ms since each other voter last fetched (Kafka's DescribeQuorum
+        LastFetchTimestamp, as an age): what check-quorum counts."""
+        s = self.state
+        if not isinstance(s, LeaderState):
+            return None
+        now = self.now()
+        return {v: now - r.last_fetch_ms for v, r in s.voters.items()}
+
     @property
     def is_follower(self) -> bool:
         return isinstance(self.state, FollowerState)
@@ -141,15 +152,15 @@ class KafkaRaftClient:
             following.poll(self, s, now)
         elif isinstance(s, LeaderState):
             leading.poll(self, s, now)
-        elif isinstance(s, CandidateState):
+        elif isinstance(s, CandidateState | ProspectiveState):
             if now >= s.election_deadline:
-                self.to_candidate()
+                self._election_over(s)
             else:
                 for voter, at in list(s.resend_at.items()):
                     if now >= at:
                         self._send_vote_request(voter, s)
         elif now >= s.election_deadline:
-            self.to_candidate()
+            self.to_prospective()
         return self._drain()
 
     def next_deadline_ms(self) -> int:
@@ -160,7 +171,7 @@ class KafkaRaftClient:
             return min(s.fetch_deadline, fetch_at)
         if isinstance(s, LeaderState):
             return leading.next_deadline(self, s)
-        if isinstance(s, CandidateState) and s.resend_at:
+        if isinstance(s, CandidateState | ProspectiveState) and s.resend_at:
             return min(s.election_deadline, *s.resend_at.values())
         return s.election_deadline
 
@@ -181,8 +192,9 @@ class KafkaRaftClient:
         """
         s = self.state
         retry_at = self.now() + self.config.retry_backoff_ms
-        if isinstance(s, CandidateState) and isinstance(message, VoteRequest):
-            if message.candidate_epoch == s.epoch and destination in s.resend_at:
+        if isinstance(s, CandidateState | ProspectiveState) and isinstance(message, VoteRequest):
+            ours = message.pre_vote == isinstance(s, ProspectiveState)
+            if ours and message.candidate_epoch == s.epoch and destination in s.resend_at:
                 s.resend_at[destination] = retry_at
         elif isinstance(s, FollowerState) and destination == s.leader_id:
             if getattr(message, "correlation_id", None) == s.correlation_id:
@@ -286,13 +298,18 @@ class KafkaRaftClient:
             return FollowerState(
                 epoch, stored.leader_id, self.fetch_deadline(), voted_id=stored.voted_id
             )
-        if epoch == 0 and self.log.end_offset == 0 and self.node_id == min(self.voters):
-            # A brand-new quorum: its lowest voter stands at once instead of every voter
-            # waiting out an election timeout (a lone voter elects itself right away). Only
-            # liveness depends on who stands first; a restarted voter (epoch > 0) waits, so
-            # it cannot depose a leader the others already follow.
+        if epoch == 0 and self.log.end_offset == 0 and self.stands_first():
+            # A brand-new quorum: its lowest voter stands at once (a pre-vote round the
+            # fresh voters grant straight away) instead of every voter waiting out an
+            # election timeout; a lone voter elects itself right away. Only liveness
+            # depends on who stands first (the simulation has seeds where two do); a
+            # restarted voter (epoch > 0) waits, so it cannot depose a running leader.
             return UnattachedState(epoch, now)
         return UnattachedState(epoch, self.random_election_deadline(), stored.voted_id)
+
+    def stands_first(self) -> bool:
+        """Whether this voter of a brand-new quorum stands without waiting."""
+        return self.node_id == min(self.voters)
 
     def _persist(self, epoch: int, leader_id: int | None, voted_id: int | None) -> None:
         self.emit(PersistQuorumState(QuorumStateData(epoch, leader_id, voted_id)))
@@ -307,10 +324,13 @@ class KafkaRaftClient:
         self._announce()
 
     def _voted_in(self, epoch: int) -> int | None:
+        """The vote this voter cast (and made durable) in ``epoch``, if it is the current one."""
         s = self.state
-        if s.epoch == epoch and isinstance(s, UnattachedState | FollowerState):
-            return s.voted_id
-        return None
+        if s.epoch != epoch:
+            return None
+        if isinstance(s, CandidateState | LeaderState | ResignedState):
+            return self.node_id
+        return s.voted_id
 
     def _to_unattached(self, epoch: int) -> None:
         self._persist(epoch, None, None)
@@ -318,7 +338,7 @@ class KafkaRaftClient:
         # higher epoch seen. Else a candidate whose stale log loses every vote, retrying after
         # its short backoff, would keep every other voter's timer from ever firing.
         s = self.state
-        keep = isinstance(s, UnattachedState | CandidateState | ResignedState)
+        keep = isinstance(s, UnattachedState | ProspectiveState | CandidateState | ResignedState)
         deadline = s.election_deadline if keep else self.random_election_deadline()
         self._set_state(UnattachedState(epoch, deadline))
 
@@ -329,6 +349,27 @@ class KafkaRaftClient:
         self._set_state(FollowerState(epoch, leader_id, self.fetch_deadline(), voted_id=voted))
         following.send_fetch(self, self.state, now)
 
+    def to_prospective(self) -> None:
+        """KIP-996: ask for pre-votes in the current epoch; bump it only once a majority grants.
+
+        Entered on every timeout that used to start an election (fetch, election, a lost or
+        timed-out candidacy, a resigned leader's). Nothing is persisted: the epoch and the
+        vote already cast in it stay, and the leader we followed (if any) is kept.
+        """
+        s = self.state
+        leader = s.leader_id if isinstance(s, FollowerState | ProspectiveState) else None
+        p = ProspectiveState(
+            s.epoch,
+            self.random_election_deadline(),
+            leader,
+            self._voted_in(s.epoch),
+            granting={self.node_id},
+        )
+        self._set_state(p)
+        for voter in sorted(self.voters - {self.node_id}):
+            self._send_vote_request(voter, p)
+        self._maybe_win(p)
+
     def to_candidate(self) -> None:
         epoch = self.epoch + 1
         self._persist(epoch, None, self.node_id)  # our own vote, durable before we ask for any
@@ -338,14 +379,34 @@ class KafkaRaftClient:
             self._send_vote_request(voter, s)
         self._maybe_win(s)
 
-    def _send_vote_request(self, voter: int, s: CandidateState) -> None:
+    def _send_vote_request(self, voter: int, s: Election) -> None:
         end = self.log.end_offset_and_epoch()
-        self.send(voter, VoteRequest(s.epoch, self.node_id, end.epoch, end.offset))
+        pre_vote = isinstance(s, ProspectiveState)
+        self.send(voter, VoteRequest(s.epoch, self.node_id, end.epoch, end.offset, pre_vote))
         s.resend_at[voter] = self.now() + self.config.request_timeout_ms
 
-    def _maybe_win(self, s: CandidateState) -> None:
+    def _maybe_win(self, s: Election) -> None:
         if len(s.granting) >= self.majority:
-            self._to_leader(s.epoch)
+            if isinstance(s, ProspectiveState):
+                self.to_candidate()  # a majority would vote for us: now the epoch may move
+            else:
+                self._to_leader(s.epoch)
+
+    def _election_lost(self, s: Election) -> None:
+        """A majority said no: a prospective with a leader goes back to it (it is alive, the
+        others hear it); otherwise back off, then ask again (_election_over)."""
+        if isinstance(s, ProspectiveState) and s.leader_id is not None:
+            self._to_follower(s.epoch, s.leader_id)
+            return
+        backoff = self.rng.randrange(self.config.election_backoff_max_ms)
+        s.election_deadline = min(s.election_deadline, self.now() + backoff)
+
+    def _election_over(self, s: Election) -> None:
+        """The election timer ran out (no majority either way, or a lost one backed off)."""
+        if isinstance(s, ProspectiveState) and s.leader_id is not None:
+            self._to_follower(s.epoch, s.leader_id)
+        else:
+            self.to_prospective()  # Kafka: even a timed-out candidate asks again with pre-votes
 
     def _to_leader(self, epoch: int) -> None:
         self._persist(epoch, self.node_id, self.node_id)
@@ -381,6 +442,11 @@ class KafkaRaftClient:
             raise IllegalStateError(
                 f"node {leader_id} claims epoch {epoch}, which {self.node_id} led"
             )
+        elif isinstance(s, ProspectiveState) and s.leader_id is not None:
+            if s.leader_id != leader_id:
+                raise IllegalStateError(f"epoch {epoch} has leaders {s.leader_id} and {leader_id}")
+            # Our own leader, still claiming the epoch: the pre-vote round decides whether we
+            # follow it again (a majority rejecting) or stand (a majority not hearing it).
         else:
             self._to_follower(epoch, leader_id)
 
@@ -393,27 +459,60 @@ class KafkaRaftClient:
 
     def _on_vote_request(self, source: int, req: VoteRequest) -> None:
         if req.candidate_epoch < self.epoch:
-            self.send(
-                source,
-                VoteResponse(ErrorCode.FENCED_LEADER_EPOCH, self.epoch, self.leader_id, False),
-            )
-            return
-        if req.candidate_epoch > self.epoch:
-            self._to_unattached(req.candidate_epoch)
+            error, granted = ErrorCode.FENCED_LEADER_EPOCH, False
+        else:
+            if req.candidate_epoch > self.epoch:
+                # A pre-vote's epoch exists already (its sender has not bumped it), so we
+                # move up to it as for a standard vote: Kafka's Vote v2 handling does too,
+                # and a voter that lags an epoch behind could not be elected otherwise.
+                self._to_unattached(req.candidate_epoch)
+            error = ErrorCode.NONE
+            granted = self._grants_pre_vote(req) if req.pre_vote else self._grants_vote(source, req)
+        self.send(source, VoteResponse(error, self.epoch, self.leader_id, granted, req.pre_vote))
+
+    def _grants_vote(self, source: int, req: VoteRequest) -> bool:
+        """A standard vote: once per epoch, to a candidate whose log is up to date."""
         s = self.state
-        granted = False
+        if (
+            isinstance(s, ProspectiveState)
+            and s.leader_id is None
+            and s.voted_id is None
+            and self.log_is_up_to_date(req)
+        ):
+            # Another voter stands in our epoch first: drop our own bid and vote for it.
+            s = UnattachedState(s.epoch, s.election_deadline)
+            self._set_state(s)
         if isinstance(s, UnattachedState):
             if s.voted_id is None and self.log_is_up_to_date(req):
                 s.voted_id = source
                 self._persist(s.epoch, None, source)  # durable before the answer goes out
                 s.election_deadline = self.random_election_deadline()
-            granted = s.voted_id == source
-        self.send(source, VoteResponse(ErrorCode.NONE, self.epoch, self.leader_id, granted))
+            return s.voted_id == source
+        return isinstance(s, ProspectiveState) and s.voted_id == source
+
+    def _grants_pre_vote(self, req: VoteRequest) -> bool:
+        """KIP-996 with check-quorum: yes if the log is up to date and no live leader is heard.
+
+        A leader (or one that just resigned) refuses; a follower refuses while its leader
+        answered a fetch within the fetch timeout, so a voter that was paused or cut off
+        cannot start an election against a leader the rest of the quorum still follows.
+        Nothing changes here: the vote a pre-vote asks about is not cast.
+        """
+        s = self.state
+        if not self.log_is_up_to_date(req) or isinstance(s, LeaderState | ResignedState):
+            return False
+        if isinstance(s, FollowerState) and s.fetched_at is not None:
+            return self.now() - s.fetched_at >= self.config.fetch_timeout_ms
+        return True
 
     def _on_vote_response(self, source: int, resp: VoteResponse) -> None:
         self.maybe_transition(resp.leader_epoch, resp.leader_id)
         s = self.state
-        if not isinstance(s, CandidateState) or resp.leader_epoch != s.epoch:
+        if (
+            not isinstance(s, CandidateState | ProspectiveState)
+            or resp.leader_epoch != s.epoch
+            or resp.pre_vote != isinstance(s, ProspectiveState)
+        ):
             return
         s.resend_at.pop(source, None)
         if resp.vote_granted:
@@ -421,9 +520,8 @@ class KafkaRaftClient:
             self._maybe_win(s)
         elif resp.error == ErrorCode.NONE:
             s.rejecting.add(source)
-            if len(s.rejecting) >= self.majority:  # lost: back off, then try a new epoch
-                backoff = self.rng.randrange(self.config.election_backoff_max_ms)
-                s.election_deadline = min(s.election_deadline, self.now() + backoff)
+            if len(s.rejecting) >= self.majority:
+                self._election_lost(s)
 
     # ------------------------------------------------------------------ epoch announcements
 
@@ -444,6 +542,7 @@ class KafkaRaftClient:
             self.maybe_transition(req.leader_epoch, req.leader_id)
         s = self.state
         if isinstance(s, FollowerState) and s.epoch == req.leader_epoch and s.leader_id == source:
+            s.fetched_at = None  # our leader says it is gone: grant pre-votes from now on
             # Kafka's strict exponential backoff by rank: the most caught-up voter goes first.
             rank = (
                 req.preferred_successors.index(self.node_id)

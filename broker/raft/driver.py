@@ -48,6 +48,7 @@ from minibroker.broker.raft.messages import FetchRequest, FetchSnapshotRequest, 
 from minibroker.broker.raft.store import QuorumStore
 from minibroker.broker.raft.wire import (
     REQUEST_KEYS,
+    REQUEST_VERSIONS,
     RESPONSE_TYPES,
     decode_request,
     decode_response,
@@ -283,7 +284,9 @@ class QuorumDriver:
             async for api_key, message in receive:
                 timeout = request_timeout + getattr(message, "max_wait_ms", 0) / 1000
                 try:
-                    body = await conn.request(api_key, encode(message), timeout=timeout)
+                    body = await conn.request(
+                        api_key, encode(message), timeout=timeout, version=REQUEST_VERSIONS[api_key]
+                    )
                     self._apply(self.core.handle(voter, decode_response(api_key, body)))
                 except KafkaError as exc:
                     log_peer_failure(self.log, "quorum_request_failed", exc)
@@ -404,4 +407,6 @@ class QuorumDriver:
         lag = core.voter_lag()
         if lag is not None:
             out["voter_lag"] = {str(v): n for v, n in lag.items()}
+            ages = core.voter_fetch_age_ms() or {}
+            out["voter_fetch_age_ms"] = {str(v): n for v, n in ages.items()}
         return out

@@ -4,7 +4,8 @@ A valid answer appends records at our log end and brings the leader's high water
 at our log end); a DivergingEpoch answer truncates to where our log last agreed with the
 leader's; a snapshot id answer means we are behind the leader's log start, so we fetch the
 snapshot (FetchSnapshot) and resume fetching after it. Any successful answer resets the fetch
-timer; when it runs out the leader is presumed gone and we stand for election.
+timer and tells the pre-vote check that the leader is live; when the timer runs out the
+leader is presumed gone and we ask for pre-votes (KIP-996) before standing for election.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from minibroker.protocol.errors import ErrorCode
 
 def poll(client: RaftCore, s: FollowerState, now: int) -> None:
     if now >= s.fetch_deadline:
-        client.to_candidate()  # the leader is gone or cut off: Kafka's fetch timeout
+        client.to_prospective()  # the leader is gone or cut off: Kafka's fetch timeout
         return
     if s.in_flight_until is not None and now >= s.in_flight_until:
         s.in_flight_until = None  # lost request or answer: ask again
@@ -71,6 +72,7 @@ def _accept_answer(
         s.next_fetch_at = client.now() + client.config.retry_backoff_ms
         return None
     s.fetch_deadline = client.fetch_deadline()
+    s.fetched_at = client.now()  # the leader is live: refuse pre-votes (check-quorum)
     return s
 
 

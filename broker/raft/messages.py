@@ -45,18 +45,28 @@ class Snapshot:
 
 @dataclass(slots=True, frozen=True)
 class VoteRequest:
+    """A standard vote, or with ``pre_vote`` (KIP-996) the question "would you vote for me?".
+
+    A pre-vote carries the sender's current epoch (as Kafka's Vote v2 ReplicaEpoch does):
+    the prospective candidate has not bumped it, and the answer changes nothing durable.
+    """
+
     candidate_epoch: int
     candidate_id: int
     last_offset_epoch: int
     last_offset: int
+    pre_vote: bool = False
 
 
 @dataclass(slots=True, frozen=True)
 class VoteResponse:
+    """``pre_vote`` echoes the request's, so a grant is never counted for the other kind."""
+
     error: ErrorCode
     leader_epoch: int
     leader_id: int | None
     vote_granted: bool
+    pre_vote: bool = False
 
 
 @dataclass(slots=True, frozen=True)

@@ -27,6 +27,28 @@ class UnattachedState:
 
 
 @dataclass(slots=True)
+class ProspectiveState:
+    """KIP-996: a voter asking whether it could win (a pre-vote) before it bumps the epoch.
+
+    Nothing durable changes on entering it: the epoch, the vote already cast in it
+    (``voted_id``) and the quorum-state stay, so a voter cut off from a healthy leader (a
+    paused process, a one-way partition) cannot depose it. ``leader_id`` is the leader it
+    followed in this epoch, kept (as Kafka's ProspectiveState keeps it) so that a lost
+    pre-vote sends it back to that leader instead of into an election.
+    """
+
+    epoch: int
+    election_deadline: int
+    leader_id: int | None = None
+    voted_id: int | None = None
+    granting: set[int] = field(default_factory=set)
+    rejecting: set[int] = field(default_factory=set)
+    # voter -> when to resend our pre-vote if it has not answered
+    resend_at: dict[int, int] = field(default_factory=dict)
+    name = "prospective"
+
+
+@dataclass(slots=True)
 class CandidateState:
     epoch: int
     election_deadline: int
@@ -48,6 +70,11 @@ class FollowerState:
     in_flight_until: int | None = None  # the outstanding Fetch/FetchSnapshot expires then
     next_fetch_at: int = 0  # when to send the next one (a backoff after an error)
     pending_snapshot: OffsetAndEpoch | None = None  # behind the log start: FetchSnapshot this
+    # Check-quorum (KIP-996): when the leader last answered a fetch of ours. While that is
+    # within the fetch timeout the leader is live and we refuse pre-votes; None (not yet in
+    # this state, or the leader announced its resignation) grants them, as Kafka's
+    # FollowerState does before its first successful fetch.
+    fetched_at: int | None = None
     name = "follower"
 
 
@@ -84,4 +111,12 @@ class ResignedState:
     name = "resigned"
 
 
-EpochState = UnattachedState | CandidateState | FollowerState | LeaderState | ResignedState
+EpochState = (
+    UnattachedState
+    | ProspectiveState
+    | CandidateState
+    | FollowerState
+    | LeaderState
+    | ResignedState
+)
+Election = ProspectiveState | CandidateState  # the two that count votes

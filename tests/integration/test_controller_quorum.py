@@ -6,6 +6,7 @@ BROKER_STATS and kill -9 whichever broker leads the quorum, never assuming it is
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -263,3 +264,46 @@ async def test_a_data_dir_from_before_the_quorum_keeps_its_topics(broker_factory
     proc = broker_factory(data_dir=data)
     async with Admin(proc.address) as admin:
         assert "kept" in await admin.list_topics()
+
+
+async def test_a_paused_voter_resumed_deposes_nobody(cluster_factory):
+    """Issue 25 1b: SIGSTOP a non-leader voter past its fetch timeout, then SIGCONT.
+
+    Pre-vote (KIP-996) with check-quorum: the resumed voter asks first, the leader and the
+    follower still fetching from it refuse, and it goes back to following the same leader:
+    the quorum epoch and the active controller do not move (before: +4 epochs, ~1.1 s with
+    no controller). Two cycles: each voter other than the leader is paused once.
+    """
+    fetch_timeout = QUORUM["controller.quorum.fetch.timeout.ms"]
+    state = await cluster_factory(3, QUORUM)
+    brokers = [0, 1, 2]
+    leader, view = await wait_for(lambda: active_controller(state, brokers), 15, "a leader")
+    epoch = view["epoch"]
+    for voter in [b for b in brokers if b != leader]:
+        log = state.root / f"broker-{voter}" / "broker.log"
+        asked_before = log.read_text().count("role=prospective")
+        state.signal(voter, signal.SIGSTOP)
+        try:
+
+            async def paused_past_its_fetch_timeout(voter=voter):
+                ages = (await broker_stats(state, leader))["quorum"]["voter_fetch_age_ms"]
+                # its own timer ran from its last answered fetch: at most a long poll
+                # (fetch_max_wait 500 ms) after its last request, plus a quarter of jitter
+                return ages[str(voter)] > 2 * fetch_timeout + 500
+
+            await wait_for(paused_past_its_fetch_timeout, 20, f"voter {voter} missing fetches")
+        finally:
+            state.signal(voter, signal.SIGCONT)
+
+        async def following_again(voter=voter):
+            v = (await quorum_views(state, [voter])).get(voter)
+            return v is not None and v["role"] == "follower" and v["leader_id"] == leader
+
+        await wait_for(following_again, 15, f"voter {voter} following {leader} again")
+        asked = log.read_text().count("role=prospective") - asked_before
+        print(f"voter {voter} resumed: {asked} pre-vote round(s), then followed {leader}")
+        now = await wait_for(lambda: active_controller(state, brokers), 15, "the controller")
+        assert now[0] == leader and now[1]["epoch"] == epoch, (
+            f"resuming voter {voter} moved the quorum: epoch {epoch} -> {now[1]['epoch']}, "
+            f"controller {leader} -> {now[0]}"
+        )

@@ -2,7 +2,9 @@
 
 One seed fixes everything: the network's drops, delays, duplicates and reordering, the
 partitions (symmetric and one-way), crashes (also between two effects of one step) and
-restarts, the client's appends and snapshots, and each voter's own random source. Time is a
+restarts, pauses (a SIGSTOPped process: no ticks, nothing delivered to or from it, then
+resumed with its clock jumped), the client's appends and snapshots, and each voter's own
+random source. Time is a
 ManualClock advanced from event to event, so thousands of simulated seconds take moments.
 
 A restarted voter is a new KafkaRaftClient built from what its "disk" holds: the last
@@ -81,6 +83,7 @@ class Simulation:
         self.nodes = {i: Voter(i) for i in self.ids}
         self.net = Network()
         self.crash_mid_step = 0.0
+        self.paused: set[int] = set()  # stopped voters: no polls, no messages in or out
         self.messages: list[tuple[int, int, int, int, object]] = []  # (at, seq, src, dst, msg)
         self.actions: list[tuple[int, int, Callable[[], None]]] = []
         self.seq = 0
@@ -100,6 +103,7 @@ class Simulation:
                 yield node.id, node.core.epoch, node.log
 
     def _start(self, node: Voter) -> None:
+        self.paused.discard(node.id)
         node.core = self.client_class(
             node.id,
             self.ids,
@@ -116,6 +120,7 @@ class Simulation:
         self._apply(node, node.core.poll())
 
     def _crash(self, node: Voter) -> None:
+        self.paused.discard(node.id)
         node.core, node.deadline = None, NEVER
         self.stats["crash"] += 1
         self.trace.append(f"{self.clock.now_ms()} crash {node.id}")
@@ -161,7 +166,7 @@ class Simulation:
                     node.applied, node.digest = offset, digest
                     self.stats["snapshot_installed"] += 1
         self._apply_committed(node)
-        node.deadline = node.core.next_deadline_ms()
+        node.deadline = NEVER if node.id in self.paused else node.core.next_deadline_ms()
 
     def _apply_committed(self, node: Voter) -> None:
         while node.applied < node.hw:
@@ -177,7 +182,7 @@ class Simulation:
 
     def _transmit(self, src: int, dst: int, message: object) -> None:
         net = self.net
-        if (src, dst) in net.blocked or self.rng.random() < net.drop:
+        if dst in self.paused or (src, dst) in net.blocked or self.rng.random() < net.drop:
             return
         copies = 2 if self.rng.random() < net.duplicate else 1
         for _ in range(copies):
@@ -187,7 +192,7 @@ class Simulation:
 
     def _request_failed(self, src: int, dst: int, message: object) -> None:
         node = self.nodes[src]
-        if node.core is not None:
+        if node.core is not None and src not in self.paused:
             self._apply(node, node.core.request_failed(dst, message))
 
     def schedule(self, delay_ms: int, action: Callable[[], None]) -> None:
@@ -211,7 +216,9 @@ class Simulation:
             if t_msg <= t:
                 _, _, src, dst, message = heapq.heappop(self.messages)
                 node = self.nodes[dst]
-                if node.core is not None:
+                if dst in self.paused:
+                    pass  # a stopped process reads nothing; its peers' requests time out
+                elif node.core is not None:
                     self._apply(node, node.core.handle(src, message))
                 elif type(message).__name__.endswith("Request"):
                     # A request to a crashed voter is refused (a lost one, above, is not):
@@ -229,7 +236,7 @@ class Simulation:
 
     def client_append(self) -> int | None:
         """Append one value through a node that thinks it leads (maybe a stale one)."""
-        leaders = [n for n in self.nodes.values() if n.core is not None and n.core.role == "leader"]
+        leaders = [n for n in self.live() if n.core.role == "leader"]
         if not leaders:
             return None
         node = self.rng.choice(leaders)
@@ -238,8 +245,26 @@ class Simulation:
         self._apply(node, effects)
         return offset
 
+    def live(self) -> list[Voter]:
+        """Voters running now: started and not paused."""
+        return [n for n in self.nodes.values() if n.core is not None and n.id not in self.paused]
+
+    def pause(self, node: Voter) -> None:
+        """SIGSTOP: no ticks, nothing delivered to or from it (its peers' requests time out)."""
+        self.paused.add(node.id)
+        node.deadline = NEVER
+        self.stats["pause"] += 1
+        self.trace.append(f"{self.clock.now_ms()} pause {node.id}")
+
+    def resume(self, node: Voter) -> None:
+        """SIGCONT: its timers see the whole pause at once, as a resumed process's do."""
+        if node.id in self.paused:
+            self.paused.discard(node.id)
+            node.deadline = node.core.next_deadline_ms()
+            self.trace.append(f"{self.clock.now_ms()} resume {node.id}")
+
     def take_snapshot(self) -> None:
-        live = [n for n in self.nodes.values() if n.core is not None]
+        live = self.live()
         if live:
             node = self.rng.choice(live)
             if node.applied > node.log.start_offset:
@@ -250,8 +275,8 @@ class Simulation:
 
     def random_fault(self) -> None:
         rng, net, now = self.rng, self.net, self.clock.now_ms()
-        choice = rng.randrange(9)
-        live = [n for n in self.nodes.values() if n.core is not None]
+        choice = rng.randrange(10)
+        live = self.live()
         if choice == 0:
             if live:
                 self._crash(rng.choice(live))
@@ -277,6 +302,10 @@ class Simulation:
             net.max_delay_ms = rng.choice((5, 20, 100, 400))
         elif choice == 7:
             self.crash_mid_step = rng.choice((0.0, 0.0, 0.01, 0.05))
+        elif choice == 9 and live:
+            node = rng.choice(live)
+            self.pause(node)
+            self.schedule(rng.randint(100, 15_000), lambda: self.resume(node))
         self.trace.append(f"{now} fault {choice}: blocked={sorted(net.blocked)} drop={net.drop}")
 
     def _repeat(self, low: int, high: int, action: Callable[[], None], until_ms: int) -> None:
@@ -293,6 +322,8 @@ class Simulation:
         for node in self.nodes.values():
             if node.core is None:
                 self._start(node)
+            else:
+                self.resume(node)
         self.trace.append(f"{self.clock.now_ms()} healed")
 
     def run(self, fault_ms: int = FAULT_PHASE_MS) -> None:

@@ -54,10 +54,23 @@ def of(effects, kind) -> list:
     return [e for e in effects if isinstance(e, kind)]
 
 
+def win_pre_vote(core: KafkaRaftClient, voter: int) -> list:
+    """One pre-vote grant (of voters 0,1,2 one is a majority with our own): now a candidate."""
+    assert core.role == "prospective"
+    epoch = core.epoch
+    effects = core.handle(voter, VoteResponse(ErrorCode.NONE, epoch, None, True, pre_vote=True))
+    assert core.role == "candidate" and core.epoch == epoch + 1
+    return effects
+
+
 def elect(core: KafkaRaftClient) -> list:
     """Drive ``core`` (voters 0,1,2) to leader with votes from everyone; return its effects."""
     core.clock.advance(2 * T)
     core.poll()
+    assert core.role == "prospective"
+    for voter in sorted(core.voters - {core.node_id}):  # the pre-vote round (KIP-996)
+        core.handle(voter, VoteResponse(ErrorCode.NONE, core.epoch, None, True, pre_vote=True))
+    assert core.role == "candidate"
     effects = []
     for voter in sorted(core.voters - {core.node_id}):
         effects += core.handle(voter, VoteResponse(ErrorCode.NONE, core.epoch, None, True))
@@ -73,18 +86,32 @@ def test_unattached_voter_stands_for_election_within_a_randomized_timeout():
     assert core.poll() == []
     core.clock.advance(1)
     effects = core.poll()
-    assert core.role == "candidate" and core.epoch == 1
+    # KIP-996: first a pre-vote in the current epoch, with nothing made durable
+    assert core.role == "prospective" and core.epoch == 0
+    assert not of(effects, PersistQuorumState)
+    pre = sends(effects, VoteRequest)
+    assert {s.destination for s in pre} == {0, 2}
+    assert all(s.message.pre_vote and s.message.candidate_epoch == 0 for s in pre)
+    effects = win_pre_vote(core, 2)
     # its own vote is durable before any VoteRequest leaves
     first_send = next(i for i, e in enumerate(effects) if isinstance(e, Send))
     assert effects[0] == PersistQuorumState(QuorumStateData(1, None, 1))
     assert first_send > 0
-    assert {s.destination for s in sends(effects, VoteRequest)} == {0, 2}
+    votes = sends(effects, VoteRequest)
+    assert {s.destination for s in votes} == {0, 2}
+    assert not any(s.message.pre_vote for s in votes)
 
 
 def test_a_new_quorums_lowest_voter_and_a_lone_voter_stand_at_once():
     fresh = make(node_id=0)
     assert fresh.next_deadline_ms() == fresh.now()
     fresh.poll()
+    assert fresh.role == "prospective" and fresh.epoch == 0
+    # the other fresh voters grant at once: no timeout anywhere on the way to candidate
+    peer = make(node_id=1)
+    (answer,) = sends(peer.handle(0, VoteRequest(0, 0, 0, 0, pre_vote=True)), VoteResponse)
+    assert answer.message == VoteResponse(ErrorCode.NONE, 0, None, True, pre_vote=True)
+    fresh.handle(1, answer.message)
     assert fresh.role == "candidate" and fresh.epoch == 1
     lone = make(node_id=4, voters=(4,), quorum_state=QuorumStateData(7, 4, 4))
     lone.poll()
@@ -140,6 +167,7 @@ def test_majority_makes_a_leader_that_writes_leader_change_and_begins_the_epoch(
     core = make()
     core.clock.advance(2 * T)
     core.poll()
+    win_pre_vote(core, 1)
     assert core.handle(1, VoteResponse(ErrorCode.NONE, 1, None, False)) == []
     effects = core.handle(2, VoteResponse(ErrorCode.NONE, 1, None, True))
     assert core.role == "leader"
@@ -149,13 +177,17 @@ def test_majority_makes_a_leader_that_writes_leader_change_and_begins_the_epoch(
     assert {s.destination for s in sends(effects, BeginQuorumEpochRequest)} == {1, 2}
 
 
-def test_candidate_that_times_out_tries_again_in_a_new_epoch():
+def test_candidate_that_times_out_asks_for_pre_votes_again_then_a_new_epoch():
     core = make()
     core.clock.advance(2 * T)
     core.poll()
+    win_pre_vote(core, 1)
     core.clock.advance(2 * T)
     core.poll()
-    assert core.role == "candidate" and core.epoch == 2
+    assert core.role == "prospective" and core.epoch == 1  # Kafka: back to pre-votes
+    assert core.state.voted_id == 0  # its own vote in epoch 1 stays cast
+    win_pre_vote(core, 2)
+    assert core.epoch == 2
 
 
 def test_follower_fetches_and_starts_an_election_after_the_fetch_timeout():
@@ -172,7 +204,9 @@ def test_follower_fetches_and_starts_an_election_after_the_fetch_timeout():
     # followers that last heard the leader at the same moment).
     core.clock.advance(CONFIG.fetch_timeout_ms // 4 + 1)
     core.poll()
-    assert core.role == "candidate" and core.epoch == 3
+    assert core.role == "prospective" and core.epoch == 2 and core.leader_id == 0
+    win_pre_vote(core, 2)
+    assert core.epoch == 3
 
 
 def test_follower_appends_fetched_records_and_learns_the_high_watermark():
@@ -321,6 +355,18 @@ def test_end_quorum_epoch_hurries_the_most_caught_up_successor():
     assert core.next_deadline_ms() < CONFIG.election_backoff_max_ms // 3
     core.clock.advance(CONFIG.election_backoff_max_ms)
     core.poll()
+    assert core.role == "prospective"
+    # the other follower heard the same EndQuorumEpoch, so it grants the pre-vote at once
+    other = make(node_id=2)
+    other.handle(0, BeginQuorumEpochRequest(2, 0))
+    other.handle(0, FetchResponse(other.state.correlation_id, ErrorCode.NONE, 2, 0, None))
+    assert other.state.fetched_at is not None
+    ask = VoteRequest(2, 1, 0, 0, pre_vote=True)
+    assert not sends(other.handle(1, ask))[0].message.vote_granted  # its leader is live
+    other.handle(0, EndQuorumEpochRequest(2, 0, preferred_successors=(1, 2)))
+    (answer,) = sends(other.handle(1, ask), VoteResponse)
+    assert answer.message.vote_granted
+    core.handle(2, answer.message)
     assert core.role == "candidate" and core.epoch == 3
 
 
@@ -381,4 +427,116 @@ def test_graceful_resign_hands_over_to_the_most_caught_up_voter_first():
     assert of(effects, LeaderChanged)[-1] == LeaderChanged("resigned", core.epoch, 0)
     core.clock.advance(2 * T)
     core.poll()
-    assert core.role == "candidate" and core.epoch == 2
+    assert core.role == "prospective" and core.leader_id is None  # not itself again
+    win_pre_vote(core, 2)
+    assert core.epoch == 2
+
+
+# ---------------------------------------------------------------- pre-vote (KIP-996)
+
+
+def following(node_id=1, leader=0, epoch=2) -> KafkaRaftClient:
+    """A follower of ``leader`` in ``epoch`` whose first fetch was answered just now."""
+    core = make(node_id=node_id)
+    core.handle(leader, BeginQuorumEpochRequest(epoch, leader))
+    core.handle(leader, FetchResponse(core.state.correlation_id, ErrorCode.NONE, epoch, leader))
+    return core
+
+
+def pre_vote_answer(core: KafkaRaftClient, source: int, epoch: int) -> VoteResponse:
+    (reply,) = sends(core.handle(source, VoteRequest(epoch, source, 0, 0, pre_vote=True)))
+    return reply.message
+
+
+def test_check_quorum_a_follower_hearing_its_leader_and_the_leader_refuse_pre_votes():
+    follower = following()
+    answer = pre_vote_answer(follower, 2, 2)
+    assert answer == VoteResponse(ErrorCode.NONE, 2, 0, False, pre_vote=True)
+    follower.clock.advance(CONFIG.fetch_timeout_ms - 1)
+    assert not pre_vote_answer(follower, 2, 2).vote_granted
+    follower.clock.advance(1)  # a whole fetch timeout without an answer: the leader may be gone
+    assert pre_vote_answer(follower, 2, 2).vote_granted
+    assert follower.role == "follower" and follower.epoch == 2  # a pre-vote changes nothing
+    leader = make()
+    elect(leader)
+    assert not pre_vote_answer(leader, 1, leader.epoch).vote_granted
+    assert leader.role == "leader"
+
+
+def test_granting_a_pre_vote_persists_nothing_and_casts_no_vote():
+    core = make(node_id=1, quorum_state=QuorumStateData(4, None, None))
+    effects = core.handle(2, VoteRequest(4, 2, 0, 0, pre_vote=True))
+    assert sends(effects)[0].message.vote_granted and not of(effects, PersistQuorumState)
+    assert core.state.voted_id is None and core.epoch == 4
+    # the standard vote of this epoch is still free for another candidate
+    assert sends(core.handle(0, VoteRequest(4, 0, 0, 0)))[0].message.vote_granted
+    # a pre-vote is still refused to a candidate whose log is behind
+    behind = make(node_id=1, log=RaftLog(entries=[Entry(0, 3, b"a")]))
+    assert not pre_vote_answer(behind, 2, 3).vote_granted
+
+
+def test_a_pre_vote_from_a_later_epoch_moves_the_receiver_up_to_it():
+    """As in Kafka's Vote v2: else a voter that missed an epoch could never be elected."""
+    core = make(node_id=1, quorum_state=QuorumStateData(1, None, None))
+    assert pre_vote_answer(core, 2, 3).vote_granted
+    assert core.epoch == 3 and core.role == "unattached" and core.state.voted_id is None
+    stale = pre_vote_answer(core, 0, 2)
+    assert stale.error == ErrorCode.FENCED_LEADER_EPOCH and not stale.vote_granted
+
+
+def test_a_resumed_follower_goes_back_to_its_leader_when_a_majority_refuses():
+    """The paused-broker case: its fetch timeout ran out while it was stopped."""
+    core = following()
+    core.clock.advance(10 * CONFIG.fetch_timeout_ms)  # paused: no ticks, no messages
+    effects = core.poll()
+    assert core.role == "prospective" and core.epoch == 2 and core.leader_id == 0
+    assert not of(effects, PersistQuorumState)  # nothing durable: epoch and vote unchanged
+    assert of(effects, LeaderChanged)[-1] == LeaderChanged("prospective", 2, 0)
+    assert {s.destination for s in sends(effects, VoteRequest)} == {0, 2}
+    # the leader refuses and names itself: our own leader, so we wait for the majority
+    assert not core.handle(0, VoteResponse(ErrorCode.NONE, 2, 0, False, pre_vote=True))
+    assert core.role == "prospective"
+    effects = core.handle(2, VoteResponse(ErrorCode.NONE, 2, 0, False, pre_vote=True))
+    assert core.role == "follower" and core.epoch == 2 and core.leader_id == 0
+    assert sends(effects, FetchRequest)[0].destination == 0
+
+
+def test_a_prospective_whose_round_times_out_follows_its_leader_again():
+    core = following()
+    core.clock.advance(2 * CONFIG.fetch_timeout_ms)
+    core.poll()
+    assert core.role == "prospective"
+    core.clock.advance(core.next_deadline_ms() - core.now())  # nobody answered
+    core.poll()
+    assert core.role == "follower" and core.epoch == 2 and core.leader_id == 0
+
+
+def test_a_grant_of_the_other_kind_is_not_counted():
+    core = make()
+    core.clock.advance(2 * T)
+    core.poll()
+    assert not core.handle(1, VoteResponse(ErrorCode.NONE, 0, None, True))  # not a pre-vote
+    assert core.role == "prospective"
+    win_pre_vote(core, 2)
+    core.handle(1, VoteResponse(ErrorCode.NONE, 1, None, True, pre_vote=True))
+    assert core.role == "candidate"  # a late pre-vote grant is no vote
+
+
+def test_a_prospective_without_a_leader_votes_for_a_candidate_of_its_epoch():
+    core = make(node_id=1, quorum_state=QuorumStateData(3, None, None))
+    core.clock.advance(2 * T)
+    core.poll()
+    assert core.role == "prospective" and core.epoch == 3
+    effects = core.handle(2, VoteRequest(3, 2, 0, 0))
+    assert sends(effects, VoteResponse)[0].message.vote_granted
+    assert of(effects, PersistQuorumState)[-1].state == QuorumStateData(3, None, 2)
+    assert core.role == "unattached" and core.state.voted_id == 2
+    # a prospective that voted (its own candidacy timed out) never votes twice in the epoch
+    again = make()
+    again.clock.advance(2 * T)
+    again.poll()
+    win_pre_vote(again, 1)
+    again.clock.advance(2 * T)
+    again.poll()
+    assert again.role == "prospective" and again.state.voted_id == 0
+    assert not sends(again.handle(2, VoteRequest(1, 2, 0, 0)))[0].message.vote_granted

@@ -167,6 +167,7 @@ def three_voter_leader(tmp_path, clock):
     d._apply(d.core.start())
     clock.advance(d.core.next_deadline_ms() - clock.now_ms())
     d._apply(d.core.poll())
+    d._apply(d.core.handle(1, VoteResponse(ErrorCode.NONE, d.core.epoch, None, True, True)))
     d._apply(d.core.handle(1, VoteResponse(ErrorCode.NONE, d.core.epoch, None, True)))
     assert d.core.role == "leader"
     return d
