@@ -18,6 +18,7 @@ import trio
 from minibroker.client import Admin, Consumer, NewTopic, Producer
 from minibroker.client.cluster import NO_BROKER_ANSWERED
 from minibroker.client.config import DEFAULT_BOOTSTRAP, parse_properties
+from minibroker.deploy.pipes import run_piped
 from minibroker.protocol.errors import (
     BrokerNotAvailable,
     KafkaError,
@@ -158,6 +159,8 @@ def _cmd(
     def run(args: argparse.Namespace) -> int:
         try:
             return trio.run(main, args)
+        except BrokenPipeError:
+            raise  # stdout's reader left: not an error to report (deploy/pipes.py)
         except CliError as exc:
             print(f"error: {exc}", file=sys.stderr)
         except (KafkaError, ValueError, OSError) as exc:
@@ -412,12 +415,8 @@ async def _print_records(consumer: Consumer, args: argparse.Namespace) -> int:
             else:
                 lines.append(value)
         seen += len(records)
-        try:
-            out.write(b"\n".join(lines) + b"\n")
-            out.flush()
-        except BrokenPipeError:  # `| head`: the reader has had enough
-            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())  # no error at exit flush
-            break
+        out.write(b"\n".join(lines) + b"\n")
+        out.flush()  # `| head` that has had enough: BrokenPipeError, a quiet exit (pipes.py)
     return seen
 
 
@@ -425,8 +424,12 @@ def main(argv: list[str] | None = None) -> int:
     """For trying the commands without `minibroker`: python -m deploy.client_cli ..."""
     parser = argparse.ArgumentParser(prog="minibroker")
     add_subcommands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    args = parser.parse_args(argv)
-    return args.func(args)
+
+    def run() -> int:
+        args = parser.parse_args(argv)
+        return args.func(args)
+
+    return run_piped(run)
 
 
 if __name__ == "__main__":
