@@ -18,6 +18,7 @@ import trio
 
 from minibroker.client import Admin, Consumer, NewTopic, Producer
 from minibroker.deploy.cluster import ClusterState
+from minibroker.protocol.errors import UnknownTopicOrPartition
 
 from .cluster_helpers import wait_for
 
@@ -38,9 +39,22 @@ def bootstrap_first(state: ClusterState, first: int) -> str:
 
 
 async def topic_with_leader(state: ClusterState, name: str) -> int:
+    """Create ``name`` (1 partition, RF 3) and wait until every broker knows it: each applies
+    the metadata on its own, and any of them may answer a hedged request."""
     async with Admin(state.bootstrap) as admin:
         await admin.create_topics([NewTopic(name, 1, 3)])
-        return (await admin.describe_topics([name]))[name].partitions[0].leader
+        leader = (await admin.describe_topics([name]))[name].partitions[0].leader
+    for i in range(state.brokers):
+
+        async def knows(i: int = i) -> bool:
+            async with Admin(f"{state.host}:{state.port(i)}") as one:
+                try:
+                    return bool(await one.describe_topics([name]))
+                except UnknownTopicOrPartition:
+                    return False
+
+        await wait_for(knows, 20, f"broker {i} to know topic {name}")
+    return leader
 
 
 def cli_produce(
