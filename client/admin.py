@@ -106,7 +106,8 @@ class Admin(ClusterClient):
                         return await cluster.request(controller, api_key, body, timeout=timeout)
                     except BrokerNotAvailable:
                         pass  # the controller is down: any broker forwards to whoever took over
-                return await cluster.any_request(api_key, body, timeout=timeout)
+                # Not hedged: a create must not be sent twice while the first may still land.
+                return await cluster.any_request(api_key, body, timeout=timeout, hedge=False)
             except NotController:
                 continue
         raise NotController("could not find the controller (is the cluster still starting?)")

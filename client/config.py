@@ -110,6 +110,22 @@ SETTINGS: dict[str, Setting] = {
     "socket.connection.setup.timeout.ms": Setting(
         _int(1), 10000, _ALL, "How long a TCP connect may take."
     ),
+    "api.version.request.timeout.ms": Setting(
+        _int(1, _INT32_MAX),
+        2000,
+        _ALL,
+        "A new connection is ready once the broker answers ApiVersions within this long; "
+        "a paused broker or a port where something else listens is then named at once "
+        "(librdkafka's name; its default is 10000).",
+    ),
+    "hedge.delay.ms": Setting(
+        _int(0, _INT32_MAX),
+        250,
+        _ALL,
+        "A request any broker can answer (metadata, a producer id) also goes to the next "
+        "broker after this long without an answer; the first answer wins (not a Kafka "
+        "setting: Kafka waits request.timeout.ms on one broker).",
+    ),
     # producer
     "acks": Setting(
         parse_acks, -1, _P, "Replicas that must have a record before it is acknowledged."

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from minibroker.protocol import api_name
+from minibroker.protocol import ApiKey, api_name
 from minibroker.protocol.connection import Connection, check_error
 from minibroker.protocol.errors import (
     BrokerNotAvailable,
@@ -38,6 +38,21 @@ def describe_os_error(exc: BaseException) -> str:
         text = os.strerror(exc.errno) if exc.errno > 0 else exc.strerror  # <0: getaddrinfo
         return (text or str(exc)).lower()
     return str(exc) or type(exc).__name__
+
+
+# What a connection's failures say, after the address: one wording for the exceptions
+# below and for failure_reason, which reads it back to list every address tried.
+NOT_OUR_PROTOCOL = "does not speak minibroker's protocol"
+
+
+def no_answer(seconds: float) -> str:
+    return f"no answer in {round(seconds * 1000)} ms"
+
+
+def failure_reason(exc: KafkaError, address: str) -> str:
+    """What happened to ``address`` in words ("connection refused", "no answer in 2000 ms"),
+    from an error this module raised about it."""
+    return exc.message.removeprefix(f"cannot connect to {address}: ").removeprefix(f"{address}: ")
 
 
 class _Waiter:
@@ -79,22 +94,49 @@ class BrokerConnection:
         *,
         client_id: str | None = None,
         connect_timeout: float = 10.0,
+        api_version_timeout: float | None = None,
     ) -> BrokerConnection:
-        """Connect; an unreachable broker is BrokerNotAvailable with the reason in words."""
+        """Connect; an unreachable broker is BrokerNotAvailable with the reason in words.
+
+        With ``api_version_timeout`` the connection is ready only once the peer has
+        answered ApiVersions within that many seconds (librdkafka's
+        ``api.version.request.timeout.ms``, as Kafka's clients open every connection
+        with ApiVersions): a paused broker, or a port where something else listens (an
+        HTTP server), is then BrokerNotAvailable at once instead of a request that
+        waits out ``request.timeout.ms``.
+        """
+        address = f"{host}:{port}"
         try:
             with trio.fail_after(connect_timeout):
                 stream = await trio.open_tcp_stream(host, port)
         except trio.TooSlowError:
             raise BrokerNotAvailable(
-                f"cannot connect to {host}:{port}: no answer within {connect_timeout:g}s"
+                f"cannot connect to {address}: no TCP connection in {round(connect_timeout * 1000)} ms"
             ) from None
         except OSError as exc:
             raise BrokerNotAvailable(
-                f"cannot connect to {host}:{port}: {describe_os_error(exc)}"
+                f"cannot connect to {address}: {describe_os_error(exc)}"
             ) from None
         conn = cls(stream, host, port, client_id)
         nursery.start_soon(conn._read_loop)
+        if api_version_timeout is not None:
+            await conn._handshake(api_version_timeout)
         return conn
+
+    async def _handshake(self, timeout: float) -> None:
+        """ApiVersions before anything else; the connection is closed unless it is answered."""
+        try:
+            with trio.move_on_after(timeout):
+                await self.request(ApiKey.API_VERSIONS, {})
+                return
+            reason = no_answer(timeout)
+        except NetworkException as exc:
+            reason = failure_reason(exc, self.address)
+        except BaseException:  # cancelled (another broker answered first), or an error code
+            await self.aclose()
+            raise
+        await self.aclose()
+        raise BrokerNotAvailable(f"cannot connect to {self.address}: {reason}")
 
     @property
     def closed(self) -> bool:
@@ -149,7 +191,7 @@ class BrokerConnection:
             try:
                 await self._stream.send_all(frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                self._fail(NetworkException(f"connection to {self.address} broke: {exc}"))
+                self._fail(NetworkException(f"{self.address}: the connection broke ({exc})"))
                 raise self._error from None
 
     async def _read_loop(self) -> None:
@@ -158,7 +200,7 @@ class BrokerConnection:
             while True:
                 data = await self._stream.receive_some(_RECEIVE_BYTES)
                 if not data:
-                    self._fail(NetworkException(f"broker {self.address} closed the connection"))
+                    self._fail(NetworkException(f"{self.address}: closed the connection"))
                     return
                 for response in conn.receive_data(data):
                     waiter = response.waiter
@@ -166,15 +208,17 @@ class BrokerConnection:
                         waiter.body = response.body
                     else:
                         waiter.error = NetworkException(
-                            f"bad response from {self.address}: {response.problem}"
+                            f"{self.address}: {NOT_OUR_PROTOCOL} (bad response: {response.problem})"
                         )
                     waiter.done.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            self._fail(NetworkException(f"connection to {self.address} broke: {exc}"))
+            self._fail(NetworkException(f"{self.address}: the connection broke ({exc})"))
         except ProtocolError as exc:
-            self._fail(NetworkException(f"unreadable data from {self.address}: {exc}"))
+            said = str(exc).removeprefix("the peer ")  # framing's own words for text, kept
+            reason = said if said.startswith(NOT_OUR_PROTOCOL) else f"{NOT_OUR_PROTOCOL} ({said})"
+            self._fail(NetworkException(f"{self.address}: {reason}"))
         finally:
-            self._fail(NetworkException(f"connection to {self.address} is closed"))
+            self._fail(NetworkException(f"{self.address}: the connection is closed"))
             with trio.CancelScope(shield=True):
                 await self._stream.aclose()
 
@@ -188,7 +232,7 @@ class BrokerConnection:
         self._closed.set()
 
     async def aclose(self) -> None:
-        self._fail(NetworkException(f"connection to {self.address} was closed by the client"))
+        self._fail(NetworkException(f"{self.address}: the connection was closed by the client"))
         with trio.CancelScope(shield=True):
             await self._stream.aclose()
 

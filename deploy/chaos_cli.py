@@ -126,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         history = chaos.run()
+    except BrokenPipeError:
+        raise  # stdout's reader left: a quiet exit (deploy/pipes.py), not a failed run
     except (ClusterError, BrokerStartError, KafkaError, OSError) as exc:
         print(f"error: the chaos run failed: {exc} (data kept in {data_dir})", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ from minibroker.deploy.bench import (
     spark_read,
 )
 from minibroker.deploy.broker_cli import CommandError
+from minibroker.deploy.pipes import run_piped
 
 # Each adds its subcommands with add_subcommands(sub).
 COMMAND_GROUPS: Sequence[ModuleType] = (client_cli, cluster_cli, faults_cli, chaos_cli, stats_cli)
@@ -60,8 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    return run_piped(lambda: _run(argv))
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args) or 0

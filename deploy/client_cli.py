@@ -16,7 +16,9 @@ from typing import Any
 import trio
 
 from minibroker.client import Admin, Consumer, NewTopic, Producer
+from minibroker.client.cluster import NO_BROKER_ANSWERED
 from minibroker.client.config import DEFAULT_BOOTSTRAP, parse_properties
+from minibroker.deploy.pipes import run_piped
 from minibroker.protocol.errors import (
     BrokerNotAvailable,
     KafkaError,
@@ -122,11 +124,12 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
 
 def describe_error(exc: BaseException, args: argparse.Namespace) -> str:
     """One line saying what went wrong and what to do."""
-    if isinstance(exc, BrokerNotAvailable) and exc.message.startswith("cannot connect to any of "):
-        # Every address was tried: the whole cluster is down, or the addresses are wrong.
+    if isinstance(exc, BrokerNotAvailable) and exc.message.startswith(NO_BROKER_ANSWERED):
+        # Every address was tried, and the message says what happened to each.
         return (
-            f"{exc.message}: is the cluster running? 'minibroker cluster status' shows "
-            "which brokers are down, 'minibroker cluster up' starts one"
+            f"{exc.message}: is the cluster running? 'minibroker cluster up' starts one, "
+            "'minibroker cluster status' shows which brokers are down or paused; give every "
+            "broker in --bootstrap (or MINIBROKER_BOOTSTRAP)"
         )
     if isinstance(exc, BrokerNotAvailable) and exc.message.startswith("cannot connect to "):
         where, _, reason = exc.message.removeprefix("cannot connect to ").partition(": ")
@@ -156,6 +159,8 @@ def _cmd(
     def run(args: argparse.Namespace) -> int:
         try:
             return trio.run(main, args)
+        except BrokenPipeError:
+            raise  # stdout's reader left: not an error to report (deploy/pipes.py)
         except CliError as exc:
             print(f"error: {exc}", file=sys.stderr)
         except (KafkaError, ValueError, OSError) as exc:
@@ -270,23 +275,25 @@ TOPIC_WAIT_S = 1.0
 async def _require_topic(producer: Producer, topic: str) -> None:
     """Fail fast on a topic the cluster says does not exist (UNKNOWN_TOPIC_OR_PARTITION
     for TOPIC_WAIT_S: with auto.create.topics.enable a metadata request would have created
-    it). Other answers (no leader yet, a broker down) are left to the producer's own
-    max.block.ms wait."""
+    it). Only a broker's answer counts: other answers (no leader yet) and no answer at
+    all (brokers down or silent) are left to the producer's own max.block.ms wait, whose
+    error names them. A refresh is never cut short: one cut short has heard nothing."""
     cluster = producer._cluster  # the producer's own metadata: no second connection
-    with trio.move_on_after(TOPIC_WAIT_S):
-        while True:
-            try:
-                await cluster.refresh([topic])
-            except KafkaError as exc:
-                if not exc.retriable:
-                    raise
-                return
-            if cluster.partition_count(topic) is not None:
-                return
-            if cluster.topic_errors.get(topic, (0, None))[0] != UnknownTopicOrPartition.code:
-                return
-            await trio.sleep(0.1)
-    raise UnknownTopicOrPartition(f"topic '{topic}' does not exist")
+    deadline = trio.current_time() + TOPIC_WAIT_S
+    while True:
+        try:
+            await cluster.refresh([topic])
+        except KafkaError as exc:
+            if not exc.retriable:
+                raise
+            return
+        if cluster.partition_count(topic) is not None:
+            return
+        if cluster.topic_errors.get(topic, (0, None))[0] != UnknownTopicOrPartition.code:
+            return
+        if trio.current_time() >= deadline:
+            raise UnknownTopicOrPartition(f"topic '{topic}' does not exist")
+        await trio.sleep(0.1)
 
 
 async def _produce(args: argparse.Namespace) -> int:
@@ -408,12 +415,8 @@ async def _print_records(consumer: Consumer, args: argparse.Namespace) -> int:
             else:
                 lines.append(value)
         seen += len(records)
-        try:
-            out.write(b"\n".join(lines) + b"\n")
-            out.flush()
-        except BrokenPipeError:  # `| head`: the reader has had enough
-            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())  # no error at exit flush
-            break
+        out.write(b"\n".join(lines) + b"\n")
+        out.flush()  # `| head` that has had enough: BrokenPipeError, a quiet exit (pipes.py)
     return seen
 
 
@@ -421,8 +424,12 @@ def main(argv: list[str] | None = None) -> int:
     """For trying the commands without `minibroker`: python -m deploy.client_cli ..."""
     parser = argparse.ArgumentParser(prog="minibroker")
     add_subcommands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    args = parser.parse_args(argv)
-    return args.func(args)
+
+    def run() -> int:
+        args = parser.parse_args(argv)
+        return args.func(args)
+
+    return run_piped(run)
 
 
 if __name__ == "__main__":

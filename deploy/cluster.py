@@ -12,6 +12,7 @@ relative dir would match another cluster's broker with the same layout).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -206,9 +207,25 @@ class ClusterState:
         self.save()
         self.wait_ready([broker_id])
 
-    def stop_all(self) -> None:
+    def stop_all(self, controller: int | None = None) -> None:
+        """Stop every broker cleanly; with the active ``controller`` known, it goes last.
+
+        A broker's controlled shutdown tells the controller it is leaving (so its
+        partitions move at once); were the controller stopped first, the others would
+        send that to a dead address (``controlled_shutdown_failed ... NETWORK_EXCEPTION``
+        in their logs). So every paused broker is resumed, the others are stopped
+        together (each one's fencing commits while they are all still up to vote), and
+        the controller, with nobody left to tell, last. Without it, one by one.
+        """
         for i in range(self.brokers):
-            self.stop(i)
+            if self.status_of(i) == "paused":
+                self.signal(i, signal.SIGCONT)
+        if controller is None:
+            for i in range(self.brokers):
+                self.stop_together([i])
+            return
+        self.stop_together([i for i in range(self.brokers) if i != controller])
+        self.stop_together([controller])
 
     def signal(self, broker_id: int, sig: signal.Signals) -> None:
         self.check_id(broker_id)
@@ -224,14 +241,22 @@ class ClusterState:
         self._wait_gone(broker_id, 10)
 
     def stop(self, broker_id: int, timeout: float = 15) -> None:
-        proc = self.process(broker_id)
-        if proc is None:
-            return
-        proc.send_signal(signal.SIGCONT)
-        proc.send_signal(signal.SIGTERM)
-        if not self._wait_gone(broker_id, timeout):
-            proc.send_signal(signal.SIGKILL)
-            self._wait_gone(broker_id, 10)
+        self.stop_together([broker_id], timeout)
+
+    def stop_together(self, broker_ids: list[int], timeout: float = 15) -> None:
+        """SIGTERM these brokers at once and wait until each is gone; SIGKILL the ones
+        that are not after ``timeout``."""
+        procs = {i: proc for i in broker_ids if (proc := self.process(i)) is not None}
+        for proc in procs.values():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGCONT)
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for i, proc in procs.items():
+            if not self._wait_gone(i, deadline - time.monotonic()):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.send_signal(signal.SIGKILL)
+                self._wait_gone(i, 10)
 
     def _wait_gone(self, broker_id: int, timeout: float) -> bool:
         pid = self.pids.get(broker_id)

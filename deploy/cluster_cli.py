@@ -18,6 +18,7 @@ from minibroker.deploy.cluster import (
     ClusterState,
 )
 from minibroker.deploy.cluster_ops import (
+    active_controller,
     first_acks_all_write,
     gather_status,
     render_status,
@@ -76,6 +77,16 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     common(ops.add_parser("down", help="stop every broker cleanly")).set_defaults(func=cmd_down)
 
 
+def typed(path: Path) -> str:
+    """A data dir as the user can type it here: relative when it is under the current
+    directory, else absolute (quickstart.sh passes the repository's own, absolute)."""
+    absolute = path.absolute()
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
+
+
 def _fail(exc: Exception) -> int:
     print(f"error: {exc}", file=sys.stderr)
     return 2
@@ -99,8 +110,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     if existing is not None and any(existing.process(i) for i in range(existing.brokers)):
         return _fail(
             ClusterError(
-                f"a cluster is already running in {data_dir}{dead_brokers_hint(existing)}; "
-                f"'minibroker cluster down --data-dir {data_dir}' to stop it"
+                f"a cluster is already running in {typed(data_dir)}{dead_brokers_hint(existing)}; "
+                f"'minibroker cluster down --data-dir {typed(data_dir)}' to stop it"
             )
         )
     if args.fresh and data_dir.exists():
@@ -115,7 +126,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         return _fail(exc)
     cold_ms = (time.monotonic() - t0) * 1000
     noun = "broker" if state.brokers == 1 else "brokers"
-    print(f"cluster up: {state.brokers} {noun}, bootstrap {state.bootstrap}, data in {data_dir}")
+    print(
+        f"cluster up: {state.brokers} {noun}, bootstrap {state.bootstrap}, data in {typed(data_dir)}"
+    )
     # The figure depends on the machine's load far more than on minibroker: show both.
     print(
         f"cold start (start to first acks=all write acknowledged): {cold_ms:.0f} ms "
@@ -123,7 +136,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     print(
         f"try: export MINIBROKER_BOOTSTRAP={state.bootstrap}; "
-        f"minibroker cluster status --data-dir {data_dir}"
+        f"minibroker cluster status --data-dir {typed(data_dir)}"
     )
     sys.stdout.flush()
     if args.demo:
@@ -158,11 +171,11 @@ def dead_brokers_hint(state: ClusterState) -> str:
     if len(dead) == 1:
         return (
             f", but broker {dead[0]} is dead ('minibroker cluster restart {dead[0]} "
-            f"--data-dir {state.data_dir}' brings it back)"
+            f"--data-dir {typed(state.data_dir)}' brings it back)"
         )
     return (
         f", but brokers {', '.join(map(str, dead))} are dead ('minibroker cluster restart N "
-        f"--data-dir {state.data_dir}' brings broker N back)"
+        f"--data-dir {typed(state.data_dir)}' brings broker N back)"
     )
 
 
@@ -180,7 +193,7 @@ def supervise(state: ClusterState) -> int:
                 if status == "dead" and i not in reported:
                     print(
                         f"broker {i} is not running (restart: minibroker cluster restart {i} "
-                        f"--data-dir {state.data_dir})",
+                        f"--data-dir {typed(state.data_dir)})",
                         flush=True,
                     )
                     reported.add(i)
@@ -205,7 +218,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             if b["state"] == "dead" and any(x["state"] != "dead" for x in status["brokers"]):
                 print(
                     f"broker {b['id']} is dead: 'minibroker cluster restart {b['id']} "
-                    f"--data-dir {args.data_dir}' brings it back"
+                    f"--data-dir {typed(args.data_dir)}' brings it back"
                 )
     return 0
 
@@ -234,7 +247,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         state = ClusterState.load(args.data_dir)
     except ClusterError as exc:
         return _fail(exc)
-    state.stop_all()
+    state.stop_all(active_controller(state))
     state.pids.clear()
     state.started.clear()
     state.save()

@@ -37,6 +37,22 @@ async def acks_all_write(bootstrap: str, replication: int, timeout: float = 30) 
             await trio.sleep(0.02)
 
 
+async def _controller_id(bootstrap: str) -> int | None:
+    with trio.move_on_after(3):
+        async with Admin(bootstrap) as admin:
+            return (await admin.describe_cluster())[1]
+    return None
+
+
+def active_controller(state: ClusterState) -> int | None:
+    """The active controller's id, as any live broker knows it (None: no answer in 3 s)."""
+    try:
+        found = trio.run(_controller_id, state.bootstrap)
+    except KafkaError:
+        return None
+    return found if found is not None and 0 <= found < state.brokers else None
+
+
 def first_acks_all_write(state: ClusterState, timeout: float = 30) -> None:
     """Block until the cluster acknowledges an acks=all write to a fully replicated topic."""
     try:

@@ -138,7 +138,7 @@ def test_unreachable_broker_is_one_line_with_a_hint():
     result = cli("topics", "list", "--bootstrap", f"127.0.0.1:{port}")
     assert result.returncode != 0
     line = one_error_line(result)
-    assert f"cannot connect to 127.0.0.1:{port} (connection refused)" in line
+    assert f"no broker answered METADATA: 127.0.0.1:{port} (connection refused)" in line
     assert "minibroker cluster up" in line
 
 
@@ -213,3 +213,39 @@ def test_a_port_that_is_not_a_broker_is_named_as_not_speaking_the_protocol():
     assert f"127.0.0.1:{port}" in line
     assert "does not speak minibroker's protocol" in line and "b'HTTP'" in line
     assert "1213486160 bytes exceeds" not in line
+
+
+def test_a_port_that_accepts_and_never_answers_is_named_fast():
+    """A paused broker, or an HTTP server waiting for a line our binary request never
+    sends: it used to cost request.timeout.ms (30 s) and end in REQUEST_TIMED_OUT."""
+    listener = socket.create_server(("127.0.0.1", free_port()))
+    held = []
+
+    def accept_and_stay_silent() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=accept_and_stay_silent, daemon=True).start()
+    port = listener.getsockname()[1]
+    refused = free_port()
+    try:
+        start = time.monotonic()
+        alone = cli("topics", "list", "--bootstrap", f"127.0.0.1:{port}")
+        alone_s = time.monotonic() - start
+        start = time.monotonic()
+        listed = cli("topics", "list", "--bootstrap", f"127.0.0.1:{port},127.0.0.1:{refused}")
+        listed_s = time.monotonic() - start
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+    assert held, "the CLI never connected"
+    line = one_error_line(alone)
+    assert f"no broker answered METADATA: 127.0.0.1:{port} (no answer in 2000 ms)" in line
+    # api.version.request.timeout.ms (2 s) plus starting Python; far from 30 s.
+    assert alone_s < 10, alone_s
+    line = one_error_line(listed)
+    assert f"127.0.0.1:{port} (no answer in 2000 ms)" in line
+    assert f"127.0.0.1:{refused} (connection refused)" in line
+    assert listed_s < 10, listed_s

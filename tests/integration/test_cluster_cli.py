@@ -172,8 +172,8 @@ def test_with_broker_0_dead_clients_use_the_others_and_commands_name_the_dead_on
             assert mb("cluster", "kill", str(i), "--data-dir", str(data_dir)).returncode == 0
         none = mb("topics", "list", env=env)
         assert none.returncode != 0 and none.stderr.count("\n") == 1
-        assert f"cannot connect to any of 127.0.0.1:{base}: connection refused" in none.stderr
-        assert f"127.0.0.1:{base + 2}: connection refused" in none.stderr
+        assert f"no broker answered METADATA: 127.0.0.1:{base} (connection refused)" in none.stderr
+        assert f"127.0.0.1:{base + 2} (connection refused)" in none.stderr
     finally:
         mb("cluster", "down", "--data-dir", str(data_dir))
 
@@ -199,3 +199,92 @@ def test_a_port_held_by_an_outgoing_connection_is_named_as_such(tmp_path):
     assert up.returncode != 0 and up.stderr.count("\n") == 1
     assert f"port {port} " in up.stderr and "outgoing connection" in up.stderr
     assert "ephemeral range" in up.stderr and "Traceback" not in up.stderr
+
+
+def test_down_stops_the_controller_last_so_no_controlled_shutdown_fails(tmp_path):
+    """All brokers SIGTERMed at once (or the controller first) left the others telling a
+    dead controller they were leaving: controlled_shutdown_failed in 8 of ~10 downs."""
+    data_dir = tmp_path / "c"
+    base = free_port_range(3)
+    controllers = []
+    for round_ in range(3):  # the controller is whoever wins the election: vary it
+        up = mb("cluster", "up", "--data-dir", str(data_dir), "--base-port", str(base), "--detach")
+        try:
+            assert up.returncode == 0, up.stderr
+            controllers.append(status(data_dir)["quorum"]["active_controller"])
+        finally:
+            down = mb("cluster", "down", "--data-dir", str(data_dir))
+        assert down.returncode == 0, down.stderr
+        assert [b["state"] for b in status(data_dir)["brokers"]] == ["dead"] * 3
+        for i in range(3):
+            log = (data_dir / f"broker-{i}" / "broker.log").read_text()
+            assert "controlled_shutdown_failed" not in log, (round_, controllers, i)
+    print("active controllers stopped last:", controllers)
+
+
+def test_cluster_up_from_elsewhere_prints_a_data_dir_that_works_there(tmp_path):
+    """quickstart.sh runs `cluster up` in the caller's directory with the repository's data
+    dir as an absolute path; what `cluster up` prints must work from there."""
+    repo_data, elsewhere = tmp_path / "repo" / "minibroker-data", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    base = free_port_range(1)
+    up = mb(
+        "cluster", "up", "--brokers", "1", "--base-port", str(base), "--detach",
+        "--data-dir", str(repo_data), cwd=elsewhere,
+    )  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr
+        hint = re.search(r"--data-dir (\S+)", up.stdout).group(1)
+        assert Path(hint) == repo_data  # absolute: not under the current directory
+        assert mb("cluster", "status", "--data-dir", hint, cwd=elsewhere).returncode == 0
+    finally:
+        mb("cluster", "down", "--data-dir", str(repo_data))
+    # Under the current directory the path stays short and relative.
+    up = mb(
+        "cluster", "up", "--brokers", "1", "--base-port", str(base), "--detach",
+        "--data-dir", str(repo_data), cwd=tmp_path / "repo",
+    )  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "--data-dir minibroker-data" in up.stdout
+    finally:
+        mb("cluster", "down", "--data-dir", str(repo_data))
+
+
+def test_quickstart_runs_in_the_callers_directory_with_the_repositorys_data(tmp_path):
+    """deploy/quickstart.sh itself, with env.sh and the minibroker command stood in for
+    (the real ones set up a venv): which directory and which arguments `cluster up` gets."""
+    repo, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
+    (repo / "deploy").mkdir(parents=True)
+    (repo / "bin").mkdir()
+    elsewhere.mkdir()
+    (repo / "deploy" / "quickstart.sh").write_text((ROOT / "deploy" / "quickstart.sh").read_text())
+    # env.sh's contract: ROOT is the repository, PATH has its minibroker, cwd is ROOT.
+    (repo / "deploy" / "env.sh").write_text(
+        'ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"\n'
+        'export PATH="$ROOT/bin:$PATH"\ncd "$ROOT"\n'
+    )
+    fake = repo / "bin" / "minibroker"
+    fake.write_text('#!/bin/sh\npwd\nprintf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+
+    def quickstart(*args):
+        run = subprocess.run(
+            ["bash", str(repo / "deploy" / "quickstart.sh"), *args],
+            capture_output=True, text=True, timeout=30, cwd=elsewhere,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        return run.stdout.splitlines()
+
+    lines = quickstart("--detach")
+    assert lines[0] == str(elsewhere)
+    assert lines[1:] == [
+        "cluster",
+        "up",
+        "--demo",
+        "--data-dir",
+        f"{repo}/minibroker-data",
+        "--detach",
+    ]
+    # A --data-dir of the caller's own is theirs, relative to where they are.
+    assert quickstart("--data-dir", "mine")[1:] == ["cluster", "up", "--demo", "--data-dir", "mine"]
