@@ -61,6 +61,7 @@ class GroupMembership:
         self.protocol: str | None = None
         self.rejoin_needed = True
         self.last_poll = time.monotonic()
+        self.join_started = 0.0  # monotonic time the latest join began (benchmarks read it)
         self.backoff = config["retry.backoff.ms"] / 1000
 
     # --- coordinator ------------------------------------------------------------------------
@@ -109,6 +110,7 @@ class GroupMembership:
 
     async def join(self, topics: Iterable[str]) -> list[TopicPartition]:
         """Join (again) until a generation's SyncGroup hands this member its partitions."""
+        self.join_started = time.monotonic()
         topics = sorted(topics)
         strategies = self.config["partition.assignment.strategy"]
         subscription = encode_subscription(topics)

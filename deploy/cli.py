@@ -25,6 +25,7 @@ from minibroker.deploy import (
 from minibroker.deploy.bench import (
     consume,
     failover,
+    groups,
     longpoll,
     produce,
     purgatory,
@@ -50,6 +51,7 @@ BENCHMARKS: dict[str, tuple[ModuleType, str]] = {
     "consume": (consume, "consumer throughput against a running broker"),
     "failover": (failover, "kill -9 the active controller: time until a topic can be created"),
     "longpoll": (longpoll, "thousands of connections each holding a long-poll fetch"),
+    "groups": (groups, "consumer groups: rebalance after a leave; 10k members' heartbeats"),
     "requests": (requests, "plain request rate, pipelined (ApiVersions or an empty fetch)"),
     "spark-read": (spark_read, "records/s read into a Spark DataFrame and written back"),
 }
