@@ -24,6 +24,7 @@ from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.controller.active import ControllerRole
 from minibroker.broker.controller.membership import ControllerLink
 from minibroker.broker.controller.producer_ids import ProducerIdManager
+from minibroker.broker.coordinator import CoordinatorService
 from minibroker.broker.metadata.cache import MetadataCache
 from minibroker.broker.network.cluster_auth import Authenticator
 from minibroker.broker.network.deferral import RequestDeferral
@@ -51,6 +52,7 @@ WAIT_FOR_METADATA = frozenset(
         ApiKey.FETCH,
         ApiKey.LIST_OFFSETS,
         ApiKey.OFFSET_FOR_LEADER_EPOCH,
+        ApiKey.FIND_COORDINATOR,
     }
 )
 
@@ -74,6 +76,7 @@ class RequestHandler:
         faults: FaultInjector,
         deferral: RequestDeferral,
         stats: Callable[[], dict],
+        coordinator: CoordinatorService | None = None,
     ) -> None:
         self.broker_id = broker_id
         self.config = config
@@ -88,6 +91,7 @@ class RequestHandler:
         self.fault_injector = faults
         self.deferral = deferral
         self.stats = stats
+        self.coordinator = coordinator
         # The same for every request: one object, so the network layer packs it once.
         self._api_versions = {"error_code": 0, "api_versions": supported_versions()}
         self.handlers = self._handlers()
@@ -114,7 +118,34 @@ class RequestHandler:
         }
         for key in QUORUM_APIS:
             handlers[key] = self.quorum
+        if self.coordinator is not None:
+            handlers.update(self._group_handlers(self.coordinator))
         return handlers
+
+    @staticmethod
+    def _group_handlers(coordinator: CoordinatorService) -> dict[int, Handler]:
+        """The consumer-group APIs, answered by broker/coordinator (client_id and the peer's
+        address are what DescribeGroups shows of each member)."""
+
+        def body_only(method: Callable[[dict], Any]) -> Handler:
+            return lambda header, body, session: method(body)
+
+        def join(header: RequestHeader, body: dict, session: ConnectionSession) -> Any:
+            host = session.peer.rpartition(":")[0] or session.peer
+            return coordinator.join_group(body, header.client_id or "", host)
+
+        return {
+            ApiKey.FIND_COORDINATOR: body_only(coordinator.find_coordinator),
+            ApiKey.JOIN_GROUP: join,
+            ApiKey.SYNC_GROUP: body_only(coordinator.sync_group),
+            ApiKey.HEARTBEAT: body_only(coordinator.heartbeat),
+            ApiKey.LEAVE_GROUP: body_only(coordinator.leave_group),
+            ApiKey.OFFSET_COMMIT: body_only(coordinator.commit_offsets),
+            ApiKey.OFFSET_FETCH: body_only(coordinator.fetch_offsets),
+            ApiKey.LIST_GROUPS: body_only(coordinator.list_groups),
+            ApiKey.DESCRIBE_GROUPS: body_only(coordinator.describe_groups),
+            ApiKey.DELETE_GROUPS: body_only(coordinator.delete_groups),
+        }
 
     def refuse_unless_member(
         self, session: ConnectionSession, api_key: int, claimed: int | None = None

@@ -26,12 +26,14 @@ from minibroker.broker.controller.active import ControllerRole
 from minibroker.broker.controller.controller import METADATA_FILE
 from minibroker.broker.controller.membership import ControllerLink, quorum_voters
 from minibroker.broker.controller.producer_ids import ProducerIdManager
+from minibroker.broker.coordinator import CoordinatorService
 from minibroker.broker.metadata.cache import MetadataCache
 from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata, load_metadata
 from minibroker.broker.metadata.records import MetadataImage
 from minibroker.broker.network.cluster_auth import Authenticator, credentials_from_config
 from minibroker.broker.network.deferral import RequestDeferral
 from minibroker.broker.network.faults import FaultInjector
+from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.network.poller import choose_backend
 from minibroker.broker.network.request_metrics import RequestMetrics
 from minibroker.broker.network.socket_server import ConnectionHandler, max_connections_for
@@ -111,6 +113,8 @@ class Broker:
         )
         self.replica_manager.on_isr_change = self.isr_proposals.propose
         self.producer_ids = ProducerIdManager(self._allocate_producer_ids, self.tasks, logger)
+        self._creating_offsets_topic = False  # one CreateTopics for it at a time
+        self.coordinator = self._coordinator()
         self.connections = self._socket_server(self._request_handler())
 
     # --- building -------------------------------------------------------------------------
@@ -183,6 +187,42 @@ class Broker:
             self.tasks,
         )
 
+    def _coordinator(self) -> CoordinatorService:
+        """Consumer groups: its purgatories share the timer; __consumer_offsets on first use."""
+        return CoordinatorService(
+            self.broker_id,
+            self.config,
+            self.log,
+            replica_manager=self.replica_manager,
+            timer=self.timer,
+            tasks=self.tasks,
+            metadata=lambda: self.cache.metadata,
+            create_offsets_topic=self._create_offsets_topic,
+        )
+
+    def _create_offsets_topic(self, partitions: int, replication_factor: int) -> None:
+        """Ask the controller for __consumer_offsets (once at a time; FindCoordinator answers
+        COORDINATOR_NOT_AVAILABLE meanwhile and the client retries)."""
+        if self._creating_offsets_topic:
+            return
+        self._creating_offsets_topic = True
+        topic = {
+            "name": "__consumer_offsets",
+            "num_partitions": partitions,
+            "replication_factor": replication_factor,
+            "configs": {},
+        }
+        answer = self.link.create_topics([topic], False)
+
+        def done(body: dict) -> None:
+            self._creating_offsets_topic = False
+            self.log.info("offsets_topic_requested", result=body.get("topics"))
+
+        if isinstance(answer, PendingResponse):
+            answer.add_done_callback(done)
+        else:
+            done(answer)
+
     async def _to_controller(self, api_key: int, body: dict, local: Callable) -> dict:
         """ISR proposals and producer-id blocks: to the active controller, wherever it is."""
         return await self.link.controller_call(api_key, body, local, timeout=10)
@@ -209,6 +249,7 @@ class Broker:
             faults=self.faults,
             deferral=RequestDeferral(self.tasks, self.cache.ready),
             stats=self.stats,
+            coordinator=self.coordinator,
         )
 
     def _socket_server(self, handler: RequestHandler) -> ConnectionHandler:
@@ -268,6 +309,7 @@ class Broker:
                 if not partition.is_leader and state.leader in md.brokers:
                     follow.append((partition, md.brokers[state.leader]))
         self.fetchers.follow(follow)
+        self.coordinator.on_metadata(md)
 
     def stats(self) -> dict:
         rm = self.replica_manager
@@ -284,6 +326,7 @@ class Broker:
                 "fetch": rm.fetch_purgatory.stats(),
             },
             "requests": self.request_metrics.snapshot(),
+            "groups": self.coordinator.stats(),
             "partitions": [
                 {
                     "topic": p.topic,
@@ -310,6 +353,7 @@ class Broker:
         for purgatory in (
             self.replica_manager.fetch_purgatory,
             self.replica_manager.produce_purgatory,
+            *self.coordinator.purgatories.values(),
         ):
             purgatory.set_expiry_handoff(_to_loop(token, purgatory))
         self.timer.start()

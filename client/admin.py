@@ -8,8 +8,11 @@ from typing import Any
 
 import trio
 
+from minibroker.client import group_admin
 from minibroker.client.background import ClusterClient
 from minibroker.client.cluster import BrokerInfo, Cluster, PartitionInfo
+from minibroker.client.group_admin import GroupDescription, GroupListing
+from minibroker.client.records import TopicPartition
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import (
     BrokerNotAvailable,
@@ -204,3 +207,28 @@ class Admin(ClusterClient):
         body = await cluster.request(node_id, ApiKey.FAULTS, {"action": action, **spec})
         raise_for(body["error_code"], body.get("error_message") or "")
         return body["faults"]
+
+    # --- consumer groups (client/group_admin.py) ----------------------------------------------
+
+    async def list_consumer_groups(self) -> list[GroupListing]:
+        return await group_admin.list_groups(self._open())
+
+    async def describe_consumer_group(self, group_id: str) -> GroupDescription:
+        """State, protocol and members with their assignments (settled only when Stable)."""
+        return await group_admin.describe_group(self._open(), group_id, self.config)
+
+    async def delete_consumer_groups(
+        self, group_ids: Iterable[str]
+    ) -> dict[str, KafkaError | None]:
+        """Per group: None when deleted, else its error (NON_EMPTY_GROUP, GROUP_ID_NOT_FOUND)."""
+        return await group_admin.delete_groups(self._open(), group_ids, self.config)
+
+    async def list_consumer_group_offsets(self, group_id: str) -> dict[TopicPartition, int]:
+        return await group_admin.group_offsets(self._open(), group_id, self.config)
+
+    async def alter_consumer_group_offsets(
+        self, group_id: str, offsets: dict[tuple[str, int], int]
+    ) -> None:
+        """Set committed offsets of an empty group (the group must have no members)."""
+        wanted = {TopicPartition(*tp): o for tp, o in offsets.items()}
+        await group_admin.alter_group_offsets(self._open(), group_id, wanted, self.config)

@@ -81,6 +81,21 @@ def _bool(key: str, value: Any) -> bool:
     raise ValueError(f"config '{key}': expected true or false, got {value!r}")
 
 
+def _assignors(key: str, value: Any) -> list[str]:
+    """``"range,roundrobin"`` (or a list): the group protocols a consumer offers, by Kafka's
+    short names (``range``, ``roundrobin``; the class names are accepted too)."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not items:
+        raise ValueError(f"config '{key}': expected a list of range, roundrobin")
+    out = []
+    for item in items:
+        name = str(item).strip().lower().rsplit(".", 1)[-1].removesuffix("assignor")
+        if name not in ("range", "roundrobin"):
+            raise ValueError(f"config '{key}': {item!r} is not one of range, roundrobin")
+        out.append(name)
+    return out
+
+
 def parse_acks(key: str, value: Any) -> int:
     """Kafka spells acks as all, -1, 0 or 1; the wire wants -1, 0 or 1."""
     text = str(value).strip().lower()
@@ -181,7 +196,32 @@ SETTINGS: dict[str, Setting] = {
         _choice("latest", "earliest", "none"),
         "latest",
         _C,
-        "Where to start without a valid position.",
+        "Where to start without a valid position (or committed offset, in a group).",
+    ),
+    # consumer groups (Kafka's classic protocol)
+    "group.id": Setting(
+        _string, "", _C, "The consumer group to join on subscribe() and commit offsets for."
+    ),
+    "session.timeout.ms": Setting(
+        _int(1, _INT32_MAX), 45000, _C, "No heartbeat for this long: the group drops the member."
+    ),
+    "heartbeat.interval.ms": Setting(
+        _int(1, _INT32_MAX), 3000, _C, "How often the member heartbeats to its coordinator."
+    ),
+    "max.poll.interval.ms": Setting(
+        _int(1, _INT32_MAX),
+        300000,
+        _C,
+        "Longest gap between polls before the consumer leaves its group (and rejoin timeout).",
+    ),
+    "enable.auto.commit": Setting(
+        _bool, True, _C, "Commit the positions in the background (and on rebalance and close)."
+    ),
+    "auto.commit.interval.ms": Setting(
+        _int(0, _INT32_MAX), 5000, _C, "How often positions are auto-committed."
+    ),
+    "partition.assignment.strategy": Setting(
+        _assignors, ["range", "roundrobin"], _C, "Assignors in order of preference."
     ),
 }
 

@@ -8,31 +8,57 @@ waits on an Event set by arriving data: no busy loop.
 
 from __future__ import annotations
 
+import inspect
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from minibroker.client.background import ClusterClient
 from minibroker.client.cluster import Cluster
 from minibroker.client.fetcher import PartitionState, apply_partition_result, fetch_body
+from minibroker.client.group import GroupMembership
 from minibroker.client.offsets import OffsetAndTimestamp, list_offsets, refine_by_time
 from minibroker.client.records import ConsumerRecord, TopicPartition
 from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey
 from minibroker.protocol.errors import KafkaError, OffsetOutOfRange
 
 
+class RebalanceListener(Protocol):
+    """Kafka's ConsumerRebalanceListener; either method may be a coroutine function."""
+
+    def on_partitions_revoked(self, partitions: set[TopicPartition]) -> Any: ...
+    def on_partitions_assigned(self, partitions: set[TopicPartition]) -> Any: ...
+
+
 class Consumer(ClusterClient):
-    """``async with Consumer("127.0.0.1:9092") as c: c.assign([("t", 0)]); await c.poll(1000)``."""
+    """``async with Consumer("127.0.0.1:9092") as c: c.assign([("t", 0)]); await c.poll(1000)``.
+
+    In a group: ``Consumer(bootstrap, group_id="g")``, ``subscribe(["t"])``, then ``poll``:
+    partitions come from the group's rebalances, positions from its committed offsets.
+    """
 
     ROLE = "consumer"
 
     def __init__(
-        self, bootstrap: str | None = None, config: Mapping[str, Any] | None = None, **settings: Any
+        self,
+        bootstrap: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        *,
+        group_id: str | None = None,
+        **settings: Any,
     ) -> None:
+        if group_id is not None:
+            settings["group.id"] = group_id
         super().__init__(bootstrap, config, **settings)
+        # Group mode (subscribe): the membership, the topics, the listener, auto-commit.
+        self._group: GroupMembership | None = None
+        self._subscription: list[str] | None = None
+        self._listener: RebalanceListener | None = None
+        self._next_auto_commit = 0.0
+        self.group_events: deque[tuple[str, dict]] = deque(maxlen=100)
         self._states: dict[TopicPartition, PartitionState] = {}
         self._data = trio.Event()
         self._errors: list[BaseException] = []
@@ -166,11 +192,14 @@ class Consumer(ClusterClient):
         """
         self._open()
         limit = max_records or self.config["max.poll.records"]
+        await self._poll_group()
         records = self._drain(limit)
         if not records:
             with trio.move_on_after(max(timeout_ms, 0) / 1000):
                 while not records:
                     self._raise_errors()
+                    if self._group is not None and self._group.rejoin_needed:
+                        await self._poll_group()
                     await self._resolve_positions()
                     data = self._data
                     self._start_fetches()
@@ -298,3 +327,119 @@ class Consumer(ClusterClient):
         finally:
             self._metadata_running = False
             self._signal()
+
+    # --- consumer groups ---------------------------------------------------------------------
+
+    async def _started(self, nursery: trio.Nursery) -> None:
+        if self.config["group.id"]:
+            self._group = GroupMembership(self._cluster, self.config, self._log_event)
+            nursery.start_soon(self._group.heartbeat_loop, self._signal)
+
+    def _log_event(self, event: str, **fields: Any) -> None:
+        """Group events (joined, left for exceeding max.poll.interval.ms) for the caller's
+        logging: the client library itself stays silent, as before."""
+        self.group_events.append((event, fields))
+
+    def _member(self) -> GroupMembership:
+        self._open()
+        if self._group is None:
+            raise ValueError("this consumer has no group.id: pass group_id= to use a group")
+        return self._group
+
+    def subscribe(self, topics: Iterable[str], listener: RebalanceListener | None = None) -> None:
+        """Consume ``topics`` as a member of the group: its rebalances assign the partitions
+        (at the next poll); ``listener`` hears of partitions revoked and assigned."""
+        if not self.config["group.id"]:
+            raise ValueError("subscribe() needs a group: pass group_id= (group.id)")
+        self._subscription = sorted(set(topics))
+        self._listener = listener
+        if self._group is not None:
+            self._group.rejoin_needed = True
+
+    def subscription(self) -> list[str]:
+        return list(self._subscription or [])
+
+    async def _poll_group(self) -> None:
+        """What Kafka's poll does for the group first: rejoin if needed, auto-commit."""
+        group = self._group
+        if group is None or self._subscription is None:
+            return
+        group.last_poll = time.monotonic()
+        if group.rejoin_needed:
+            await self._rejoin(group)
+        if self.config["enable.auto.commit"] and time.monotonic() >= self._next_auto_commit:
+            self._next_auto_commit = (
+                time.monotonic() + self.config["auto.commit.interval.ms"] / 1000
+            )
+            self.commit_async()
+
+    async def _rejoin(self, group: GroupMembership) -> None:
+        revoked = set(self._states)
+        if revoked:
+            if self.config["enable.auto.commit"] and group.generation >= 0:
+                try:
+                    await group.commit(self._positions())
+                except KafkaError:
+                    pass  # the group moved on: the next owner starts from the last commit
+            await self._notify("on_partitions_revoked", revoked)
+            self.assign([])
+        assigned = await group.join(self._subscription or [])
+        self.assign(assigned)
+        committed = await group.committed(assigned) if assigned else {}
+        for tp, offset in committed.items():
+            if offset >= 0 and tp in self._states:
+                self._states[tp].seek(offset)
+        await self._notify("on_partitions_assigned", set(assigned))
+
+    async def _notify(self, method: str, partitions: set[TopicPartition]) -> None:
+        if self._listener is None:
+            return
+        result = getattr(self._listener, method)(partitions)
+        if inspect.isawaitable(result):
+            await result
+
+    def _positions(self) -> dict[TopicPartition, int]:
+        return {tp: st.position for tp, st in self._states.items() if st.position is not None}
+
+    async def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Commit ``offsets`` (next offset to read, per partition; default: the positions
+        poll() has reached) and wait until the group's coordinator has them replicated."""
+        group = self._member()
+        wanted = self._positions() if offsets is None else offsets
+        await group.commit({TopicPartition(*tp): o for tp, o in wanted.items()})
+
+    def commit_async(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Commit in the background; a failure is dropped (the next commit supersedes it)."""
+        group = self._member()
+        wanted = self._positions() if offsets is None else dict(offsets)
+        if not wanted:
+            return
+
+        async def commit() -> None:
+            try:
+                await group.commit({TopicPartition(*tp): o for tp, o in wanted.items()})
+            except KafkaError:
+                pass
+
+        self._background.nursery.start_soon(commit)
+
+    async def committed(
+        self, partitions: Iterable[tuple[str, int]]
+    ) -> dict[TopicPartition, int | None]:
+        """The group's committed offsets (None where nothing is committed)."""
+        found = await self._member().committed([TopicPartition(*tp) for tp in partitions])
+        return {tp: (o if o >= 0 else None) for tp, o in found.items()}
+
+    async def aclose(self) -> None:
+        """A member commits (with enable.auto.commit) and leaves its group before closing, so
+        the others take its partitions at once rather than after session.timeout.ms."""
+        group = self._group
+        if group is not None and self._cluster is not None and group.member_id:
+            with trio.move_on_after(self.config["request.timeout.ms"] / 1000):
+                if self.config["enable.auto.commit"] and self._states:
+                    try:
+                        await group.commit(self._positions())
+                    except KafkaError:
+                        pass
+                await group.leave()
+        await super().aclose()

@@ -240,6 +240,11 @@ class SyncConsumer(_SyncBase):
     end_offsets = blocking(Consumer.end_offsets)
     offsets_for_times = blocking(Consumer.offsets_for_times)
     partitions_for = blocking(Consumer.partitions_for)
+    subscribe = blocking(Consumer.subscribe)
+    subscription = blocking(Consumer.subscription)
+    commit = blocking(Consumer.commit)
+    commit_async = blocking(Consumer.commit_async)
+    committed = blocking(Consumer.committed)
 
 
 class SyncAdmin(_SyncBase):
@@ -252,3 +257,8 @@ class SyncAdmin(_SyncBase):
     describe_cluster = blocking(Admin.describe_cluster)
     broker_stats = blocking(Admin.broker_stats)
     faults = blocking(Admin.faults)
+    list_consumer_groups = blocking(Admin.list_consumer_groups)
+    describe_consumer_group = blocking(Admin.describe_consumer_group)
+    delete_consumer_groups = blocking(Admin.delete_consumer_groups)
+    list_consumer_group_offsets = blocking(Admin.list_consumer_group_offsets)
+    alter_consumer_group_offsets = blocking(Admin.alter_consumer_group_offsets)

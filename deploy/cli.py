@@ -13,10 +13,19 @@ from types import ModuleType
 
 # Every command is imported by name: a module that fails to import stops the CLI with
 # its traceback instead of quietly vanishing from --help.
-from minibroker.deploy import broker_cli, chaos_cli, client_cli, cluster_cli, faults_cli, stats_cli
+from minibroker.deploy import (
+    broker_cli,
+    chaos_cli,
+    client_cli,
+    cluster_cli,
+    faults_cli,
+    groups_cli,
+    stats_cli,
+)
 from minibroker.deploy.bench import (
     consume,
     failover,
+    groups,
     longpoll,
     produce,
     purgatory,
@@ -27,7 +36,14 @@ from minibroker.deploy.broker_cli import CommandError
 from minibroker.deploy.pipes import run_piped
 
 # Each adds its subcommands with add_subcommands(sub).
-COMMAND_GROUPS: Sequence[ModuleType] = (client_cli, cluster_cli, faults_cli, chaos_cli, stats_cli)
+COMMAND_GROUPS: Sequence[ModuleType] = (
+    client_cli,
+    groups_cli,
+    cluster_cli,
+    faults_cli,
+    chaos_cli,
+    stats_cli,
+)
 
 # name -> (module with add_arguments(parser) and run(args), help line)
 BENCHMARKS: dict[str, tuple[ModuleType, str]] = {
@@ -36,6 +52,7 @@ BENCHMARKS: dict[str, tuple[ModuleType, str]] = {
     "consume": (consume, "consumer throughput against a running broker"),
     "failover": (failover, "kill -9 the active controller: time until a topic can be created"),
     "longpoll": (longpoll, "thousands of connections each holding a long-poll fetch"),
+    "groups": (groups, "consumer groups: rebalance after a leave; 10k members' heartbeats"),
     "requests": (requests, "plain request rate, pipelined (ApiVersions or an empty fetch)"),
     "spark-read": (spark_read, "records/s read into a Spark DataFrame and written back"),
 }

@@ -115,6 +115,14 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     consume.add_argument(
         "--key-separator", default="\t", metavar="SEP", help="separator for --print-key (tab)"
     )
+    consume.add_argument(
+        "--group", metavar="G", help="consume as a member of group G (subscribe; commits offsets)"
+    )
+    consume.add_argument(
+        "--print-offset",
+        action="store_true",
+        help="prefix each record with Partition:P<TAB>Offset:O<TAB> (Kafka's print.offset)",
+    )
     _common(consume)
     consume.set_defaults(func=_cmd(_consume))
 
@@ -367,6 +375,8 @@ def delivery_hint(
 
 
 async def _consume(args: argparse.Namespace) -> int:
+    if args.group:
+        return await _consume_group(args)
     settings = _settings(args)
     async with Consumer(config=settings) as consumer:
         count = await consumer.partitions_for(args.topic)
@@ -393,6 +403,23 @@ async def _consume(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _consume_group(args: argparse.Namespace) -> int:
+    """As a group member: the group assigns partitions and remembers where it stopped."""
+    if args.partition is not None or args.offset is not None:
+        raise CliError(
+            "--group takes its partitions and offsets from the group: drop "
+            "--partition/--offset (reset a group with `minibroker groups reset-offsets`)"
+        )
+    extra = {"auto.offset.reset": "earliest"} if args.from_beginning else {}
+    async with Consumer(config=_settings(args, **extra), group_id=args.group) as consumer:
+        if await consumer.partitions_for(args.topic) is None:
+            raise UnknownTopicOrPartition(f"topic '{args.topic}' does not exist")
+        consumer.subscribe([args.topic])
+        seen = await _print_records(consumer, args)
+    print(f"Processed a total of {seen} messages", file=sys.stderr)
+    return 0
+
+
 async def _print_records(consumer: Consumer, args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     sep = args.key_separator.encode()
@@ -410,6 +437,8 @@ async def _print_records(consumer: Consumer, args: argparse.Namespace) -> int:
         lines = []
         for r in records:
             value = b"null" if r.value is None else r.value
+            if getattr(args, "print_offset", False):
+                value = f"Partition:{r.partition}\tOffset:{r.offset}\t".encode() + value
             if args.print_key:
                 lines.append((b"null" if r.key is None else r.key) + sep + value)
             else:

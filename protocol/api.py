@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from minibroker.protocol import group_api
 from minibroker.protocol.schema import (
     BOOL,
     BYTES,
@@ -38,11 +39,21 @@ class ApiKey(IntEnum):
     LEADER_AND_ISR = 4
     UPDATE_METADATA = 6
     CONTROLLED_SHUTDOWN = 7
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
     SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
+    DELETE_GROUPS = 42
     SASL_AUTHENTICATE = 36
     VOTE = 52
     BEGIN_QUORUM_EPOCH = 53
@@ -487,6 +498,17 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.FETCH_SNAPSHOT: {0: (FETCH_SNAPSHOT_REQ, FETCH_SNAPSHOT_RESP)},
     ApiKey.SASL_HANDSHAKE: {0: (SASL_HANDSHAKE_REQ, SASL_HANDSHAKE_RESP)},
     ApiKey.SASL_AUTHENTICATE: {0: (SASL_AUTHENTICATE_REQ, SASL_AUTHENTICATE_RESP)},
+    # consumer groups (protocol/group_api.py)
+    ApiKey.FIND_COORDINATOR: {0: (group_api.FIND_COORDINATOR_REQ, group_api.FIND_COORDINATOR_RESP)},
+    ApiKey.JOIN_GROUP: {0: (group_api.JOIN_GROUP_REQ, group_api.JOIN_GROUP_RESP)},
+    ApiKey.SYNC_GROUP: {0: (group_api.SYNC_GROUP_REQ, group_api.SYNC_GROUP_RESP)},
+    ApiKey.HEARTBEAT: {0: (group_api.HEARTBEAT_REQ, group_api.HEARTBEAT_RESP)},
+    ApiKey.LEAVE_GROUP: {0: (group_api.LEAVE_GROUP_REQ, group_api.LEAVE_GROUP_RESP)},
+    ApiKey.OFFSET_COMMIT: {0: (group_api.OFFSET_COMMIT_REQ, group_api.OFFSET_COMMIT_RESP)},
+    ApiKey.OFFSET_FETCH: {0: (group_api.OFFSET_FETCH_REQ, group_api.OFFSET_FETCH_RESP)},
+    ApiKey.LIST_GROUPS: {0: (group_api.LIST_GROUPS_REQ, group_api.LIST_GROUPS_RESP)},
+    ApiKey.DESCRIBE_GROUPS: {0: (group_api.DESCRIBE_GROUPS_REQ, group_api.DESCRIBE_GROUPS_RESP)},
+    ApiKey.DELETE_GROUPS: {0: (group_api.DELETE_GROUPS_REQ, group_api.DELETE_GROUPS_RESP)},
 }
 
 # APIs whose answer is about one item (one partition), so a non-zero top-level
@@ -505,6 +527,16 @@ ITEM_VERDICT_APIS = frozenset(
         ApiKey.END_QUORUM_EPOCH,
         ApiKey.QUORUM_FETCH,
         ApiKey.FETCH_SNAPSHOT,
+        # A group's verdict is its coordinator's answer about that group (Kafka's group
+        # errors: REBALANCE_IN_PROGRESS, MEMBER_ID_REQUIRED with the id to rejoin with,
+        # NOT_COORDINATOR, ...): the client reads the code and acts on the rest.
+        ApiKey.FIND_COORDINATOR,
+        ApiKey.JOIN_GROUP,
+        ApiKey.SYNC_GROUP,
+        ApiKey.HEARTBEAT,
+        ApiKey.LEAVE_GROUP,
+        ApiKey.OFFSET_FETCH,
+        ApiKey.LIST_GROUPS,
     )
 )
 

@@ -216,6 +216,34 @@ DEFS: dict[str, ConfigDef] = {
     ),
     "timer.tick.ms": ConfigDef(int, 1, "Tick of the purgatory's timing wheel.", 1),
     "timer.wheel.size": ConfigDef(int, 20, "Buckets per timing wheel.", 2),
+    # consumer groups (broker/coordinator)
+    "offsets.topic.num.partitions": ConfigDef(
+        int,
+        5,
+        "Partitions of __consumer_offsets, fixed when it is first created. Kafka's default is "
+        "50; 5 is its integration tests' value: every partition is a log and a replica fetcher "
+        "on each replica, and one machine runs every broker.",
+        1,
+    ),
+    "offsets.topic.replication.factor": ConfigDef(
+        int, 3, "Replicas of __consumer_offsets (capped at the live brokers when created).", 1
+    ),
+    "offsets.commit.timeout.ms": ConfigDef(
+        int, 5000, "How long an offset commit waits for every in-sync replica.", 1
+    ),
+    "offset.metadata.max.bytes": ConfigDef(
+        int, 4096, "Longest metadata string a commit may carry.", 0
+    ),
+    "group.min.session.timeout.ms": ConfigDef(
+        int, 6000, "Shortest session.timeout.ms a member may ask for.", 0
+    ),
+    "group.max.session.timeout.ms": ConfigDef(
+        int, 1800000, "Longest session.timeout.ms a member may ask for.", 0
+    ),
+    "group.initial.rebalance.delay.ms": ConfigDef(
+        int, 3000, "A new group's first rebalance waits this long for more members to join.", 0
+    ),
+    "group.max.size": ConfigDef(int, _INT_MAX, "Most members a group may have.", 1),
     # operations
     "faults.enable": ConfigDef(bool, False, "Accept fault-injection requests (tests only)."),
     "log.level": ConfigDef(

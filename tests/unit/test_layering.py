@@ -24,7 +24,7 @@ BROKER_LAYERS = [
     {"common"},
     {"purgatory", "storage", "metadata", "network"},
     {"raft", "replication"},
-    {"controller"},
+    {"controller", "coordinator"},
     {"apis", "prometheus_export"},
     {"server"},  # Broker: builds the others in order and wires them
 ]

@@ -1,0 +1,270 @@
+"""A group's membership and state (Kafka's GroupMetadata and MemberMetadata), no I/O.
+
+Everything that affects the state machine lives here: the states and which may follow
+which, members and their protocols, the generation, the leader, the protocol the group
+agrees on. The coordinator (coordinator.py) decides *when* to move; this module refuses
+a move Kafka would refuse, so a coordinator bug is an error, not a silently odd group.
+
+State machine (Kafka's classic protocol)::
+
+    Empty --join--> PreparingRebalance --all joined / rebalance timeout--> CompletingRebalance
+      ^                  ^      |                                              |
+      |                  |      +--nobody left--> Empty      leader's SyncGroup stored
+      |                  +--member joins/leaves/expires--+                     v
+      +------------------------------------------------- Stable <--------------+
+    any state --group deleted / partition unloaded--> Dead
+
+Assignments and subscriptions are opaque bytes: the leader's, never the broker's, to read.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from minibroker.broker.network.pending import PendingResponse
+
+
+class GroupState(Enum):
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+_VALID_PREVIOUS: dict[GroupState, frozenset[GroupState]] = {
+    GroupState.DEAD: frozenset(GroupState),
+    GroupState.COMPLETING_REBALANCE: frozenset({GroupState.PREPARING_REBALANCE}),
+    GroupState.STABLE: frozenset({GroupState.COMPLETING_REBALANCE}),
+    GroupState.PREPARING_REBALANCE: frozenset(
+        {GroupState.STABLE, GroupState.COMPLETING_REBALANCE, GroupState.EMPTY}
+    ),
+    GroupState.EMPTY: frozenset({GroupState.PREPARING_REBALANCE}),
+}
+
+
+class IllegalStateTransition(RuntimeError):
+    """A move Kafka's GroupMetadata.assertValidTransition refuses: a coordinator bug."""
+
+
+class MemberMetadata:
+    """One member: its protocols, timeouts, assignment, and the answers it waits for."""
+
+    __slots__ = (
+        "assignment",
+        "client_host",
+        "client_id",
+        "heartbeat",
+        "heartbeat_satisfied",
+        "is_leaving",
+        "is_new",
+        "join_response",
+        "member_id",
+        "protocol_type",
+        "protocols",
+        "rebalance_timeout_ms",
+        "session_timeout_ms",
+        "sync_response",
+    )
+
+    def __init__(
+        self,
+        member_id: str,
+        client_id: str,
+        client_host: str,
+        rebalance_timeout_ms: int,
+        session_timeout_ms: int,
+        protocol_type: str,
+        protocols: list[tuple[str, bytes]],
+    ) -> None:
+        self.member_id = member_id
+        self.client_id = client_id
+        self.client_host = client_host
+        self.rebalance_timeout_ms = rebalance_timeout_ms
+        self.session_timeout_ms = session_timeout_ms
+        self.protocol_type = protocol_type
+        self.protocols = protocols
+        self.assignment = b""
+        # The answers it waits for (Kafka's awaitingJoinCallback / awaitingSyncCallback).
+        self.join_response: PendingResponse | None = None
+        self.sync_response: PendingResponse | None = None
+        self.is_new = False
+        self.heartbeat_satisfied = False
+        self.is_leaving = False
+        self.heartbeat: Any = None  # its DelayedHeartbeat, re-armed by each heartbeat
+
+    @property
+    def awaiting_join(self) -> bool:
+        return self.join_response is not None
+
+    @property
+    def awaiting_sync(self) -> bool:
+        return self.sync_response is not None
+
+    def has_satisfied_heartbeat(self) -> bool:
+        """Alive as far as its session goes (Kafka's hasSatisfiedHeartbeat): a member in the
+        middle of a rebalance is bounded by the rebalance instead, except a new one, which
+        can still vanish before its first join completes."""
+        if self.is_new:
+            return self.heartbeat_satisfied
+        return self.awaiting_join or self.awaiting_sync or self.heartbeat_satisfied
+
+    def metadata(self, protocol: str) -> bytes:
+        for name, data in self.protocols:
+            if name == protocol:
+                return data
+        raise KeyError(f"member {self.member_id} does not support protocol {protocol}")
+
+    def matches(self, protocols: list[tuple[str, bytes]]) -> bool:
+        return self.protocols == protocols
+
+    def vote(self, candidates: set[str]) -> str:
+        """Its most preferred protocol among ``candidates``."""
+        for name, _ in self.protocols:
+            if name in candidates:
+                return name
+        raise ValueError(f"member {self.member_id} supports none of {sorted(candidates)}")
+
+
+class GroupMetadata:
+    """A group: state, generation, members, the agreed protocol, committed offsets."""
+
+    def __init__(self, group_id: str, partition: int, now_ms: int = 0) -> None:
+        self.group_id = group_id
+        self.partition = partition  # its __consumer_offsets partition
+        self.state = GroupState.EMPTY
+        self.state_timestamp = now_ms
+        self.generation_id = 0
+        self.protocol_type: str | None = None
+        self.protocol_name: str | None = None
+        self.leader_id: str | None = None
+        self.members: dict[str, MemberMetadata] = {}
+        # Members told their id (MEMBER_ID_REQUIRED) that have not joined with it yet.
+        self.pending_members: set[str] = set()
+        # Members of this generation that have not sent SyncGroup yet.
+        self.pending_sync_members: set[str] = set()
+        self.new_member_added = False
+        self._protocol_votes: Counter[str] = Counter()
+        # (topic, partition) -> (offset, metadata, commit timestamp)
+        self.offsets: dict[tuple[str, int], tuple[int, str | None, int]] = {}
+
+    def __repr__(self) -> str:
+        return f"Group({self.group_id!r}, {self.state.value}, gen={self.generation_id})"
+
+    # --- state ----------------------------------------------------------------------------
+
+    def is_in(self, *states: GroupState) -> bool:
+        return self.state in states
+
+    def transition_to(self, state: GroupState, now_ms: int = 0) -> None:
+        if self.state not in _VALID_PREVIOUS[state]:
+            raise IllegalStateTransition(
+                f"group {self.group_id}: {self.state.value} -> {state.value} is not allowed"
+            )
+        self.state = state
+        self.state_timestamp = now_ms
+
+    def can_rebalance(self) -> bool:
+        return self.state in _VALID_PREVIOUS[GroupState.PREPARING_REBALANCE]
+
+    # --- members --------------------------------------------------------------------------
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.members
+
+    def has(self, member_id: str) -> bool:
+        return member_id in self.members
+
+    def get(self, member_id: str) -> MemberMetadata:
+        return self.members[member_id]
+
+    def is_leader(self, member_id: str) -> bool:
+        return self.leader_id == member_id
+
+    def add(self, member: MemberMetadata, join_response: PendingResponse | None = None) -> None:
+        if not self.members:
+            self.protocol_type = member.protocol_type
+        if self.leader_id is None:
+            self.leader_id = member.member_id  # the first to join leads
+        self.members[member.member_id] = member
+        self._protocol_votes.update(name for name, _ in member.protocols)
+        member.join_response = join_response
+        self.pending_members.discard(member.member_id)
+
+    def update(
+        self,
+        member: MemberMetadata,
+        protocols: list[tuple[str, bytes]],
+        rebalance_timeout_ms: int,
+        session_timeout_ms: int,
+        join_response: PendingResponse | None,
+    ) -> None:
+        self._protocol_votes.subtract(name for name, _ in member.protocols)
+        self._protocol_votes.update(name for name, _ in protocols)
+        member.protocols = protocols
+        member.rebalance_timeout_ms = rebalance_timeout_ms
+        member.session_timeout_ms = session_timeout_ms
+        member.join_response = join_response
+
+    def remove(self, member_id: str) -> MemberMetadata | None:
+        member = self.members.pop(member_id, None)
+        self.pending_sync_members.discard(member_id)
+        if member is not None:
+            self._protocol_votes.subtract(name for name, _ in member.protocols)
+            self._protocol_votes += Counter()  # drop names nobody supports any more
+        if self.is_leader(member_id):
+            self.leader_id = next(iter(self.members), None)
+        return member
+
+    def has_all_members_joined(self) -> bool:
+        return not self.pending_members and all(m.awaiting_join for m in self.members.values())
+
+    def not_yet_rejoined_members(self) -> list[MemberMetadata]:
+        return [m for m in self.members.values() if not m.awaiting_join]
+
+    def rebalance_timeout_ms(self) -> int:
+        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+
+    # --- protocols ------------------------------------------------------------------------
+
+    def supports_protocols(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
+        """A new member must speak the group's protocol type and one of its protocols."""
+        if not self.members:
+            return bool(protocol_type) and bool(protocols)
+        names = {name for name, _ in protocols}
+        shared = {
+            name for name, votes in self._protocol_votes.items() if votes == len(self.members)
+        }
+        return protocol_type == self.protocol_type and bool(names & shared)
+
+    def select_protocol(self) -> str:
+        """The protocol every member supports that most members prefer (Kafka's vote)."""
+        candidates = {n for n, votes in self._protocol_votes.items() if votes == len(self.members)}
+        if not candidates:
+            raise ValueError(f"group {self.group_id}: no protocol every member supports")
+        ballots = Counter(m.vote(candidates) for m in self.members.values())
+        return max(sorted(ballots), key=lambda name: ballots[name])
+
+    def init_next_generation(self, now_ms: int = 0) -> None:
+        """A new generation: CompletingRebalance with the chosen protocol, or Empty."""
+        self.generation_id += 1
+        if self.members:
+            self.protocol_name = self.select_protocol()
+            self.transition_to(GroupState.COMPLETING_REBALANCE, now_ms)
+            self.pending_sync_members = set(self.members)
+        else:
+            self.protocol_name = None
+            self.transition_to(GroupState.EMPTY, now_ms)
+            self.pending_sync_members = set()
+
+    def member_metadata(self) -> list[dict]:
+        """What the leader gets in its JoinGroup answer: each member's chosen-protocol bytes."""
+        protocol = self.protocol_name or ""
+        return [
+            {"member_id": m.member_id, "metadata": m.metadata(protocol)}
+            for m in self.members.values()
+        ]

@@ -1,0 +1,248 @@
+"""OffsetCommit, OffsetFetch, ListGroups, DescribeGroups and DeleteGroups over the groups a
+GroupCoordinator serves (Kafka's GroupCoordinator.handleCommitOffsets and friends).
+
+A commit is acknowledged only once its records are on every in-sync replica (acks=all
+through the replica manager's produce purgatory); only then does it enter the cache
+that OffsetFetch reads, so a fetch never shows an offset a failover could lose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from minibroker.broker.coordinator.coordinator import (
+    COMPLETING,
+    DEAD,
+    EMPTY,
+    STABLE,
+    GroupCoordinator,
+)
+from minibroker.broker.coordinator.group import GroupMetadata, GroupState
+from minibroker.broker.coordinator.records import (
+    group_key,
+    offset_key,
+    offset_value,
+)
+from minibroker.broker.network.pending import PendingResponse
+from minibroker.protocol.errors import ErrorCode
+
+
+def _partition_errors(topics: list[dict], code: Callable[[str, int], ErrorCode]) -> list[dict]:
+    return [
+        {
+            "name": t["name"],
+            "partitions": [
+                {"partition": p["partition"], "error_code": int(code(t["name"], p["partition"]))}
+                for p in t["partitions"]
+            ],
+        }
+        for t in topics
+    ]
+
+
+def _commit_error(group: GroupMetadata | None, generation_id: int, member_id: str) -> ErrorCode:
+    """Kafka's doCommitOffsets checks, in its order."""
+    if group is None:
+        return ErrorCode.NONE if generation_id < 0 else ErrorCode.ILLEGAL_GENERATION
+    if group.is_in(DEAD):
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    if generation_id < 0 and group.is_in(EMPTY):
+        return ErrorCode.NONE  # from outside the group: an admin, or a consumer that assigns
+    if group.is_in(COMPLETING):
+        return ErrorCode.REBALANCE_IN_PROGRESS
+    if not group.has(member_id):
+        return ErrorCode.UNKNOWN_MEMBER_ID
+    if generation_id != group.generation_id:
+        return ErrorCode.ILLEGAL_GENERATION
+    return ErrorCode.NONE
+
+
+def commit_offsets(coordinator: GroupCoordinator, body: dict) -> dict | PendingResponse:
+    group_id = body["group_id"]
+    topics = body["topics"]
+    error = coordinator.group_error(group_id)
+    group = coordinator.groups.get(group_id) if error is None else None
+    if error is None:
+        error = _commit_error(group, body["generation_id"], body["member_id"])
+    if error is not ErrorCode.NONE:
+        return {"topics": _partition_errors(topics, lambda t, p: error), "throttle_time_ms": 0}
+    if group is None:
+        group = coordinator.groups[group_id] = GroupMetadata(
+            group_id, coordinator.manager.partition_for(group_id), coordinator.now_ms()
+        )
+    elif group.has(body["member_id"]):
+        coordinator.complete_and_schedule_heartbeat(group, group.get(body["member_id"]))
+    limit = coordinator.config["offset.metadata.max.bytes"]
+    now = coordinator.manager.now_ms_wall()
+    accepted: dict[tuple[str, int], tuple[int, str | None, int]] = {}
+    too_large: set[tuple[str, int]] = set()
+    for t in topics:
+        for p in t["partitions"]:
+            tp = (t["name"], p["partition"])
+            metadata = p["committed_metadata"]
+            if metadata is not None and len(metadata.encode()) > limit:
+                too_large.add(tp)
+            else:
+                accepted[tp] = (p["committed_offset"], metadata, now)
+    response = PendingResponse()
+
+    def answer(stored: ErrorCode) -> None:
+        if stored is ErrorCode.NONE and not group.is_in(DEAD):
+            group.offsets.update(accepted)
+        response.set(
+            {
+                "topics": _partition_errors(
+                    topics,
+                    lambda t, p: (
+                        ErrorCode.OFFSET_METADATA_TOO_LARGE if (t, p) in too_large else stored
+                    ),
+                ),
+                "throttle_time_ms": 0,
+            }
+        )
+
+    if not accepted:
+        answer(ErrorCode.NONE)
+    else:
+        entries = [
+            (offset_key(group_id, t, p), offset_value(*value)) for (t, p), value in accepted.items()
+        ]
+        coordinator.manager.append(group.partition, entries, answer)
+    return response.body if response.body is not None else response
+
+
+def fetch_offsets(coordinator: GroupCoordinator, body: dict) -> dict:
+    group_id = body["group_id"]
+    error = coordinator.group_error(group_id)
+    if error is not None:
+        return {"error_code": int(error), "topics": [], "throttle_time_ms": 0}
+    group = coordinator.groups.get(group_id)
+    offsets = group.offsets if group is not None else {}
+    wanted = body["topics"]
+    if wanted is None:
+        pairs = sorted(offsets)
+    else:
+        pairs = [(t["name"], p) for t in wanted for p in t["partition_indexes"]]
+    topics: dict[str, list] = {}
+    for tp in pairs:
+        offset, metadata, _ = offsets.get(tp, (-1, "", -1))
+        topics.setdefault(tp[0], []).append(
+            {
+                "partition": tp[1],
+                "committed_offset": offset,
+                "metadata": metadata,
+                "error_code": 0,
+            }
+        )
+    return {
+        "error_code": 0,
+        "topics": [{"name": n, "partitions": ps} for n, ps in topics.items()],
+        "throttle_time_ms": 0,
+    }
+
+
+def list_groups(coordinator: GroupCoordinator, body: dict) -> dict:
+    wanted = {s.lower() for s in body["states_filter"]}
+    groups = [
+        {
+            "group_id": g.group_id,
+            "protocol_type": g.protocol_type or "",
+            "group_state": g.state.value,
+        }
+        for g in coordinator.groups.values()
+        if not wanted or g.state.value.lower() in wanted
+    ]
+    # Kafka answers what it has, flagged, while a partition is still loading.
+    loading = coordinator.manager.loading
+    error = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS if loading else ErrorCode.NONE
+    return {"error_code": int(error), "groups": groups, "throttle_time_ms": 0}
+
+
+def describe_groups(coordinator: GroupCoordinator, body: dict) -> dict:
+    out = []
+    for group_id in body["groups"]:
+        entry = {
+            "error_code": 0,
+            "group_id": group_id,
+            "group_state": GroupState.DEAD.value,
+            "protocol_type": "",
+            "protocol_data": "",
+            "members": [],
+        }
+        error = coordinator.group_error(group_id)
+        group = coordinator.groups.get(group_id)
+        if error is not None:
+            entry["error_code"] = int(error)
+            entry["group_state"] = ""
+        elif group is not None:
+            stable = group.is_in(STABLE)
+            protocol = group.protocol_name if stable else None
+            entry.update(
+                group_state=group.state.value,
+                protocol_type=group.protocol_type or "",
+                protocol_data=protocol or "",
+                members=[
+                    {
+                        "member_id": m.member_id,
+                        "client_id": m.client_id,
+                        "client_host": m.client_host,
+                        # Kafka shows metadata and assignment only once they are settled.
+                        "member_metadata": m.metadata(protocol) if protocol else b"",
+                        "member_assignment": m.assignment if stable else b"",
+                    }
+                    for m in group.members.values()
+                ],
+            )
+        out.append(entry)
+    return {"groups": out, "throttle_time_ms": 0}
+
+
+def delete_groups(coordinator: GroupCoordinator, body: dict) -> dict | PendingResponse:
+    """Only an Empty group can go; its metadata and offsets become tombstones (acks=all)."""
+    results: dict[str, ErrorCode] = {}
+    writes: dict[int, list[tuple[bytes, None]]] = {}
+    for group_id in body["groups_names"]:
+        error = coordinator.group_error(group_id)
+        group = coordinator.groups.get(group_id) if error is None else None
+        if error is None and (group is None or group.is_in(DEAD)):
+            error = ErrorCode.GROUP_ID_NOT_FOUND
+        elif error is None and not group.is_in(EMPTY):
+            error = ErrorCode.NON_EMPTY_GROUP
+        if error is not None:
+            results[group_id] = error
+            continue
+        group.transition_to(DEAD, coordinator.now_ms())
+        del coordinator.groups[group_id]
+        results[group_id] = ErrorCode.NONE
+        entries = writes.setdefault(group.partition, [])
+        entries.append((group_key(group_id), None))
+        entries += [(offset_key(group_id, t, p), None) for t, p in group.offsets]
+    response = PendingResponse()
+    waiting = [len(writes)]
+
+    def finish() -> None:
+        response.set(
+            {
+                "results": [{"group_id": g, "error_code": int(c)} for g, c in results.items()],
+                "throttle_time_ms": 0,
+            }
+        )
+
+    def written(partition: int) -> Callable[[ErrorCode], None]:
+        def done(error: ErrorCode) -> None:
+            if error is not ErrorCode.NONE:
+                for key, _ in writes[partition]:
+                    for group_id, code in results.items():
+                        if code is ErrorCode.NONE and key == group_key(group_id):
+                            results[group_id] = error
+            waiting[0] -= 1
+            if waiting[0] == 0:
+                finish()
+
+        return done
+
+    if not writes:
+        finish()
+    for partition, entries in writes.items():
+        coordinator.manager.append(partition, entries, written(partition))
+    return response.body if response.body is not None else response

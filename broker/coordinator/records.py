@@ -1,0 +1,122 @@
+"""The records of ``__consumer_offsets``: committed offsets and group metadata, keyed so
+that the latest record per key is the truth (a compacted topic, as Kafka's).
+
+Keys and values are msgpack, in the broker's own batch format (protocol/batch.py):
+
+    offset commit   key [1, group, topic, partition]  value {offset, metadata, commit_timestamp}
+    group metadata  key [2, group]                     value {protocol_type, generation, protocol,
+                                                              leader, members: [...]}
+    a deletion      the same key, value None (a tombstone)
+
+Kafka numbers its key versions the same way (0/1 offsets, 2 group metadata). This is the
+one place these records are decoded: the coordinator's loader, never produce or fetch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgpack
+
+from minibroker.protocol import encode_batch, iter_batches
+from minibroker.protocol.batch import decode_records
+
+OFFSETS_TOPIC = "__consumer_offsets"
+OFFSET_KEY = 1
+GROUP_KEY = 2
+
+Offset = tuple[int, "str | None", int]  # offset, metadata, commit timestamp
+
+
+def _pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def offset_key(group_id: str, topic: str, partition: int) -> bytes:
+    return _pack([OFFSET_KEY, group_id, topic, partition])
+
+
+def group_key(group_id: str) -> bytes:
+    return _pack([GROUP_KEY, group_id])
+
+
+def offset_value(offset: int, metadata: str | None, timestamp_ms: int) -> bytes:
+    return _pack({"offset": offset, "metadata": metadata, "commit_timestamp": timestamp_ms})
+
+
+def group_value(group: Any, assignments: dict[str, bytes] | None = None) -> bytes:
+    """The group as a new coordinator must restore it: generation, protocol, members with
+    their subscription (the chosen protocol's bytes) and ``assignments`` (default: theirs)."""
+    protocol = group.protocol_name
+    if assignments is None:
+        assignments = {m.member_id: m.assignment for m in group.members.values()}
+    return _pack(
+        {
+            "protocol_type": group.protocol_type,
+            "generation": group.generation_id,
+            "protocol": protocol,
+            "leader": group.leader_id,
+            "members": [
+                {
+                    "member_id": m.member_id,
+                    "client_id": m.client_id,
+                    "client_host": m.client_host,
+                    "rebalance_timeout": m.rebalance_timeout_ms,
+                    "session_timeout": m.session_timeout_ms,
+                    "subscription": m.metadata(protocol) if protocol else b"",
+                    "assignment": assignments.get(m.member_id, b""),
+                }
+                for m in group.members.values()
+            ],
+        }
+    )
+
+
+def batch(entries: Iterable[tuple[bytes, bytes | None]], timestamp_ms: int) -> bytes:
+    """One batch of (key, value) records; a None value is a tombstone."""
+    return encode_batch([(timestamp_ms, key, value, ()) for key, value in entries])
+
+
+class PartitionContents:
+    """A coordinator partition replayed: the latest group and offset values per key."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, dict | None] = {}
+        self.offsets: dict[str, dict[tuple[str, int], Offset | None]] = {}
+        self.skipped = 0  # records that are not ours (or not readable): ignored
+
+    def replay(self, data: bytes) -> int:
+        """Apply the records of ``data`` (whole batches); returns the next offset."""
+        next_offset = -1
+        for pos, header in iter_batches(data, verify=True, allow_partial=True):
+            next_offset = header.next_offset
+            for record in decode_records(data, pos, header):
+                self._apply(record.key, record.value)
+        return next_offset
+
+    def _apply(self, raw_key: bytes | None, raw_value: bytes | None) -> None:
+        try:
+            key = msgpack.unpackb(raw_key, raw=False) if raw_key is not None else None
+            value = msgpack.unpackb(raw_value, raw=False) if raw_value is not None else None
+        except Exception:  # not ours: a client produced to the internal topic
+            self.skipped += 1
+            return
+        if not isinstance(key, list) or not key:
+            self.skipped += 1
+            return
+        if key[0] == OFFSET_KEY and len(key) == 4:
+            group, topic, partition = key[1], key[2], key[3]
+            offsets = self.offsets.setdefault(group, {})
+            if isinstance(value, dict):
+                offsets[(topic, partition)] = (
+                    value["offset"],
+                    value.get("metadata"),
+                    value.get("commit_timestamp", -1),
+                )
+            else:
+                offsets[(topic, partition)] = None
+        elif key[0] == GROUP_KEY and len(key) == 2:
+            self.groups[key[1]] = value if isinstance(value, dict) else None
+        else:
+            self.skipped += 1

@@ -1,0 +1,291 @@
+"""The consumer's side of a group (Kafka's ConsumerCoordinator, classic protocol): find
+the coordinator, join and sync, heartbeat, commit and fetch offsets, leave.
+
+The Consumer drives it: joins happen inside ``poll`` (so rebalance listeners run in the
+caller's task, as Kafka's do), heartbeats in a background task that also enforces
+``max.poll.interval.ms`` by leaving the group, as Kafka's heartbeat thread does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import trio
+
+from minibroker.client.assignors import (
+    ASSIGNORS,
+    decode_assignment,
+    decode_subscription,
+    encode_assignment,
+    encode_subscription,
+)
+from minibroker.client.cluster import Cluster
+from minibroker.client.records import TopicPartition
+from minibroker.protocol import ApiKey
+from minibroker.protocol.errors import ErrorCode, KafkaError, error_class
+
+# Find the coordinator again and retry.
+COORDINATOR_ERRORS = frozenset(
+    {
+        ErrorCode.COORDINATOR_NOT_AVAILABLE,
+        ErrorCode.NOT_COORDINATOR,
+        ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+    }
+)
+# This member's id or generation is no longer the group's: join afresh.
+MEMBERSHIP_ERRORS = frozenset(
+    {ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION, ErrorCode.REBALANCE_IN_PROGRESS}
+)
+
+
+class CommitFailed(KafkaError):
+    """Kafka's CommitFailedException: the group rebalanced, so this member's commit was
+    refused (its partitions may now be someone else's)."""
+
+    code = ErrorCode.REBALANCE_IN_PROGRESS
+
+
+class GroupMembership:
+    """One member of one group, over a client's Cluster."""
+
+    def __init__(self, cluster: Cluster, config: Mapping[str, Any], log: Callable[..., None]):
+        self.cluster = cluster
+        self.config = config
+        self.group_id: str = config["group.id"]
+        self.log = log
+        self.coordinator: int | None = None
+        self.member_id = ""
+        self.generation = -1
+        self.protocol: str | None = None
+        self.rejoin_needed = True
+        self.last_poll = time.monotonic()
+        self.join_started = 0.0  # monotonic time the latest join began (benchmarks read it)
+        self.backoff = config["retry.backoff.ms"] / 1000
+
+    # --- coordinator ------------------------------------------------------------------------
+
+    async def _find_coordinator(self) -> int:
+        while self.coordinator is None:
+            body = await self.cluster.any_request(ApiKey.FIND_COORDINATOR, {"key": self.group_id})
+            code = ErrorCode.parse(body["error_code"])
+            if code is ErrorCode.NONE:
+                if body["node_id"] not in self.cluster.brokers:
+                    await self.cluster.refresh(())
+                self.coordinator = body["node_id"]
+            elif code.retriable:
+                await trio.sleep(self.backoff)
+            else:
+                raise error_class(code)(body.get("error_message") or "")
+        return self.coordinator
+
+    async def call(self, api_key: int, body: dict) -> dict:
+        """A request to the coordinator; coordinator moves and network errors are retried
+        (up to request.timeout.ms) against whichever broker coordinates the group now."""
+        deadline = time.monotonic() + self.config["request.timeout.ms"] / 1000
+        while True:
+            try:
+                node = await self._find_coordinator()
+                answer = await self.cluster.request(node, api_key, body)
+            except KafkaError as exc:
+                if not exc.retriable or time.monotonic() > deadline:
+                    raise
+                self.coordinator = None
+                await trio.sleep(self.backoff)
+                continue
+            code = ErrorCode.parse(answer.get("error_code", 0))
+            if code in COORDINATOR_ERRORS and time.monotonic() <= deadline:
+                self.coordinator = None
+                await trio.sleep(self.backoff)
+                continue
+            return answer
+
+    # --- join and sync ----------------------------------------------------------------------
+
+    def reset(self) -> None:
+        self.member_id = ""
+        self.generation = -1
+        self.rejoin_needed = True
+
+    async def join(self, topics: Iterable[str]) -> list[TopicPartition]:
+        """Join (again) until a generation's SyncGroup hands this member its partitions."""
+        self.join_started = time.monotonic()
+        topics = sorted(topics)
+        strategies = self.config["partition.assignment.strategy"]
+        subscription = encode_subscription(topics)
+        while True:
+            joined = await self.call(
+                ApiKey.JOIN_GROUP,
+                {
+                    "group_id": self.group_id,
+                    "session_timeout_ms": self.config["session.timeout.ms"],
+                    "rebalance_timeout_ms": self.config["max.poll.interval.ms"],
+                    "member_id": self.member_id,
+                    "protocol_type": "consumer",
+                    "protocols": [{"name": s, "metadata": subscription} for s in strategies],
+                },
+            )
+            code = ErrorCode.parse(joined["error_code"])
+            if code is ErrorCode.MEMBER_ID_REQUIRED:
+                self.member_id = joined["member_id"]
+                continue
+            if code in MEMBERSHIP_ERRORS:
+                if code is not ErrorCode.REBALANCE_IN_PROGRESS:
+                    self.member_id = ""
+                continue
+            if code is not ErrorCode.NONE:
+                raise error_class(code)(joined.get("error_message") or f"joining {self.group_id}")
+            self.member_id = joined["member_id"]
+            self.generation = joined["generation_id"]
+            self.protocol = joined["protocol_name"]
+            assignments = []
+            if joined["leader"] == self.member_id:
+                assignments = await self._assign(joined["members"])
+            synced = await self.call(
+                ApiKey.SYNC_GROUP,
+                {
+                    "group_id": self.group_id,
+                    "generation_id": self.generation,
+                    "member_id": self.member_id,
+                    "assignments": assignments,
+                    "protocol_type": "consumer",
+                    "protocol_name": self.protocol,
+                },
+            )
+            code = ErrorCode.parse(synced["error_code"])
+            if code in MEMBERSHIP_ERRORS:
+                if code is not ErrorCode.REBALANCE_IN_PROGRESS:
+                    self.member_id = ""
+                continue
+            if code is not ErrorCode.NONE:
+                raise error_class(code)(synced.get("error_message") or f"syncing {self.group_id}")
+            self.rejoin_needed = False
+            self.log(
+                "group_joined",
+                group=self.group_id,
+                member=self.member_id,
+                generation=self.generation,
+                leader=joined["leader"] == self.member_id,
+            )
+            return decode_assignment(synced["assignment"])
+
+    async def _assign(self, members: list[dict]) -> list[dict]:
+        """The leader's job: run the agreed assignor over every member's subscription."""
+        subscriptions = {m["member_id"]: decode_subscription(m["metadata"]) for m in members}
+        topics = sorted({t for ts in subscriptions.values() for t in ts})
+        await self.cluster.refresh(topics)
+        counts = {t: self.cluster.partition_count(t) or 0 for t in topics}
+        plan = ASSIGNORS[self.protocol or "range"](subscriptions, counts)
+        return [{"member_id": m, "assignment": encode_assignment(tps)} for m, tps in plan.items()]
+
+    # --- heartbeat ------------------------------------------------------------------------
+
+    async def heartbeat_loop(self, wake: Callable[[], None]) -> None:
+        """Heartbeat every heartbeat.interval.ms while a member; leave the group when the
+        application has not polled within max.poll.interval.ms (Kafka's heartbeat thread)."""
+        interval = self.config["heartbeat.interval.ms"] / 1000
+        max_poll = self.config["max.poll.interval.ms"] / 1000
+        while True:
+            await trio.sleep(interval)
+            if self.generation < 0 or self.rejoin_needed:
+                continue
+            if time.monotonic() - self.last_poll > max_poll:
+                self.log("poll_interval_exceeded", group=self.group_id, member=self.member_id)
+                await self.leave()
+                wake()
+                continue
+            try:
+                answer = await self.call(
+                    ApiKey.HEARTBEAT,
+                    {
+                        "group_id": self.group_id,
+                        "generation_id": self.generation,
+                        "member_id": self.member_id,
+                    },
+                )
+            except KafkaError:
+                continue  # the next one retries; the session allows several misses
+            code = ErrorCode.parse(answer["error_code"])
+            if code in MEMBERSHIP_ERRORS:
+                if code is not ErrorCode.REBALANCE_IN_PROGRESS:
+                    self.member_id = ""
+                self.rejoin_needed = True
+                wake()
+
+    async def leave(self) -> None:
+        """LeaveGroup (best effort): the group rebalances now, not after a session timeout."""
+        member_id = self.member_id
+        self.reset()
+        if not member_id or self.coordinator is None:
+            return
+        try:
+            with trio.move_on_after(self.config["request.timeout.ms"] / 1000):
+                await self.cluster.request(
+                    self.coordinator,
+                    ApiKey.LEAVE_GROUP,
+                    {"group_id": self.group_id, "members": [{"member_id": member_id}]},
+                )
+        except KafkaError as exc:
+            self.log("leave_group_failed", group=self.group_id, error=str(exc))
+
+    # --- offsets ----------------------------------------------------------------------------
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        if not offsets:
+            return
+        topics: dict[str, list] = {}
+        for tp, offset in offsets.items():
+            topics.setdefault(tp.topic, []).append(
+                {"partition": tp.partition, "committed_offset": offset}
+            )
+        body = {
+            "group_id": self.group_id,
+            "generation_id": self.generation,
+            "member_id": self.member_id,
+            "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()],
+        }
+        deadline = time.monotonic() + self.config["request.timeout.ms"] / 1000
+        while True:
+            answer = await self.call(ApiKey.OFFSET_COMMIT, body)
+            codes = [
+                (t["name"], p["partition"], ErrorCode.parse(p["error_code"]))
+                for t in answer["topics"]
+                for p in t["partitions"]
+            ]
+            # Its coordinator moved or is loading (per partition here): find it, commit again.
+            if any(c in COORDINATOR_ERRORS for _, _, c in codes) and time.monotonic() < deadline:
+                self.coordinator = None
+                await trio.sleep(self.backoff)
+                continue
+            break
+        for topic, partition, code in codes:
+            if code in MEMBERSHIP_ERRORS:
+                self.rejoin_needed = True
+                raise CommitFailed(
+                    f"commit of {topic}-{partition} refused ({code.name}): the "
+                    "group rebalanced; poll() again to rejoin"
+                )
+            if code is not ErrorCode.NONE:
+                raise error_class(code)(f"commit of {topic}-{partition}")
+
+    async def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """Committed offsets (-1: none) of ``partitions``."""
+        wanted: dict[str, list[int]] = {}
+        for tp in partitions:
+            wanted.setdefault(tp.topic, []).append(tp.partition)
+        answer = await self.call(
+            ApiKey.OFFSET_FETCH,
+            {
+                "group_id": self.group_id,
+                "topics": [{"name": t, "partition_indexes": ps} for t, ps in wanted.items()],
+            },
+        )
+        code = ErrorCode.parse(answer["error_code"])
+        if code is not ErrorCode.NONE:
+            raise error_class(code)(f"fetching the offsets of group {self.group_id}")
+        return {
+            TopicPartition(t["name"], p["partition"]): p["committed_offset"]
+            for t in answer["topics"]
+            for p in t["partitions"]
+        }

@@ -1,0 +1,231 @@
+"""Body schemas of the consumer-group APIs (Kafka's classic group protocol).
+
+Kafka's field names, cut to what the classic protocol needs: no static membership
+(``group_instance_id``), no transactional commits. Assignments and subscriptions are
+opaque bytes: the broker stores and forwards them and never looks inside (the group's
+leader assigns). api.py registers these under Kafka's api keys.
+
+Every answer carries ``throttle_time_ms`` (always 0 here), as Kafka's do; that also keeps
+an answer with only an error code from reading as a bare error body, so the client reads
+group errors as data (protocol.connection's rule) while a refusal still raises.
+"""
+
+from __future__ import annotations
+
+from minibroker.protocol.schema import (
+    BYTES,
+    INT16,
+    INT32,
+    INT64,
+    STRING,
+    array,
+    integer,
+    nullable,
+    string,
+    struct,
+)
+
+GROUP_ID = string(max_len=255)
+MEMBER_ID = string(max_len=512)
+GENERATION = INT32
+_TOPIC = string(max_len=249)
+_PARTITION = integer("int32", min=0)
+_ERROR = INT16
+_MESSAGE = (nullable(STRING), None)
+_THROTTLE = {"throttle_time_ms": (INT32, 0)}
+_NAME = string(max_len=255)  # protocol type and protocol names
+
+# --- FindCoordinator (10) ------------------------------------------------------------------
+
+FIND_COORDINATOR_REQ = struct({"key": GROUP_ID}, {"key_type": (integer("int8", min=0, max=0), 0)})
+FIND_COORDINATOR_RESP = struct(
+    {
+        "error_code": _ERROR,
+        "node_id": integer("int32", min=-1),
+        "host": STRING,
+        "port": integer("int32", min=-1, max=65535),
+    },
+    {"error_message": _MESSAGE, **_THROTTLE},
+)
+
+# --- JoinGroup (11) --------------------------------------------------------------------------
+
+JOIN_GROUP_REQ = struct(
+    {
+        "group_id": GROUP_ID,
+        "session_timeout_ms": integer("int32", min=0),
+        "member_id": MEMBER_ID,
+        "protocol_type": _NAME,
+        "protocols": array(struct({"name": _NAME, "metadata": BYTES}), max_len=64),
+    },
+    # -1: as long as the session timeout (JoinGroup v0 had no rebalance timeout).
+    {"rebalance_timeout_ms": (integer("int32", min=-1), -1), "reason": (nullable(STRING), None)},
+)
+JOIN_GROUP_RESP = struct(
+    {
+        "error_code": _ERROR,
+        "generation_id": GENERATION,
+        "protocol_name": nullable(_NAME),
+        "leader": MEMBER_ID,
+        "member_id": MEMBER_ID,
+        "members": array(struct({"member_id": MEMBER_ID, "metadata": BYTES})),
+    },
+    {"protocol_type": (nullable(_NAME), None), "error_message": _MESSAGE, **_THROTTLE},
+)
+
+# --- Heartbeat (12) --------------------------------------------------------------------------
+
+HEARTBEAT_REQ = struct({"group_id": GROUP_ID, "generation_id": GENERATION, "member_id": MEMBER_ID})
+HEARTBEAT_RESP = struct({"error_code": _ERROR}, {"error_message": _MESSAGE, **_THROTTLE})
+
+# --- LeaveGroup (13), v3's shape: a batch of members ---------------------------------------
+
+LEAVE_GROUP_REQ = struct(
+    {"group_id": GROUP_ID, "members": array(struct({"member_id": MEMBER_ID}), max_len=10000)}
+)
+LEAVE_GROUP_RESP = struct(
+    {
+        "error_code": _ERROR,
+        "members": array(struct({"member_id": MEMBER_ID, "error_code": _ERROR})),
+    },
+    {"error_message": _MESSAGE, **_THROTTLE},
+)
+
+# --- SyncGroup (14) --------------------------------------------------------------------------
+
+SYNC_GROUP_REQ = struct(
+    {
+        "group_id": GROUP_ID,
+        "generation_id": GENERATION,
+        "member_id": MEMBER_ID,
+        "assignments": array(struct({"member_id": MEMBER_ID, "assignment": BYTES})),
+    },
+    {"protocol_type": (nullable(_NAME), None), "protocol_name": (nullable(_NAME), None)},
+)
+SYNC_GROUP_RESP = struct(
+    {"error_code": _ERROR, "assignment": BYTES},
+    {
+        "protocol_type": (nullable(_NAME), None),
+        "protocol_name": (nullable(_NAME), None),
+        "error_message": _MESSAGE,
+        **_THROTTLE,
+    },
+)
+
+# --- OffsetCommit (8) ------------------------------------------------------------------------
+
+OFFSET_COMMIT_REQ = struct(
+    {
+        "group_id": GROUP_ID,
+        # -1 and "": a commit from outside the group (an admin's, or a consumer that assigns
+        # its own partitions), accepted only while the group has no members.
+        "generation_id": GENERATION,
+        "member_id": MEMBER_ID,
+        "topics": array(
+            struct(
+                {
+                    "name": _TOPIC,
+                    "partitions": array(
+                        struct(
+                            {"partition": _PARTITION, "committed_offset": INT64},
+                            {"committed_metadata": (nullable(STRING), None)},
+                        )
+                    ),
+                }
+            )
+        ),
+    }
+)
+_PARTITION_ERRORS = array(
+    struct(
+        {
+            "name": _TOPIC,
+            "partitions": array(struct({"partition": _PARTITION, "error_code": _ERROR})),
+        }
+    )
+)
+OFFSET_COMMIT_RESP = struct({"topics": _PARTITION_ERRORS}, _THROTTLE)
+
+# --- OffsetFetch (9) -------------------------------------------------------------------------
+
+OFFSET_FETCH_REQ = struct(
+    {
+        "group_id": GROUP_ID,
+        # None: every partition the group has committed.
+        "topics": nullable(array(struct({"name": _TOPIC, "partition_indexes": array(_PARTITION)}))),
+    }
+)
+OFFSET_FETCH_RESP = struct(
+    {
+        "error_code": _ERROR,
+        "topics": array(
+            struct(
+                {
+                    "name": _TOPIC,
+                    "partitions": array(
+                        struct(
+                            {
+                                "partition": _PARTITION,
+                                "committed_offset": INT64,
+                                "metadata": nullable(STRING),
+                                "error_code": _ERROR,
+                            }
+                        )
+                    ),
+                }
+            )
+        ),
+    },
+    {"error_message": _MESSAGE, **_THROTTLE},
+)
+
+# --- DescribeGroups (15) ---------------------------------------------------------------------
+
+DESCRIBE_GROUPS_REQ = struct({"groups": array(GROUP_ID, max_len=10000)})
+_MEMBER_DESCRIPTION = struct(
+    {
+        "member_id": MEMBER_ID,
+        "client_id": STRING,
+        "client_host": STRING,
+        "member_metadata": BYTES,
+        "member_assignment": BYTES,
+    }
+)
+DESCRIBE_GROUPS_RESP = struct(
+    {
+        "groups": array(
+            struct(
+                {
+                    "error_code": _ERROR,
+                    "group_id": GROUP_ID,
+                    "group_state": STRING,
+                    "protocol_type": STRING,
+                    "protocol_data": STRING,
+                    "members": array(_MEMBER_DESCRIPTION),
+                },
+                {"error_message": _MESSAGE},
+            )
+        )
+    },
+    _THROTTLE,
+)
+
+# --- ListGroups (16) -------------------------------------------------------------------------
+
+LIST_GROUPS_REQ = struct({}, {"states_filter": (array(STRING, max_len=16), [])})
+LIST_GROUPS_RESP = struct(
+    {
+        "error_code": _ERROR,
+        "groups": array(
+            struct({"group_id": GROUP_ID, "protocol_type": STRING, "group_state": STRING})
+        ),
+    },
+    {"error_message": _MESSAGE, **_THROTTLE},
+)
+
+# --- DeleteGroups (42) -----------------------------------------------------------------------
+
+DELETE_GROUPS_REQ = struct({"groups_names": array(GROUP_ID, max_len=10000)})
+DELETE_GROUPS_RESP = struct(
+    {"results": array(struct({"group_id": GROUP_ID, "error_code": _ERROR}))}, _THROTTLE
+)

@@ -1,0 +1,304 @@
+"""Consumer groups against real broker processes: partitions shared without overlap or
+gap, a stopped member's partitions taken over from its last commit, max.poll.interval.ms,
+coordinator failover with committed offsets intact, and `groups describe` lag.
+
+Every wait is on the thing itself (a group's state, records seen), with a generous bound.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+import trio
+
+from minibroker.client import Admin, Consumer, NewTopic, Producer, TopicPartition
+from minibroker.protocol import ApiKey
+
+pytestmark = pytest.mark.integration
+
+GROUP_CONFIG = {
+    "group.min.session.timeout.ms": 500,
+    "group.initial.rebalance.delay.ms": 0,
+    "offsets.topic.num.partitions": 3,
+    "replica.lag.time.max.ms": 2000,
+}
+FAST = {
+    "session.timeout.ms": 2000,
+    "heartbeat.interval.ms": 200,
+    "auto.offset.reset": "earliest",
+    "retry.backoff.ms": 50,
+}
+
+
+async def setup_topic(bootstrap: str, topic: str, partitions: int, per_partition: int) -> None:
+    async with Admin(bootstrap) as admin:
+        await admin.create_topics([NewTopic(topic, partitions, 3)])
+    await produce(bootstrap, topic, partitions, per_partition)
+
+
+async def produce(bootstrap: str, topic: str, partitions: int, per_partition: int) -> None:
+    async with Producer(bootstrap) as producer:
+        for p in range(partitions):
+            for i in range(per_partition):
+                await producer.enqueue(topic, f"{p}-{i}".encode(), partition=p)
+        await producer.flush()
+
+
+async def wait_for(check, timeout: float = 60, what: str = "condition"):
+    with trio.fail_after(timeout):
+        while True:
+            result = await check()
+            if result:
+                return result
+            await trio.sleep(0.1)
+
+
+async def test_three_consumers_share_six_partitions_without_overlap_or_gap(
+    minibroker_cluster_factory,
+):
+    cluster = minibroker_cluster_factory(3, GROUP_CONFIG)
+    bootstrap = cluster.bootstrap
+    await setup_topic(bootstrap, "t6", 6, 20)
+    seen: list[tuple[int, int]] = []
+    consumers: list[Consumer] = []
+    stop = trio.Event()
+
+    async def member(i: int) -> None:
+        async with Consumer(bootstrap, group_id="g3", **FAST, **{"client.id": f"c{i}"}) as c:
+            c.subscribe(["t6"])
+            consumers.append(c)
+            while not stop.is_set():
+                seen.extend((r.partition, r.offset) for r in await c.poll(timeout_ms=200))
+
+    async def settled() -> bool:
+        async with Admin(bootstrap) as admin:
+            desc = await admin.describe_consumer_group("g3")
+        owned = [tp for m in desc.members for tp in m.assignment]
+        return desc.state == "Stable" and len(desc.members) == 3 and len(owned) == 6
+
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(member, i)
+        await wait_for(settled)
+        await produce(bootstrap, "t6", 6, 20)  # more after the group settled
+        await wait_for(lambda: _async(len(set(seen)) == 240))
+        assignments = [c.assignment() for c in consumers]
+        stop.set()
+    everything = set().union(*assignments)
+    assert everything == {TopicPartition("t6", p) for p in range(6)}  # no gap
+    assert sum(len(a) for a in assignments) == 6  # no overlap
+    assert all(len(a) == 2 for a in assignments)  # range: two each
+    assert set(seen) == {(p, o) for p in range(6) for o in range(40)}
+
+
+async def _async(value):
+    return value
+
+
+class CliConsumer:
+    """`minibroker consume --group` as its own process; lines read by a thread."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, client_id: str) -> None:
+        props = {**FAST, "auto.commit.interval.ms": 100, "client.id": client_id}
+        cmd = [sys.executable, "-m", "minibroker.deploy.cli", "consume", topic, "--group", group]
+        cmd += ["--print-offset", "--bootstrap", bootstrap]
+        for k, v in props.items():
+            cmd += ["--property", f"{k}={v}"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.records: list[tuple[int, int]] = []
+        self.client_id = client_id
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            part, offset, _ = line.decode().split("\t", 2)
+            self.records.append((int(part.split(":")[1]), int(offset.split(":")[1])))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait()
+
+
+async def test_a_stopped_member_s_partitions_move_on_from_its_last_commit(
+    minibroker_cluster_factory,
+):
+    cluster = minibroker_cluster_factory(3, GROUP_CONFIG)
+    bootstrap = cluster.bootstrap
+    await setup_topic(bootstrap, "ts", 6, 10)
+    members = [CliConsumer(bootstrap, "gs", "ts", f"c{i}") for i in range(3)]
+    try:
+        async with Admin(bootstrap) as admin:
+
+            async def all_committed() -> bool:
+                desc = await admin.describe_consumer_group("gs")
+                offsets = await admin.list_consumer_group_offsets("gs")
+                return (
+                    desc.state == "Stable"
+                    and len(desc.members) == 3
+                    and len(offsets) == 6
+                    and all(o == 10 for o in offsets.values())
+                )
+
+            await wait_for(all_committed)
+            desc = await admin.describe_consumer_group("gs")
+            victim = members[0]
+            owned = next(m for m in desc.members if m.client_id == victim.client_id).assignment
+            victim_partitions = {tp.partition for tp in owned}
+            last_commit = await admin.list_consumer_group_offsets("gs")
+            os.kill(victim.proc.pid, signal.SIGSTOP)
+            marks = [len(m.records) for m in members]
+            await produce(bootstrap, "ts", 6, 10)
+            survivors = members[1:]
+
+            async def taken_over() -> bool:
+                later = [
+                    r
+                    for m, mark in zip(survivors, marks[1:], strict=True)
+                    for r in m.records[mark:]
+                ]
+                return {(p, o) for p, o in later} >= {
+                    (p, o) for p in range(6) for o in range(10, 20)
+                }
+
+            await wait_for(taken_over)
+            desc = await admin.describe_consumer_group("gs")
+        assert victim_partitions  # it owned something when it stopped
+        assert len(desc.members) == 2 and victim.client_id not in {
+            m.client_id for m in desc.members
+        }
+        later = [r for m, mark in zip(survivors, marks[1:], strict=True) for r in m.records[mark:]]
+        for p in victim_partitions:
+            offsets = sorted(o for q, o in later if q == p)
+            # exactly from the victim's last commit on: nothing before it read again, no gap
+            assert offsets == list(range(last_commit[TopicPartition("ts", p)], 20))
+    finally:
+        for m in members:
+            m.close()
+
+
+async def test_a_consumer_that_stops_polling_leaves_its_group(minibroker_cluster_factory):
+    cluster = minibroker_cluster_factory(3, GROUP_CONFIG)
+    bootstrap = cluster.bootstrap
+    await setup_topic(bootstrap, "tp", 2, 1)
+    async with (
+        Consumer(bootstrap, group_id="gp", **FAST, **{"max.poll.interval.ms": 1500}) as slow,
+        Consumer(bootstrap, group_id="gp", **FAST) as busy,
+        Admin(bootstrap) as admin,
+    ):
+        slow.subscribe(["tp"])
+        busy.subscribe(["tp"])
+        # A join inside poll() waits for the whole group, as Kafka's does: poll both at once.
+        slow_polls = trio.Event()  # set: slow stops polling
+
+        async def keep_polling(c: Consumer, until: trio.Event | None) -> None:
+            while until is None or not until.is_set():
+                await c.poll(timeout_ms=100)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keep_polling, slow, slow_polls)
+            nursery.start_soon(keep_polling, busy, None)
+            await wait_for(
+                lambda: _async(len(slow.assignment()) == 1 and len(busy.assignment()) == 1)
+            )
+            slow_polls.set()  # from now on slow never polls: its heartbeats must give it up
+            await wait_for(lambda: _async(len(busy.assignment()) == 2))
+            nursery.cancel_scope.cancel()
+        desc = await admin.describe_consumer_group("gp")
+        assert [e for e, _ in slow.group_events].count("poll_interval_exceeded") >= 1
+        assert len(desc.members) == 1
+
+
+async def test_commits_and_joins_survive_the_coordinator_s_death(minibroker_cluster_factory):
+    cluster = minibroker_cluster_factory(3, GROUP_CONFIG)
+    bootstrap = cluster.bootstrap
+    await setup_topic(bootstrap, "tf", 4, 5)
+    async with Consumer(bootstrap, group_id="gf", **FAST) as consumer:
+        consumer.subscribe(["tf"])
+        await wait_for(lambda: _polled(consumer, 4))
+        await consumer.commit({("tf", p): p + 1 for p in range(4)})
+        body = await consumer._cluster.any_request(ApiKey.FIND_COORDINATOR, {"key": "gf"})
+        coordinator = body["node_id"]
+        cluster.kill(coordinator)
+        # the next commit finds the new coordinator (a new leader of the group's partition)
+        with trio.fail_after(60):
+            await consumer.commit({("tf", 0): 5})
+        committed = await consumer.committed([("tf", p) for p in range(4)])
+        assert committed == {
+            TopicPartition("tf", 0): 5,
+            **{TopicPartition("tf", p): p + 1 for p in (1, 2, 3)},
+        }
+        body = await consumer._cluster.any_request(ApiKey.FIND_COORDINATOR, {"key": "gf"})
+        assert body["node_id"] != coordinator
+        # and the group keeps working: a second member joins, partitions are shared out
+        async with Consumer(bootstrap, group_id="gf", **FAST) as second:
+            second.subscribe(["tf"])
+
+            async def keep_polling(c: Consumer) -> None:
+                while True:
+                    await c.poll(timeout_ms=100)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(keep_polling, consumer)
+                nursery.start_soon(keep_polling, second)
+                await wait_for(
+                    lambda: _async(
+                        len(consumer.assignment()) == 2 and len(second.assignment()) == 2
+                    )
+                )
+                nursery.cancel_scope.cancel()
+            # its positions start from what was committed before the failover
+            positions = {tp: await second.position(tp) for tp in second.assignment()}
+            expected = {
+                TopicPartition("tf", 0): 5,
+                **{TopicPartition("tf", p): p + 1 for p in (1, 2, 3)},
+            }
+            assert all(positions[tp] >= expected[tp] for tp in positions)
+
+
+async def _polled(consumer: Consumer, partitions: int) -> bool:
+    await consumer.poll(timeout_ms=100)
+    return len(consumer.assignment()) == partitions
+
+
+async def test_groups_describe_shows_lag(minibroker_cluster_factory):
+    cluster = minibroker_cluster_factory(3, GROUP_CONFIG)
+    bootstrap = cluster.bootstrap
+    await setup_topic(bootstrap, "tl", 2, 10)
+    async with Admin(bootstrap) as admin:
+        await admin.alter_consumer_group_offsets("gl", {("tl", 0): 3, ("tl", 1): 7})
+
+    def cli(*args: str) -> str:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "minibroker.deploy.cli",
+                "groups",
+                *args,
+                "--bootstrap",
+                bootstrap,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+
+    rows = [line.split() for line in cli("describe", "gl").splitlines()[2:]]
+    assert [(r[0], r[1], r[2], r[3], r[4]) for r in rows] == [
+        ("tl", "0", "3", "10", "7"),
+        ("tl", "1", "7", "10", "3"),
+    ]
+    assert "gl\tEmpty" in cli("list")
+    cli("reset-offsets", "gl", "--topic", "tl", "--to-latest")
+    rows = [line.split() for line in cli("describe", "gl").splitlines()[2:]]
+    assert [r[4] for r in rows] == ["0", "0"]
+    assert "Deleted group gl." in cli("delete", "gl")
+    assert "gl" not in cli("list")
