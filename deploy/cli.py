@@ -23,6 +23,7 @@ from minibroker.deploy import (
     stats_cli,
 )
 from minibroker.deploy.bench import (
+    compare,
     consume,
     failover,
     groups,
@@ -55,12 +56,14 @@ BENCHMARKS: dict[str, tuple[ModuleType, str]] = {
     "groups": (groups, "consumer groups: rebalance after a leave; 10k members' heartbeats"),
     "requests": (requests, "plain request rate, pipelined (ApiVersions or an empty fetch)"),
     "spark-read": (spark_read, "records/s read into a Spark DataFrame and written back"),
+    "compare": (compare, "the working tree against a git revision: medians and ratios"),
 }
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks; each prints one JSON line of figures")
     benches = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    p.set_defaults(bench_parser=p)  # bench compare checks the benches it is to run with it
     for name, (module, doc) in BENCHMARKS.items():
         bp = benches.add_parser(name, help=doc)
         module.add_arguments(bp)

@@ -1,0 +1,166 @@
+"""`bench compare`'s pure parts: the bench chain it is given, the order builds run in,
+figures out of a bench's JSON line, medians and ratios, and where a revision's CLI lives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from minibroker.deploy.bench.builds import cli_module
+from minibroker.deploy.bench.compare import (
+    Step,
+    check_arguments,
+    flatten_figures,
+    last_json_line,
+    parse_steps,
+    run_order,
+    summarize,
+)
+from minibroker.deploy.broker_cli import CommandError
+from minibroker.deploy.cli import build_parser
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_options_after_the_double_dash_belong_to_the_bench_not_to_compare():
+    own = ["bench", "compare", "--baseline", "e90d03f", "--rounds", "5", "--"]
+    chain = ["produce", "--records", "10", "--then", "consume", "--records", "10"]
+    args = build_parser().parse_args([*own, *chain])
+    assert (args.baseline, args.rounds, args.brokers) == ("e90d03f", 5, 3)
+    assert parse_steps(args.chain) == [
+        Step("produce", ("produce", "--records", "10")),
+        Step("consume", ("consume", "--records", "10")),
+    ]
+
+
+def test_a_bench_named_twice_gets_a_numbered_prefix():
+    steps = parse_steps(["produce", "--then", "produce", "--acks", "1", "--then", "produce"])
+    assert [s.name for s in steps] == ["produce", "produce2", "produce3"]
+    assert steps[1].argv == ("produce", "--acks", "1")
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        [],
+        ["--"],
+        ["--records", "10"],
+        ["produce", "--then"],
+        ["produce", "--then", "--then", "consume"],
+        ["compare", "--baseline", "HEAD"],
+        ["produce", "--bootstrap", "127.0.0.1:9092"],
+        ["produce", "--then", "consume", "--bootstrap=127.0.0.1:9092"],
+    ],
+)
+def test_a_chain_compare_cannot_run_is_refused(words):
+    with pytest.raises(CommandError):
+        parse_steps(words)
+
+
+def test_bench_arguments_are_checked_by_the_working_trees_parser_before_anything_runs():
+    args = build_parser().parse_args(["bench", "compare", "--baseline", "HEAD", "--", "consume"])
+    check_arguments(
+        parse_steps(["produce", "--acks", "all", "--then", "consume"]), args.bench_parser
+    )
+    with pytest.raises(CommandError, match="unrecognized arguments: --no-such-option"):
+        check_arguments(parse_steps(["produce", "--no-such-option"]), args.bench_parser)
+    # bench purgatory measures an in-process purgatory: there is no cluster to point it at.
+    with pytest.raises(CommandError, match="measures no running cluster"):
+        check_arguments(parse_steps(["purgatory"]), args.bench_parser)
+
+
+def test_each_round_runs_both_builds_and_swaps_which_goes_first():
+    assert run_order(1) == ["baseline", "working"]
+    assert run_order(4) == ["baseline", "working", "working", "baseline"] * 2
+
+
+def test_figures_are_every_number_nested_names_dotted_parameters_left_out():
+    line = {
+        "benchmark": "longpoll",
+        "records_per_sec": 1000.5,
+        "errors": 0,
+        "spread": False,
+        "first_error": None,
+        "expiry_lateness_ms": {"p50": 3.1, "p99": 9.0},
+        "broker_fetch_purgatory": {"expired": 7, "wheel": {"buckets": 2}},
+        "client_cpu_percent": [5.0, 6.0],
+        "params": {"records": 10},
+    }
+    assert flatten_figures(line, "longpoll") == {
+        "longpoll.records_per_sec": 1000.5,
+        "longpoll.errors": 0.0,
+        "longpoll.expiry_lateness_ms.p50": 3.1,
+        "longpoll.expiry_lateness_ms.p99": 9.0,
+        "longpoll.broker_fetch_purgatory.expired": 7.0,
+        "longpoll.broker_fetch_purgatory.wheel.buckets": 2.0,
+    }
+
+
+def test_summary_quotes_medians_and_working_over_baseline():
+    baseline = [
+        {"p.rate": 100.0, "p.p99": 30.0},
+        {"p.rate": 300.0, "p.p99": 10.0},
+        {"p.rate": 200.0, "p.p99": 20.0},
+    ]
+    working = [
+        {"p.rate": 150.0, "p.p99": 10.0},
+        {"p.rate": 250.0, "p.p99": 5.0},
+        {"p.rate": 50.0, "p.p99": 1.0},
+    ]
+    summary = summarize(baseline, working)
+    assert summary["p.rate"] == {
+        "baseline": 200.0,
+        "working": 150.0,
+        "ratio": 0.75,
+        "runs": {"baseline": [100.0, 300.0, 200.0], "working": [150.0, 250.0, 50.0]},
+    }
+    assert (summary["p.p99"]["baseline"], summary["p.p99"]["working"]) == (20.0, 5.0)
+    assert summary["p.p99"]["ratio"] == 0.25
+    # The summary is what gets printed: one JSON line.
+    assert "\n" not in json.dumps(summary)
+
+
+def test_a_figure_one_build_lacks_or_a_zero_baseline_has_no_ratio():
+    summary = summarize([{"a": 0.0}], [{"a": 0.0, "new": 4.0}, {"a": 2.0, "new": 6.0}])
+    assert summary["a"] == {
+        "baseline": 0.0,
+        "working": 1.0,
+        "ratio": None,
+        "runs": {"baseline": [0.0], "working": [0.0, 2.0]},
+    }
+    assert (summary["new"]["baseline"], summary["new"]["working"], summary["new"]["ratio"]) == (
+        None,
+        5.0,
+        None,
+    )
+
+
+def test_the_figures_are_the_last_json_line_of_a_bench():
+    out = 'creating topic\n{"records": 1}\n{"records": 2}\nbye\n'
+    assert last_json_line(out) == {"records": 2}
+    assert last_json_line("no figures\n") is None
+
+
+PRE_RENAME = """
+[project]
+name = "minibroker"
+[project.scripts]
+minibroker = "deploy.cli:main"
+[tool.setuptools.packages.find]
+include = ["protocol*", "broker*", "client*", "deploy*"]
+"""
+
+
+def test_a_revision_before_the_rename_runs_deploy_cli():
+    assert cli_module(PRE_RENAME) == "deploy.cli"
+
+
+def test_this_revision_runs_minibroker_deploy_cli():
+    assert cli_module((REPO / "pyproject.toml").read_text()) == "minibroker.deploy.cli"
+
+
+def test_a_revision_without_the_command_is_refused():
+    with pytest.raises(CommandError, match="no 'minibroker' command"):
+        cli_module('[project]\nname = "minibroker"\n')
