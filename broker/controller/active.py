@@ -72,7 +72,13 @@ class ControllerRole:
         self.heartbeats[body["broker_id"]] = self.clock.now_ms()
         # Voters get metadata from the quorum itself; the answer carries none.
         return self.controller.register_broker(
-            BrokerInfo(body["broker_id"], body["host"], body["port"]),
+            BrokerInfo(
+                body["broker_id"],
+                body["host"],
+                body["port"],
+                body["kafka_host"],
+                body["kafka_port"],
+            ),
             {"error_code": 0, "metadata": None},
         )
 
