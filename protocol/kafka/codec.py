@@ -61,6 +61,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     KafkaApi.INIT_PRODUCER_ID: (0, 1),
     KafkaApi.OFFSET_FOR_LEADER_EPOCH: (0, 3),
     KafkaApi.DESCRIBE_CONFIGS: (0, 3),
+    # Served only to refuse: consumer groups come with the group coordinator. A client
+    # that never gets an answer here waits forever (librdkafka) instead of saying why.
+    KafkaApi.FIND_COORDINATOR: (0, 2),
 }
 
 _HEAD = struct.Struct(">hhih")  # api_key, api_version, correlation_id, client_id length

@@ -334,3 +334,29 @@ def test_the_fault_api_fails_kafka_produces_too(cluster):
     finally:
         cluster.clear_faults(leader)
     assert outcome and outcome[0].code() == RdKafkaError.NOT_ENOUGH_REPLICAS
+
+
+def test_subscribe_is_refused_with_a_reason_until_groups_exist(cluster):
+    from kafka import KafkaConsumer
+    from kafka.errors import GroupAuthorizationFailedError
+
+    consumer = RdConsumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": "g"})
+    consumer.subscribe(["rd-sub"])
+    error = None
+    deadline = time.monotonic() + 30
+    while error is None and time.monotonic() < deadline:
+        message = consumer.poll(1)
+        if message is not None and message.error() is not None:
+            error = message.error()
+    consumer.close()
+    assert error is not None and error.code() == RdKafkaError.GROUP_AUTHORIZATION_FAILED
+    assert "use assign()" in error.str()
+    with pytest.raises(GroupAuthorizationFailedError):
+        kp = KafkaConsumer(
+            "rd-sub", bootstrap_servers=cluster.kafka_bootstrap.split(","), group_id="g",
+            consumer_timeout_ms=10000,
+        )  # fmt: skip
+        try:
+            list(kp)
+        finally:
+            kp.close()
