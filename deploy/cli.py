@@ -17,6 +17,7 @@ from minibroker.deploy import broker_cli, chaos_cli, client_cli, cluster_cli, fa
 from minibroker.deploy.bench import (
     consume,
     failover,
+    kafka_clients,
     longpoll,
     produce,
     purgatory,
@@ -36,6 +37,10 @@ BENCHMARKS: dict[str, tuple[ModuleType, str]] = {
     "failover": (failover, "kill -9 the active controller: time until a topic can be created"),
     "longpoll": (longpoll, "thousands of connections each holding a long-poll fetch"),
     "requests": (requests, "plain request rate, pipelined (ApiVersions or an empty fetch)"),
+    "kafka-clients": (
+        kafka_clients,
+        "confluent-kafka, kafka-python or aiokafka through the Kafka listener (or librdkafka's mock)",
+    ),
     "spark-read": (spark_read, "records/s read into a Spark DataFrame and written back"),
 }
 
