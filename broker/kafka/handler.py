@@ -29,10 +29,6 @@ _TRANSACTIONS = (
     "producer, enable.idempotence=true, is served)"
 )
 _RESOURCE_TOPIC = 2
-_NO_GROUPS = (
-    "consumer groups are not served by minibroker's Kafka listener yet: use assign() "
-    "with explicit partitions instead of subscribe()"
-)
 
 
 def then(result: Any, translate: Callable[[dict], dict]) -> Any:
@@ -72,7 +68,6 @@ class KafkaRequestHandler:
             KafkaApi.INIT_PRODUCER_ID: self.init_producer_id,
             KafkaApi.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             KafkaApi.DESCRIBE_CONFIGS: self.describe_configs,
-            KafkaApi.FIND_COORDINATOR: self.find_coordinator,
         }
 
     def handle(
@@ -443,17 +438,6 @@ class KafkaRequestHandler:
             }
 
         return then(result, answer)
-
-    def find_coordinator(self, header, body, session) -> dict:
-        """No group coordinator yet: a subscribe() fails with a reason (GROUP_AUTHORIZATION_
-        FAILED is fatal to every client, so none retries forever); assign() needs none."""
-        return {
-            "error_code": int(ErrorCode.GROUP_AUTHORIZATION_FAILED),
-            "error_message": _NO_GROUPS,
-            "node_id": -1,
-            "host": "",
-            "port": -1,
-        }
 
     def describe_configs(self, header, body, session) -> dict:
         """Topic resources: each topic's own settings, then the broker defaults it inherits."""

@@ -61,9 +61,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     KafkaApi.INIT_PRODUCER_ID: (0, 1),
     KafkaApi.OFFSET_FOR_LEADER_EPOCH: (0, 3),
     KafkaApi.DESCRIBE_CONFIGS: (0, 3),
-    # Served only to refuse: consumer groups come with the group coordinator. A client
-    # that never gets an answer here waits forever (librdkafka) instead of saying why.
-    KafkaApi.FIND_COORDINATOR: (0, 2),
+    # Not FindCoordinator: a refusal there (tried: GROUP_AUTHORIZATION_FAILED) reaches
+    # every confluent-kafka consumer, since it must have a group.id even to assign();
+    # unadvertised, kafka-python's subscribe() fails naming the API and assign() is clean.
 }
 
 _HEAD = struct.Struct(">hhih")  # api_key, api_version, correlation_id, client_id length
