@@ -27,6 +27,8 @@ from minibroker.broker.controller.controller import METADATA_FILE
 from minibroker.broker.controller.membership import ControllerLink, quorum_voters
 from minibroker.broker.controller.producer_ids import ProducerIdManager
 from minibroker.broker.coordinator import CoordinatorService
+from minibroker.broker.kafka import KafkaCodec, KafkaRequestHandler
+from minibroker.broker.kafka.listener import kafka_listener
 from minibroker.broker.metadata.cache import MetadataCache
 from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata, load_metadata
 from minibroker.broker.metadata.records import MetadataImage
@@ -80,7 +82,10 @@ class Broker:
         logger: Any,
     ) -> None:
         self.broker_id = broker_id
-        self.me = BrokerInfo(broker_id, host, port)
+        # (host, port) of the Kafka listener; () when kafka.listener is off.
+        self.kafka_address = kafka_listener(config) or ()
+        kafka_host, kafka_port = self.kafka_address or ("", 0)
+        self.me = BrokerInfo(broker_id, host, port, kafka_host, kafka_port)
         self.data_dir = data_dir
         self.config = config
         self.log = logger
@@ -115,7 +120,9 @@ class Broker:
         self.producer_ids = ProducerIdManager(self._allocate_producer_ids, self.tasks, logger)
         self._creating_offsets_topic = False  # one CreateTopics for it at a time
         self.coordinator = self._coordinator()
-        self.connections = self._socket_server(self._request_handler())
+        handler = self._request_handler()
+        self.connections = self._socket_server(handler)
+        self.kafka_codec = KafkaCodec(KafkaRequestHandler(handler, self.cache, config))
 
     # --- building -------------------------------------------------------------------------
 
@@ -377,10 +384,16 @@ class Broker:
         try:
             # Bind before any task starts, so "address in use" surfaces as a plain OSError.
             listeners = await trio.open_tcp_listeners(self.me.port, host=self.me.host)
+            coded = []
+            if self.kafka_address:
+                host, port = self.kafka_address
+                coded = [
+                    (k, self.kafka_codec) for k in await trio.open_tcp_listeners(port, host=host)
+                ]
             metrics_server = self._serve_metrics()
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.tasks.run)
-                nursery.start_soon(self.connections.serve, listeners)
+                nursery.start_soon(self.connections.serve, listeners, coded)
                 self.load_state()
                 await nursery.start(self.quorum.run)
                 nursery.start_soon(self.link.run)
@@ -393,6 +406,7 @@ class Broker:
                     "broker_started",
                     host=self.me.host,
                     port=self.me.port,
+                    kafka_listener=self.config["kafka.listener"] or None,
                     data_dir=str(self.data_dir),
                     pid=os.getpid(),
                     controller=self.cache.controller_id,

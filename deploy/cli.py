@@ -27,6 +27,7 @@ from minibroker.deploy.bench import (
     consume,
     failover,
     groups,
+    kafka_clients,
     longpoll,
     produce,
     purgatory,
@@ -55,6 +56,10 @@ BENCHMARKS: dict[str, tuple[ModuleType, str]] = {
     "longpoll": (longpoll, "thousands of connections each holding a long-poll fetch"),
     "groups": (groups, "consumer groups: rebalance after a leave; 10k members' heartbeats"),
     "requests": (requests, "plain request rate, pipelined (ApiVersions or an empty fetch)"),
+    "kafka-clients": (
+        kafka_clients,
+        "confluent-kafka, kafka-python or aiokafka through the Kafka listener (or librdkafka's mock)",
+    ),
     "spark-read": (spark_read, "records/s read into a Spark DataFrame and written back"),
     "compare": (compare, "the working tree against a git revision: medians and ratios"),
 }

@@ -32,6 +32,8 @@ _BROKER_MODULES = frozenset(
 )
 DEFAULT_DATA_DIR = Path("minibroker-data")
 DEFAULT_BASE_PORT = 9092
+# cluster up's Kafka listeners (stock Kafka clients) sit this far above the native ports.
+KAFKA_PORT_OFFSET = 100
 
 
 class ClusterError(RuntimeError):
@@ -49,6 +51,8 @@ class ClusterState:
     # psutil create_time of each pid, recorded at launch: a pid reused by another process
     # (or listed in a copied cluster.json) has another start time.
     started: dict[int, float] = field(default_factory=dict)
+    # Broker i's Kafka listener (kafka.listener) is on kafka_base_port + i; 0: none.
+    kafka_base_port: int = 0
 
     @property
     def root(self) -> Path:
@@ -66,6 +70,13 @@ class ClusterState:
     def bootstrap(self) -> str:
         return ",".join(f"{self.host}:{self.port(i)}" for i in range(self.brokers))
 
+    @property
+    def kafka_bootstrap(self) -> str:
+        """Stock Kafka clients' bootstrap.servers ("" when the Kafka listeners are off)."""
+        if not self.kafka_base_port:
+            return ""
+        return ",".join(f"{self.host}:{self.kafka_base_port + i}" for i in range(self.brokers))
+
     def voters(self) -> str:
         return ",".join(f"{i}@{self.host}:{self.port(i)}" for i in range(self.brokers))
 
@@ -78,6 +89,7 @@ class ClusterState:
             "pids": {str(k): v for k, v in self.pids.items()},
             "started": {str(k): v for k, v in self.started.items() if k in self.pids},
             "host": self.host,
+            "kafka_base_port": self.kafka_base_port,
         }
         write_atomic(self.path, json.dumps(body, indent=1).encode())
 
@@ -102,6 +114,7 @@ class ClusterState:
             {int(k): v for k, v in body.get("pids", {}).items()},
             body.get("host", "127.0.0.1"),
             {int(k): float(v) for k, v in body.get("started", {}).items()},
+            body.get("kafka_base_port", 0),
         )
 
     # --- processes -------------------------------------------------------------------------
@@ -112,6 +125,8 @@ class ClusterState:
             "cluster.secret.file": ensure_cluster_secret(self.data_dir),
             **self.config,
         }
+        if self.kafka_base_port:
+            config["kafka.listener"] = f"{self.host}:{self.kafka_base_port + broker_id}"
         return BrokerProcess(
             broker_id,
             self.port(broker_id),

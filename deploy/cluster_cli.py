@@ -14,6 +14,7 @@ from pathlib import Path
 from minibroker.deploy.cluster import (
     DEFAULT_BASE_PORT,
     DEFAULT_DATA_DIR,
+    KAFKA_PORT_OFFSET,
     ClusterError,
     ClusterState,
 )
@@ -45,6 +46,13 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     )
     up.add_argument("--brokers", type=int, default=3)
     up.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT)
+    up.add_argument(
+        "--kafka-base-port",
+        type=int,
+        default=None,
+        help=f"first Kafka-protocol listener port, for stock Kafka clients (default: base port "
+        f"+ {KAFKA_PORT_OFFSET}; 0: off)",
+    )
     up.add_argument(
         "--set",
         action="append",
@@ -116,7 +124,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         )
     if args.fresh and data_dir.exists():
         shutil.rmtree(data_dir)
-    state = ClusterState(data_dir, args.base_port, args.brokers, sets)
+    kafka_base = args.kafka_base_port
+    if kafka_base is None:
+        kafka_base = args.base_port + KAFKA_PORT_OFFSET
+    state = ClusterState(data_dir, args.base_port, args.brokers, sets, kafka_base_port=kafka_base)
     t0 = time.monotonic()
     try:
         state.start_all()
@@ -129,6 +140,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(
         f"cluster up: {state.brokers} {noun}, bootstrap {state.bootstrap}, data in {typed(data_dir)}"
     )
+    if state.kafka_bootstrap:
+        print(f"Kafka clients: bootstrap.servers={state.kafka_bootstrap}")
     # The figure depends on the machine's load far more than on minibroker: show both.
     print(
         f"cold start (start to first acks=all write acknowledged): {cold_ms:.0f} ms "

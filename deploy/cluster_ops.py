@@ -203,6 +203,7 @@ def gather_status(state: ClusterState) -> dict:
         )
     return {
         "bootstrap": state.bootstrap,
+        "kafka_bootstrap": state.kafka_bootstrap,
         "brokers": brokers,
         "partitions": partitions,
         "quorum": quorum_view(stats),
@@ -238,7 +239,8 @@ def _dash(value: object) -> str:
 
 def render_status(status: dict) -> str:
     lines = [
-        f"bootstrap {status['bootstrap']}",
+        f"bootstrap {status['bootstrap']}"
+        + (f"  Kafka clients {status['kafka_bootstrap']}" if status.get("kafka_bootstrap") else ""),
         "",
         f"{'id':>3} {'port':>6} {'pid':>8} {'state':<7} {'rss_mb':>7} {'cpu%':>6} {'led':>4}  "
         "purgatory produce / fetch: pending watched completed expired purges",

@@ -4,6 +4,12 @@
 # on the plain poll backend: Linux uses epoll, macOS kqueue, and this keeps a non-epoll
 # path exercised here (brokers started by the tests inherit MINIBROKER_POLLER; ~1.5 min).
 MINIBROKER_EXTRAS=test,spark source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+# kcat (librdkafka's CLI) for the Kafka listener's tests: a Debian package, not a wheel.
+# Installed quietly when we may (root with apt-get); otherwise its test fails and says so.
+if ! command -v kcat >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat) >/dev/null 2>&1 \
+        || echo "test.sh: could not install kcat; tests/integration/test_kafka_clients.py will say so" >&2
+fi
 ruff check .
 ruff format --check .
 if [ $# -gt 0 ]; then

@@ -100,6 +100,16 @@ class LocalCluster:
         return self.state.brokers
 
     @property
+    def kafka_bootstrap(self) -> str:
+        """bootstrap.servers for stock Kafka clients (confluent-kafka, kafka-python,
+        aiokafka, kcat), less the brokers this handle paused or isolated."""
+        healthy = [b for b in range(self.brokers) if b not in self.impaired]
+        return (
+            ",".join(f"{self.state.host}:{self.state.kafka_base_port + b}" for b in healthy)
+            or self.state.kafka_bootstrap
+        )
+
+    @property
     def data_dir(self) -> Path:
         return self.state.data_dir
 
@@ -301,7 +311,11 @@ def start_cluster(
     data_dir: Path, brokers: int = 3, config: Mapping[str, Any] | None = None
 ) -> LocalCluster:
     """Start ``brokers`` processes on free ports; return once an acks=all write succeeds."""
-    state = ClusterState(data_dir, free_port_range(brokers), brokers, _config_strings(config or {}))
+    # One free run for both listeners: native ports first, then the Kafka listeners'.
+    base = free_port_range(2 * brokers)
+    state = ClusterState(
+        data_dir, base, brokers, _config_strings(config or {}), kafka_base_port=base + brokers
+    )
     try:
         state.start_all()
         run_blocking(acks_all_write, state.bootstrap, min(brokers, 3))

@@ -100,7 +100,10 @@ API_VERSIONS_RESP = struct(
 # --- Metadata ------------------------------------------------------------------------------
 
 METADATA_REQ = struct({}, {"topics": (nullable(array(TOPIC_NAME)), None)})
-_BROKER = struct({"node_id": NODE_ID, "host": STRING, "port": integer("int32", min=0, max=65535)})
+_PORT = integer("int32", min=0, max=65535)
+# kafka_host/kafka_port: the broker's Kafka listener (0: none), registered and advertised.
+_KAFKA_LISTENER = {"kafka_host": (STRING, ""), "kafka_port": (_PORT, 0)}
+_BROKER = struct({"node_id": NODE_ID, "host": STRING, "port": _PORT}, _KAFKA_LISTENER)
 _PARTITION_META = struct(
     {
         "partition": PARTITION,
@@ -305,8 +308,8 @@ METADATA_SNAPSHOT = struct(
 )
 
 BROKER_REGISTRATION_REQ = struct(
-    {"broker_id": NODE_ID, "host": STRING, "port": integer("int32", min=0, max=65535)},
-    {"incarnation": (INT64, 0)},
+    {"broker_id": NODE_ID, "host": STRING, "port": _PORT},
+    {"incarnation": (INT64, 0), **_KAFKA_LISTENER},
 )
 BROKER_REGISTRATION_RESP = struct(
     {"error_code": ERROR},

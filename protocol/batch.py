@@ -15,6 +15,8 @@ Layout (big-endian), after Kafka's v2 batch:
      producer_epoch  int16   which Kafka's v2 header always carries; ours are optional so
      base_sequence   int32]  logs written before the idempotent producer read unchanged)
     records          msgpack array of [timestamp_delta, key, value(, headers)]
+                     or, with KAFKA_FLAG, a stock Kafka client's v2 batch from its magic
+                     byte on (protocol/kafka/records.py): see wrap_kafka_batch
 
 Because the CRC starts after the crc field, offsets and epochs can be set without
 re-encoding, followers copy batches verbatim and fetch serves file bytes as they are.
@@ -31,6 +33,7 @@ from typing import NamedTuple
 import msgpack
 
 from minibroker.protocol.errors import ProtocolError
+from minibroker.protocol.kafka import records as kafka_records
 
 HEADER = struct.Struct(">qiiIhiqqi")
 HEADER_SIZE = HEADER.size  # 46
@@ -52,6 +55,11 @@ NO_TIMESTAMP = -1
 # attributes bit: producer fields follow the fixed header (inside the CRC).
 PRODUCER_FLAG = 0x0100
 PRODUCER_FIELDS = struct.Struct(">qhi")  # producer_id, producer_epoch, base_sequence
+# attributes bit: the records are a Kafka v2 batch's tail (magic, CRC-32C, its own header,
+# records), kept byte for byte as a stock client sent it. Kafka's own attribute bits
+# (compression, timestamp type) stay inside that tail; ours never carry them.
+KAFKA_FLAG = 0x0200
+_KAFKA_TAIL_MIN = kafka_records.HEADER_SIZE - kafka_records.MAGIC_AT  # magic .. record_count
 NO_PRODUCER_ID = -1
 MAX_SEQUENCE = 2**31 - 1  # sequences wrap to 0 after this, as Kafka's
 # Producer ids at or above this are derived by a writer from a stable name (the Spark
@@ -237,6 +245,11 @@ def check_batch(buf: bytes | bytearray | memoryview, pos: int, size: int) -> Bat
     records_at = header.records_at
     if size < records_at:
         raise CorruptBatch(f"batch at byte {pos}: cut off inside its producer fields")
+    if header.attributes & KAFKA_FLAG:
+        # The wrapped batch's own CRC-32C was checked when it arrived; ours covers it now.
+        if size - records_at < _KAFKA_TAIL_MIN or view[records_at - CRC_START] != 2:
+            raise CorruptBatch(f"batch at byte {pos}: its Kafka v2 batch is cut off")
+        return header
     count, header_bytes = _array_header(view[records_at - CRC_START :])
     if count != header.record_count:
         raise CorruptBatch(
@@ -307,10 +320,54 @@ def restamp_producer(
     _CRC.pack_into(buf, CRC_AT, zlib.crc32(memoryview(buf)[CRC_START : header.size]))
 
 
+def wrap_kafka_batch(
+    buf: bytes | bytearray | memoryview, pos: int, kafka: kafka_records.KafkaBatchHeader
+) -> bytes:
+    """Our batch carrying a stock client's v2 batch (checked with kafka_records.check_batch).
+
+    Per batch, never per record: the header fields are copied from Kafka's, an idempotent
+    producer's fields too (so the log's sequence checks apply to stock clients unchanged),
+    and the tail from the magic byte on is kept as sent, so its CRC-32C (which starts
+    after base offset, length and epoch, the fields the leader patches) stays valid and
+    ``unwrap_kafka_batch`` serves the client's bytes back.
+    """
+    attributes = KAFKA_FLAG
+    tail = memoryview(buf)[pos + kafka_records.MAGIC_AT : pos + kafka.size]
+    if kafka.producer_id >= 0:
+        attributes |= PRODUCER_FLAG
+        tail = (
+            PRODUCER_FIELDS.pack(kafka.producer_id, kafka.producer_epoch, kafka.base_sequence)
+            + tail
+        )
+    fixed = struct.pack(
+        ">hiqqi",
+        attributes,
+        kafka.last_offset_delta,
+        kafka.base_timestamp,
+        kafka.max_timestamp,
+        kafka.record_count,
+    )
+    crc = zlib.crc32(tail, zlib.crc32(fixed))
+    length = 8 + len(fixed) + len(tail)
+    return b"".join((struct.pack(">qiiI", 0, length, -1, crc), fixed, tail))
+
+
+def unwrap_kafka_batch(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> bytes:
+    """The v2 batch a KAFKA_FLAG batch carries, with the offset and epoch the leader gave."""
+    tail = memoryview(buf)[pos + header.records_at : pos + header.size]
+    return kafka_records.PREFIX.pack(header.base_offset, len(tail) + 4, header.leader_epoch) + tail
+
+
 def decode_records(
     buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
 ) -> list[Record]:
     """Decode one batch's records (client side: this is the only per-record decode)."""
+    if header.attributes & KAFKA_FLAG:
+        try:
+            _, rows = kafka_records.decode_records(unwrap_kafka_batch(buf, pos, header))
+        except ProtocolError as exc:
+            raise CorruptBatch(str(exc)) from None
+        return [Record(*row) for row in rows]
     start = pos + header.records_at
     try:
         rows = msgpack.unpackb(memoryview(buf)[start : pos + header.size], raw=False, use_list=True)

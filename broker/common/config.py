@@ -146,6 +146,11 @@ DEFS: dict[str, ConfigDef] = {
     "controller.id": ConfigDef(
         int, -1, "Ignored: the active controller is whichever voter leads the metadata quorum.", -1
     ),
+    "kafka.listener": ConfigDef(
+        str,
+        "",
+        "host:port of the Kafka-protocol listener for stock Kafka clients (empty: off).",
+    ),
     "controller.quorum.voters": ConfigDef(
         str,
         "",

@@ -71,8 +71,16 @@ class ControllerRole:
             }
         self.heartbeats[body["broker_id"]] = self.clock.now_ms()
         # Voters get metadata from the quorum itself; the answer carries none.
+        # .get: the controller's own broker registers by a direct call, with the body as
+        # built (no validation fills the defaults), which names no Kafka listener when off.
         return self.controller.register_broker(
-            BrokerInfo(body["broker_id"], body["host"], body["port"]),
+            BrokerInfo(
+                body["broker_id"],
+                body["host"],
+                body["port"],
+                body.get("kafka_host", ""),
+                body.get("kafka_port", 0),
+            ),
             {"error_code": 0, "metadata": None},
         )
 

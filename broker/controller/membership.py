@@ -110,6 +110,8 @@ class ControllerLink:
     async def run(self) -> None:
         me, cache, role = self.me, self.cache, self.role
         registration = {"broker_id": me.node_id, "host": me.host, "port": me.port}
+        if me.kafka_port:  # only then: a peer from before the Kafka listener reads it too
+            registration |= {"kafka_host": me.kafka_host, "kafka_port": me.kafka_port}
         interval = self.heartbeat_interval_s
         registered_with = -1
         while True:

@@ -40,6 +40,10 @@ class BrokerInfo:
     node_id: int
     host: str
     port: int
+    # The broker's Kafka listener (kafka.listener), registered like Kafka's listeners so
+    # every broker can advertise every other's in Kafka Metadata answers; port 0: none.
+    kafka_host: str = ""
+    kafka_port: int = 0
 
 
 @dataclass
@@ -79,7 +83,10 @@ class ClusterMetadata:
         return ClusterMetadata(
             self.controller_id,
             self.epoch,
-            {i: BrokerInfo(b.node_id, b.host, b.port) for i, b in self.brokers.items()},
+            {
+                i: BrokerInfo(b.node_id, b.host, b.port, b.kafka_host, b.kafka_port)
+                for i, b in self.brokers.items()
+            },
             {
                 name: TopicState(
                     t.name,
@@ -113,7 +120,9 @@ class ClusterMetadata:
         md.live = set(data.get("live_brokers", []))
         md.next_producer_id = data.get("next_producer_id", 0)
         for b in data.get("brokers", []):
-            md.brokers[b["node_id"]] = BrokerInfo(b["node_id"], b["host"], b["port"])
+            md.brokers[b["node_id"]] = BrokerInfo(
+                b["node_id"], b["host"], b["port"], b.get("kafka_host", ""), b.get("kafka_port", 0)
+            )
         for t in data.get("topics", []):
             parts = [PartitionState(**p) for p in t["partitions"]]
             md.topics[t["name"]] = TopicState(t["name"], parts, dict(t.get("configs", {})))

@@ -77,6 +77,8 @@ def records_for_change(old: ClusterMetadata, new: ClusterMetadata) -> list[dict]
                     "broker_id": node_id,
                     "host": info.host,
                     "port": info.port,
+                    "kafka_host": info.kafka_host,
+                    "kafka_port": info.kafka_port,
                 }
             )
     for node_id in sorted(old.live - new.live):
@@ -123,7 +125,9 @@ class MetadataImage:
 
 
 def _register(md: ClusterMetadata, r: dict) -> None:
-    md.brokers[r["broker_id"]] = BrokerInfo(r["broker_id"], r["host"], r["port"])
+    md.brokers[r["broker_id"]] = BrokerInfo(
+        r["broker_id"], r["host"], r["port"], r.get("kafka_host", ""), r.get("kafka_port", 0)
+    )
 
 
 def _fence(md: ClusterMetadata, r: dict) -> None:

@@ -178,6 +178,7 @@ class _Connection:
     __slots__ = (
         "backlog",
         "closed",
+        "codec",
         "decoder",
         "fd",
         "host",
@@ -188,8 +189,11 @@ class _Connection:
         "stream",
     )
 
-    def __init__(self, stream: trio.SocketStream, host: str, peer: str, handler) -> None:
+    def __init__(
+        self, stream: trio.SocketStream, host: str, peer: str, handler, codec: Any = None
+    ) -> None:
         self.stream = stream
+        self.codec = codec  # None: our protocol; else the listener's (see ConnectionHandler)
         self.fd = stream.socket.fileno()
         self.host = host
         self.session = ConnectionSession(peer)
@@ -210,6 +214,14 @@ class ConnectionHandler:
     poller (level-triggered, each socket registered once) reports the readable
     sockets of a pass and each is read and dispatched in turn (bench longpoll, py-spy).
     ``poller`` is ``socket.poller``: auto, epoll, kqueue or poll (broker/network/poller.py).
+
+    A listener may speak another protocol (the Kafka listener): ``serve`` takes it with
+    a codec, and its connections go through this same path (limits, reactor, mute,
+    parked answers, metrics); only decoding a request, dispatching it and encoding its
+    answer are the codec's. A codec has ``decode(payload)`` -> ``(header, body)`` (a
+    ProtocolError closes the connection; one carrying ``answer`` bytes is answered
+    instead), ``dispatcher`` (``handle`` as ours) and ``packer(header)`` ->
+    ``(correlation_id, body) -> frame``.
     """
 
     def __init__(
@@ -258,7 +270,12 @@ class ConnectionHandler:
 
     # --- accepting --------------------------------------------------------------------------
 
-    async def serve(self, listeners: list[trio.SocketListener]) -> None:
+    async def serve(
+        self,
+        listeners: list[trio.SocketListener],
+        coded: list[tuple[trio.SocketListener, Any]] = (),
+    ) -> None:
+        """Serve our protocol on ``listeners``, and each of ``coded`` with its codec."""
         self._poller = open_poller(self.poller_name)
         try:
             async with trio.open_nursery() as nursery:
@@ -267,13 +284,15 @@ class ConnectionHandler:
                 nursery.start_soon(self._idle_sweeper)
                 for listener in listeners:
                     nursery.start_soon(self._accept_loop, listener)
+                for listener, codec in coded:
+                    nursery.start_soon(self._accept_loop, listener, codec)
         finally:
             # Cancelled (shutdown) or failed: every connection ends with the server.
             for conn in list(self._connections.values()):
                 self._close(conn)
             self._poller.close()
 
-    async def _accept_loop(self, listener: trio.SocketListener) -> None:
+    async def _accept_loop(self, listener: trio.SocketListener, codec: Any = None) -> None:
         async with listener:
             while True:
                 if self.open_connections >= self.max_connections:
@@ -305,12 +324,12 @@ class ConnectionHandler:
                     )
                     await trio.aclose_forcefully(stream)
                     continue
-                self._open(stream, host, f"{host}:{port}")
+                self._open(stream, host, f"{host}:{port}", codec)
 
     # --- connections ------------------------------------------------------------------------
 
-    def _open(self, stream: trio.SocketStream, host: str, peer: str) -> None:
-        conn = _Connection(stream, host, peer, self)
+    def _open(self, stream: trio.SocketStream, host: str, peer: str, codec: Any = None) -> None:
+        conn = _Connection(stream, host, peer, self, codec)
         nursery = self._nursery
         conn.outbox.attach(stream, lambda: nursery.start_soon(self._write, conn))
         conn.outbox.on_room = lambda: self._unmute(conn)
@@ -523,6 +542,8 @@ class ConnectionHandler:
         self._close(conn)
 
     def _one(self, payload: bytes, conn: _Connection, received: float) -> bool:
+        if conn.codec is not None:
+            return self._one_coded(payload, conn, received)
         log = self.log
         outbox = conn.outbox
         session = conn.session
@@ -563,9 +584,41 @@ class ConnectionHandler:
             )
             outbox.put(encode_response(header.correlation_id, error_body(exc.code, exc.message)))
             return True
+        return self._run(conn, header, body, received, self.dispatcher, self._packer)
+
+    def _one_coded(self, payload: bytes, conn: _Connection, received: float) -> bool:
+        """A request on another protocol's listener: its codec decodes and encodes."""
+        codec = conn.codec
+        try:
+            header, body = codec.decode(payload)
+        except ProtocolError as exc:
+            answer = getattr(exc, "answer", None)
+            if answer is None:
+                self.log.warning(
+                    "connection_closed_bad_request", peer=conn.session.peer, error=str(exc)
+                )
+                return False
+            self.log.info("request_rejected", peer=conn.session.peer, reason=str(exc))
+            conn.outbox.put(answer)
+            return True
+        return self._run(conn, header, body, received, codec.dispatcher, codec.packer(header))
+
+    def _run(
+        self,
+        conn: _Connection,
+        header: Any,
+        body: Any,
+        received: float,
+        dispatcher: Any,
+        packer: Any,
+    ) -> bool:
+        """Dispatch one decoded request; answer it now or park it (either protocol)."""
+        log = self.log
+        outbox = conn.outbox
+        session = conn.session
         started = _now()
         try:
-            result = self.dispatcher.handle(header, body, session)
+            result = dispatcher.handle(header, body, session)
         except Exception as exc:
             log.exception("request_failed", peer=session.peer, api_key=header.api_key)
             result = error_body(ErrorCode.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
@@ -579,11 +632,11 @@ class ConnectionHandler:
             if metrics is not None:
                 timing = (metrics, header.api_key, received, started, _now())
             result.add_done_callback(
-                _ParkedAnswer(header.correlation_id, outbox, reserved, log, timing, self._packer)
+                _ParkedAnswer(header.correlation_id, outbox, reserved, log, timing, packer)
             )
             return True
         if result is not None:
-            outbox.put(self._packer(header.correlation_id, result))
+            outbox.put(packer(header.correlation_id, result))
         if metrics is not None:
             done = _now()
             metrics.record(header.api_key, started - received, done - started, 0.0, done - received)

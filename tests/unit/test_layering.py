@@ -25,7 +25,7 @@ BROKER_LAYERS = [
     {"purgatory", "storage", "metadata", "network"},
     {"raft", "replication"},
     {"controller", "coordinator"},
-    {"apis", "prometheus_export"},
+    {"apis", "prometheus_export", "kafka"},
     {"server"},  # Broker: builds the others in order and wires them
 ]
 

@@ -1,0 +1,87 @@
+"""Record batches across the Kafka listener: in as they came, out as they went in.
+
+Produce: each v2 batch is checked (length, magic, CRC-32C, a codec we can serve) and
+wrapped in our batch header (protocol/batch.py wrap_kafka_batch): per batch, one C-level
+CRC each way, no record decoded, so a stock client's produce costs the broker what our
+own client's does. Compressed batches stay compressed: the broker never opens them.
+
+Fetch: a wrapped batch is unwrapped (the offset and epoch the leader gave, then the
+client's own bytes). A batch our own client wrote (msgpack records) has no v2 form on
+disk and is re-encoded here, record by record: the one per-record path, taken only when
+a stock client reads what the bundled client wrote (README: "Kafka listener").
+"""
+
+from __future__ import annotations
+
+from minibroker.protocol.batch import (
+    KAFKA_FLAG,
+    CorruptBatch,
+    decode_records,
+    iter_batches,
+    unwrap_kafka_batch,
+    wrap_kafka_batch,
+)
+from minibroker.protocol.errors import ErrorCode, ProtocolError
+from minibroker.protocol.kafka import records as kafka_records
+
+
+class RefusedBatch(Exception):
+    """A produce's records for one partition that cannot be stored: its error code."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def wrap_produce(records: bytes | None) -> bytes:
+    """The partition's records as our batches, or RefusedBatch."""
+    if not records:
+        raise RefusedBatch(ErrorCode.CORRUPT_MESSAGE, "the produce carries no records")
+    out = []
+    try:
+        for pos, size in kafka_records.iter_batches(records):
+            header = kafka_records.check_batch(records, pos, size)
+            kafka_records.check_compression(header.compression)
+            if header.attributes & (kafka_records.TRANSACTIONAL_FLAG | kafka_records.CONTROL_FLAG):
+                raise RefusedBatch(
+                    ErrorCode.INVALID_RECORD,
+                    "transactional and control batches are not served: minibroker has no "
+                    "transactions (use an idempotent producer without transactional.id)",
+                )
+            out.append(wrap_kafka_batch(records, pos, header))
+    except kafka_records.UnsupportedCompression as exc:
+        raise RefusedBatch(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, str(exc)) from None
+    except ProtocolError as exc:
+        raise RefusedBatch(ErrorCode.CORRUPT_MESSAGE, str(exc)) from None
+    return out[0] if len(out) == 1 else b"".join(out)
+
+
+def to_kafka(records: bytes) -> bytes:
+    """A fetch's batches (ours, possibly cut short at the end) as v2 batches."""
+    if not records:
+        return records
+    out = []
+    try:
+        for pos, header in iter_batches(records, verify=False, allow_partial=True):
+            if header.attributes & KAFKA_FLAG:
+                out.append(unwrap_kafka_batch(records, pos, header))
+            else:
+                out.append(_reencode(records, pos, header))
+    except CorruptBatch:
+        # A damaged stored batch: serve what came before it; the client asks again from
+        # there and gets CORRUPT_MESSAGE from the native path's own checks.
+        pass
+    return b"".join(out)
+
+
+def _reencode(records: bytes, pos: int, header) -> bytes:
+    rows = decode_records(records, pos, header)
+    batch = kafka_records.encode_batch(
+        [(r.timestamp, r.key, r.value, r.headers) for r in rows],
+        base_offset=header.base_offset,
+        leader_epoch=header.leader_epoch,
+    )
+    if len(rows) != header.record_count or rows[0].offset != header.base_offset:
+        raise CorruptBatch(f"batch at offset {header.base_offset} does not decode to its count")
+    return batch

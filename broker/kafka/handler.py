@@ -1,0 +1,474 @@
+"""The Kafka listener's APIs: each a thin translation onto the native RequestHandler.
+
+A Kafka request becomes the native request it means and goes through
+``RequestHandler.handle`` like any other: the same catch-up gate, the same fault
+injection (Kafka's API keys are ours, so ``fault fail-api --api-key 0`` fails produces
+from both listeners), the same partitions and purgatories. The answer, now or when its
+purgatory completes it, is translated back. No rule lives here that the native path does
+not also apply: a rule changes in one place for both listeners (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.common.topic_config import TOPIC_CONFIGS
+from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
+from minibroker.broker.metadata.cache import MetadataCache
+from minibroker.broker.network.pending import PendingResponse
+from minibroker.broker.network.session import ConnectionSession
+from minibroker.protocol import ApiKey, RequestHeader, validate_request
+from minibroker.protocol.errors import ErrorCode, InvalidRequest
+from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader, api_versions_body
+
+CLUSTER_ID = "minibroker"
+_TRANSACTIONS = (
+    "transactions are not served by minibroker: drop transactional.id (an idempotent "
+    "producer, enable.idempotence=true, is served)"
+)
+_RESOURCE_TOPIC = 2
+
+
+def then(result: Any, translate: Callable[[dict], dict]) -> Any:
+    """``translate`` the native answer now, or when its parked request completes."""
+    if isinstance(result, PendingResponse):
+        out = PendingResponse(result.max_bytes)
+        result.add_done_callback(lambda body: out.set(translate(body)))
+        return out
+    if result is None:
+        return None
+    return translate(result)
+
+
+def _failed(body: dict) -> int:
+    """A top-level native error (a bare error body: fault injected, refused) or 0."""
+    return body.get("error_code", 0) if "topics" not in body else 0
+
+
+class KafkaRequestHandler:
+    """Kafka's KafkaApis for stock clients, built on the native handler."""
+
+    def __init__(self, native: Any, cache: MetadataCache, config: BrokerConfig) -> None:
+        self.native = native
+        self.cache = cache
+        # What a topic without its own setting inherits (DescribeConfigs' defaults).
+        self.topic_defaults = {
+            d.name: config[d.broker_key] for d in TOPIC_CONFIGS.values() if d.broker_key
+        }
+        self._api_versions = api_versions_body()
+        self.handlers: dict[int, Callable] = {
+            KafkaApi.API_VERSIONS: self.api_versions,
+            KafkaApi.METADATA: self.metadata,
+            KafkaApi.PRODUCE: self.produce,
+            KafkaApi.FETCH: self.fetch,
+            KafkaApi.LIST_OFFSETS: self.list_offsets,
+            KafkaApi.CREATE_TOPICS: self.create_topics,
+            KafkaApi.INIT_PRODUCER_ID: self.init_producer_id,
+            KafkaApi.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
+            KafkaApi.DESCRIBE_CONFIGS: self.describe_configs,
+        }
+
+    def handle(
+        self, header: KafkaRequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse | None:
+        return self.handlers[header.api_key](header, body, session)
+
+    def _native(self, header: KafkaRequestHeader, key: ApiKey, body: dict, session) -> Any:
+        """Run the native API on a body we built (validated: its defaults filled in)."""
+        native_header = RequestHeader(int(key), 0, header.correlation_id, header.client_id)
+        try:
+            body = validate_request(native_header, body)
+        except InvalidRequest as exc:
+            return {"error_code": int(exc.code), "error_message": exc.message}
+        return self.native.handle(native_header, body, session)
+
+    # --- APIs --------------------------------------------------------------------------------
+
+    def api_versions(self, header, body, session) -> dict:
+        return self._api_versions
+
+    def metadata(self, header, body, session) -> Any:
+        topics = body["topics"]
+        names = None if topics is None else [t["name"] for t in topics]
+        if header.api_version == 0 and not names:
+            names = None  # v0: an empty list means every topic
+        result = self._native(header, ApiKey.METADATA, {"topics": names}, session)
+        return then(result, lambda answer: self._metadata_answer(answer, names))
+
+    def _metadata_answer(self, answer: dict, names: list[str] | None) -> dict:
+        md = self.cache.metadata
+        brokers = [
+            {"node_id": b.node_id, "host": b.kafka_host or b.host, "port": b.kafka_port}
+            for b in md.brokers.values()
+            if b.kafka_port
+        ]
+        code = _failed(answer)
+        if code:
+            topics = [{"name": n, "error_code": code} for n in names or ()]
+        else:
+            topics = [
+                {
+                    "name": t["name"],
+                    "error_code": t["error_code"],
+                    "partitions": [
+                        {
+                            "error_code": p["error_code"],
+                            "partition_index": p["partition"],
+                            "leader_id": p["leader"],
+                            "leader_epoch": p["leader_epoch"],
+                            "replica_nodes": p["replicas"],
+                            "isr_nodes": p["isr"],
+                            "offline_replicas": p["offline_replicas"],
+                        }
+                        for p in t["partitions"]
+                    ],
+                }
+                for t in answer["topics"]
+            ]
+        return {
+            "brokers": brokers,
+            "cluster_id": CLUSTER_ID,
+            "controller_id": md.controller_id,
+            "topics": topics,
+        }
+
+    def produce(self, header, body, session) -> Any:
+        refused: dict[tuple[str, int], RefusedBatch] = {}
+        topics = []
+        for t in body["topic_data"]:
+            partitions = []
+            for p in t["partition_data"]:
+                try:
+                    if body["transactional_id"] is not None:
+                        raise RefusedBatch(
+                            ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _TRANSACTIONS
+                        )
+                    records = wrap_produce(p["records"])
+                except RefusedBatch as exc:
+                    refused[t["name"], p["index"]] = exc
+                    continue
+                partitions.append({"partition": p["index"], "records": records})
+            if partitions:
+                topics.append({"name": t["name"], "partitions": partitions})
+        acks = body["acks"]
+        if topics:
+            native = {"acks": acks, "timeout_ms": body["timeout_ms"], "topics": topics}
+            result = self._native(header, ApiKey.PRODUCE, native, session)
+        else:
+            result = {"topics": []}
+        if acks == 0:
+            return None  # no answer, whatever happened (Kafka's acks=0)
+        return then(result, lambda answer: self._produce_answer(body, answer, refused))
+
+    @staticmethod
+    def _produce_answer(request: dict, answer: dict, refused: dict) -> dict:
+        code = _failed(answer)
+        results = {
+            (t["name"], p["partition"]): p
+            for t in answer.get("topics", ())
+            for p in t["partitions"]
+        }
+        responses = []
+        for t in request["topic_data"]:
+            parts = []
+            for p in t["partition_data"]:
+                key = (t["name"], p["index"])
+                out = {"index": p["index"], "base_offset": -1, "log_append_time_ms": -1}
+                if key in refused:
+                    out["error_code"] = int(refused[key].code)
+                    out["error_message"] = refused[key].message
+                elif key in results:
+                    r = results[key]
+                    out["error_code"] = r["error_code"]
+                    out["base_offset"] = r["base_offset"]
+                    out["log_start_offset"] = r.get("log_start_offset", -1)
+                    out["error_message"] = r.get("error_message")
+                else:
+                    out["error_code"] = code or int(ErrorCode.UNKNOWN_SERVER_ERROR)
+                    out["error_message"] = answer.get("error_message")
+                parts.append(out)
+            responses.append({"name": t["name"], "partition_responses": parts})
+        return {"responses": responses}
+
+    def fetch(self, header, body, session) -> Any:
+        native = {
+            "replica_id": -1,  # a stock client is never a follower here
+            "max_wait_ms": max(body["max_wait_ms"], 0),
+            "min_bytes": max(body["min_bytes"], 0),
+            "max_bytes": max(body["max_bytes"], 0),
+            # read_committed reads the same records: no transactions, so LSO == HW.
+            "isolation_level": 0,
+            "topics": [
+                {
+                    "name": t["topic"],
+                    "partitions": [
+                        {
+                            "partition": p["partition"],
+                            "fetch_offset": p["fetch_offset"],
+                            "partition_max_bytes": max(p["partition_max_bytes"], 0),
+                            "current_leader_epoch": p["current_leader_epoch"],
+                        }
+                        for p in t["partitions"]
+                    ],
+                }
+                for t in body["topics"]
+            ],
+        }
+        result = self._native(header, ApiKey.FETCH, native, session)
+        return then(result, lambda answer: self._fetch_answer(native, answer))
+
+    @staticmethod
+    def _fetch_answer(request: dict, answer: dict) -> dict:
+        code = _failed(answer)
+        if code:
+            topics = [
+                {
+                    "name": t["name"],
+                    "partitions": [
+                        {
+                            "partition": p["partition"],
+                            "error_code": code,
+                            "high_watermark": -1,
+                            "records": b"",
+                        }
+                        for p in t["partitions"]
+                    ],
+                }
+                for t in request["topics"]
+            ]
+        else:
+            topics = answer["topics"]
+        return {
+            "session_id": 0,  # no fetch sessions: every fetch is a full one
+            "responses": [
+                {
+                    "topic": t["name"],
+                    "partitions": [
+                        {
+                            "partition_index": p["partition"],
+                            "error_code": p["error_code"],
+                            "high_watermark": p["high_watermark"],
+                            "last_stable_offset": p["high_watermark"],
+                            "log_start_offset": p.get("log_start_offset", -1),
+                            "aborted_transactions": [],
+                            "preferred_read_replica": -1,
+                            "records": to_kafka(p["records"]),
+                        }
+                        for p in t["partitions"]
+                    ],
+                }
+                for t in topics
+            ],
+        }
+
+    def list_offsets(self, header, body, session) -> Any:
+        native = {
+            "topics": [
+                {
+                    "name": t["name"],
+                    "partitions": [
+                        {"partition": p["partition_index"], "timestamp": p["timestamp"]}
+                        for p in t["partitions"]
+                    ],
+                }
+                for t in body["topics"]
+            ],
+        }
+        result = self._native(header, ApiKey.LIST_OFFSETS, native, session)
+        return then(result, lambda answer: self._list_offsets_answer(native, answer))
+
+    @staticmethod
+    def _list_offsets_answer(request: dict, answer: dict) -> dict:
+        code = _failed(answer)
+        topics = answer.get("topics") or [
+            {
+                "name": t["name"],
+                "partitions": [
+                    {"partition": p["partition"], "error_code": code, "timestamp": -1, "offset": -1}
+                    for p in t["partitions"]
+                ],
+            }
+            for t in request["topics"]
+        ]
+        return {
+            "topics": [
+                {
+                    "name": t["name"],
+                    "partitions": [
+                        {
+                            "partition_index": p["partition"],
+                            "error_code": p["error_code"],
+                            "timestamp": p["timestamp"],
+                            "offset": p["offset"],
+                            "leader_epoch": p.get("leader_epoch", -1),
+                        }
+                        for p in t["partitions"]
+                    ],
+                }
+                for t in topics
+            ]
+        }
+
+    def create_topics(self, header, body, session) -> Any:
+        topics = []
+        refused = []
+        for t in body["topics"]:
+            if t["assignments"]:
+                refused.append(
+                    {
+                        "name": t["name"],
+                        "error_code": int(ErrorCode.INVALID_REQUEST),
+                        "error_message": "manual replica assignments are not supported",
+                    }
+                )
+                continue
+            topics.append(
+                {
+                    "name": t["name"],
+                    "num_partitions": t["num_partitions"],
+                    "replication_factor": t["replication_factor"],
+                    "configs": {
+                        c["name"]: c["value"] for c in t["configs"] if c["value"] is not None
+                    },
+                }
+            )
+        native = {
+            "topics": topics,
+            "timeout_ms": max(body["timeout_ms"], 0),
+            "validate_only": body.get("validate_only", False),
+        }
+        result = (
+            self._native(header, ApiKey.CREATE_TOPICS, native, session)
+            if topics
+            else {"topics": []}
+        )
+
+        def answer(native_answer: dict) -> dict:
+            code = _failed(native_answer)
+            out = [
+                {
+                    "name": t["name"],
+                    "error_code": t["error_code"],
+                    "error_message": t.get("error_message"),
+                }
+                for t in native_answer.get("topics", ())
+            ]
+            if code:
+                out = [
+                    {
+                        "name": t["name"],
+                        "error_code": code,
+                        "error_message": native_answer.get("error_message"),
+                    }
+                    for t in topics
+                ]
+            return {"topics": out + refused}
+
+        return then(result, answer)
+
+    def init_producer_id(self, header, body, session) -> Any:
+        if body["transactional_id"] is not None:
+            return {
+                "error_code": int(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+                "producer_id": -1,
+                "producer_epoch": -1,
+            }
+        native = {"transaction_timeout_ms": body["transaction_timeout_ms"]}
+        result = self._native(header, ApiKey.INIT_PRODUCER_ID, native, session)
+        return then(
+            result,
+            lambda a: {
+                "error_code": a["error_code"],
+                "producer_id": a.get("producer_id", -1),
+                "producer_epoch": a.get("producer_epoch", -1),
+            },
+        )
+
+    def offset_for_leader_epoch(self, header, body, session) -> Any:
+        native = {
+            "replica_id": -1,
+            "topics": [
+                {
+                    "name": t["topic"],
+                    "partitions": [
+                        {"partition": p["partition"], "leader_epoch": p["leader_epoch"]}
+                        for p in t["partitions"]
+                    ],
+                }
+                for t in body["topics"]
+            ],
+        }
+        result = self._native(header, ApiKey.OFFSET_FOR_LEADER_EPOCH, native, session)
+
+        def answer(a: dict) -> dict:
+            code = _failed(a)
+            topics = a.get("topics") or [
+                {
+                    "name": t["name"],
+                    "partitions": [
+                        {
+                            "partition": p["partition"],
+                            "error_code": code,
+                            "leader_epoch": -1,
+                            "end_offset": -1,
+                        }
+                        for p in t["partitions"]
+                    ],
+                }
+                for t in native["topics"]
+            ]
+            return {
+                "topics": [
+                    {
+                        "topic": t["name"],
+                        "partitions": [
+                            {
+                                "partition": p["partition"],
+                                "error_code": p["error_code"],
+                                "leader_epoch": p["leader_epoch"],
+                                "end_offset": p["end_offset"],
+                            }
+                            for p in t["partitions"]
+                        ],
+                    }
+                    for t in topics
+                ]
+            }
+
+        return then(result, answer)
+
+    def describe_configs(self, header, body, session) -> dict:
+        """Topic resources: each topic's own settings, then the broker defaults it inherits."""
+        md = self.cache.metadata
+        results = []
+        for resource in body["resources"]:
+            name = resource["resource_name"]
+            out = {"resource_type": resource["resource_type"], "resource_name": name}
+            topic = md.topics.get(name) if resource["resource_type"] == _RESOURCE_TOPIC else None
+            if resource["resource_type"] != _RESOURCE_TOPIC:
+                out["error_code"] = int(ErrorCode.INVALID_REQUEST)
+                out["error_message"] = "only topic configs are described"
+            elif topic is None:
+                out["error_code"] = int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                out["error_message"] = f"topic '{name}' does not exist"
+            else:
+                wanted = resource["configuration_keys"]
+                settings = {**self.topic_defaults, **topic.configs}
+                out["error_code"] = 0
+                out["configs"] = [
+                    {
+                        "name": key,
+                        "value": str(value),
+                        "read_only": False,
+                        "is_default": key not in topic.configs,
+                        # DYNAMIC_TOPIC_CONFIG (1) or DEFAULT_CONFIG (5)
+                        "config_source": 1 if key in topic.configs else 5,
+                        "is_sensitive": False,
+                    }
+                    for key, value in sorted(settings.items())
+                    if wanted is None or key in wanted
+                ]
+            results.append(out)
+        return {"results": results}

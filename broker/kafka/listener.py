@@ -1,0 +1,51 @@
+"""The Kafka listener's codec: what the shared connection handler asks of a protocol.
+
+broker/network/socket_server.py serves this listener's connections on the same path as
+ours (limits, reactor, backpressure, parked answers, metrics); this object only turns a
+frame into ``(header, body)``, names the dispatcher, and encodes answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from minibroker.broker.common.config import BrokerConfig, ConfigError
+from minibroker.protocol.kafka import (
+    KafkaRequestHeader,
+    KafkaUnsupported,
+    decode_request,
+    encode_response,
+    unsupported_response,
+)
+
+
+def kafka_listener(config: BrokerConfig) -> tuple[str, int] | None:
+    """``kafka.listener`` as (host, port), None when off; ConfigError when malformed."""
+    text = config["kafka.listener"].strip()
+    if not text:
+        return None
+    host, colon, port = text.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"kafka.listener: expected host:port, got {text!r}")
+    return host, int(port)
+
+
+class KafkaCodec:
+    __slots__ = ("dispatcher",)
+
+    def __init__(self, dispatcher: Any) -> None:
+        self.dispatcher = dispatcher
+
+    def decode(self, payload: bytes) -> tuple[KafkaRequestHeader, dict]:
+        """Raises ProtocolError to close the connection; an unsupported API or version
+        carries its UNSUPPORTED_VERSION answer instead (``answer``)."""
+        try:
+            return decode_request(payload)
+        except KafkaUnsupported as exc:
+            exc.answer = unsupported_response(exc.header)
+            raise
+
+    @staticmethod
+    def packer(header: KafkaRequestHeader) -> Callable[[int, dict], bytes]:
+        return lambda _correlation_id, body: encode_response(header, body)

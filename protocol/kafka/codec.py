@@ -1,0 +1,204 @@
+"""Kafka's request and response framing around the message bodies (sans-IO).
+
+A request frame: header (api_key int16, api_version int16, correlation_id int32,
+client_id nullable int16 string, and in flexible versions a tagged-field section: header
+v2) then the body. A response: correlation_id, a tagged-field section when the response
+is flexible (header v1) except for ApiVersions, whose response header is always v0 (a
+client that does not know the broker's versions yet must be able to read it: KIP-511),
+then the body. Frames are 4-byte big-endian lengths, the same as ours (protocol/framing).
+
+``SUPPORTED`` is what the Kafka listener serves: only versions implemented in full, and
+non-flexible ones except ApiVersions v3 (librdkafka sends it first). Every client this
+serves negotiates down: librdkafka (confluent-kafka, kcat) from its maxima, kafka-python
+and aiokafka likewise from their ApiVersions probe.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+from minibroker.protocol.errors import ErrorCode, ProtocolError
+from minibroker.protocol.framing import encode_frame_of
+from minibroker.protocol.kafka.messages import KafkaDecodeError, message_codec, read_uvarint
+
+
+class KafkaApi:
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    FIND_COORDINATOR = 10
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    INIT_PRODUCER_ID = 22
+    OFFSET_FOR_LEADER_EPOCH = 23
+    DESCRIBE_CONFIGS = 32
+
+
+# api key -> the spec's name stem (specs/<stem>Request.json, <stem>Response.json)
+SPEC_NAMES = {
+    KafkaApi.PRODUCE: "Produce",
+    KafkaApi.FETCH: "Fetch",
+    KafkaApi.LIST_OFFSETS: "ListOffsets",
+    KafkaApi.METADATA: "Metadata",
+    KafkaApi.FIND_COORDINATOR: "FindCoordinator",
+    KafkaApi.API_VERSIONS: "ApiVersions",
+    KafkaApi.CREATE_TOPICS: "CreateTopics",
+    KafkaApi.INIT_PRODUCER_ID: "InitProducerId",
+    KafkaApi.OFFSET_FOR_LEADER_EPOCH: "OffsetForLeaderEpoch",
+    KafkaApi.DESCRIBE_CONFIGS: "DescribeConfigs",
+}
+
+# (min, max) served. Produce from v3 (v2 batches only), Fetch from v4 (isolation level).
+SUPPORTED: dict[int, tuple[int, int]] = {
+    KafkaApi.PRODUCE: (3, 8),
+    KafkaApi.FETCH: (4, 11),
+    KafkaApi.LIST_OFFSETS: (1, 5),
+    KafkaApi.METADATA: (0, 8),
+    KafkaApi.API_VERSIONS: (0, 3),
+    KafkaApi.CREATE_TOPICS: (0, 4),
+    KafkaApi.INIT_PRODUCER_ID: (0, 1),
+    KafkaApi.OFFSET_FOR_LEADER_EPOCH: (0, 3),
+    KafkaApi.DESCRIBE_CONFIGS: (0, 3),
+    # Not FindCoordinator: a refusal there (tried: GROUP_AUTHORIZATION_FAILED) reaches
+    # every confluent-kafka consumer, since it must have a group.id even to assign();
+    # unadvertised, kafka-python's subscribe() fails naming the API and assign() is clean.
+}
+
+_HEAD = struct.Struct(">hhih")  # api_key, api_version, correlation_id, client_id length
+_CORRELATION = struct.Struct(">i")
+_ERROR_ONLY = struct.Struct(">ih")  # correlation_id, error_code: the answer with no schema
+
+
+class KafkaRequestHeader(NamedTuple):
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+class KafkaUnsupported(ProtocolError):
+    """An API or version the listener does not serve; the header is known, so it is
+    answered (UNSUPPORTED_VERSION), not a closed connection."""
+
+    def __init__(self, header: KafkaRequestHeader, message: str) -> None:
+        super().__init__(message)
+        self.header = header
+
+
+def served(api_key: int, version: int) -> bool:
+    span = SUPPORTED.get(api_key)
+    return span is not None and span[0] <= version <= span[1]
+
+
+def decode_request(payload: bytes) -> tuple[KafkaRequestHeader, dict]:
+    """A frame's payload: the header and the body. ProtocolError when it cannot be read
+    (close the connection, as Kafka does); KafkaUnsupported when it can be answered."""
+    if len(payload) < _HEAD.size:
+        raise KafkaDecodeError(f"request of {len(payload)} bytes is shorter than its header")
+    api_key, version, correlation_id, client_len = _HEAD.unpack_from(payload)
+    pos = _HEAD.size
+    client_id = None
+    if client_len >= 0:
+        end = pos + client_len
+        if end > len(payload):
+            raise KafkaDecodeError("client_id cut off")
+        try:
+            client_id = payload[pos:end].decode()
+        except UnicodeDecodeError:
+            raise KafkaDecodeError("client_id is not UTF-8") from None
+        pos = end
+    header = KafkaRequestHeader(api_key, version, correlation_id, client_id)
+    if not served(api_key, version):
+        raise KafkaUnsupported(header, f"api {api_key} version {version} is not served")
+    codec = message_codec(SPEC_NAMES[api_key] + "Request", version)
+    if codec.flexible:  # header v2: skip the header's tagged fields
+        try:
+            count, pos = read_uvarint(payload, pos)
+            for _ in range(count):
+                _, pos = read_uvarint(payload, pos)
+                size, pos = read_uvarint(payload, pos)
+                pos += size
+        except IndexError:
+            raise KafkaDecodeError("request header's tagged fields cut off") from None
+    return header, codec.decode(memoryview(payload)[pos:] if pos else payload)
+
+
+def encode_response(header: KafkaRequestHeader, body: dict) -> bytes:
+    """The whole frame answering ``header``."""
+    api_key = header.api_key
+    codec = message_codec(SPEC_NAMES[api_key] + "Response", header.api_version)
+    out = bytearray(_CORRELATION.pack(header.correlation_id))
+    if codec.flexible and api_key != KafkaApi.API_VERSIONS:
+        out.append(0)  # header v1: no tagged fields
+    codec.encode_into(out, body)
+    return encode_frame_of(out)
+
+
+def encode_request(header: KafkaRequestHeader, body: dict) -> bytes:
+    """A request frame (tests and benchmarks speak to the listener with it)."""
+    codec = message_codec(SPEC_NAMES[header.api_key] + "Request", header.api_version)
+    client = None if header.client_id is None else header.client_id.encode()
+    out = bytearray(
+        _HEAD.pack(
+            header.api_key,
+            header.api_version,
+            header.correlation_id,
+            -1 if client is None else len(client),
+        )
+    )
+    out += client or b""
+    if codec.flexible:
+        out.append(0)
+    codec.encode_into(out, body)
+    return encode_frame_of(out)
+
+
+def decode_response(header: KafkaRequestHeader, payload: bytes) -> dict:
+    """A response payload to the request ``header`` (tests and benchmarks)."""
+    (correlation_id,) = _CORRELATION.unpack_from(payload)
+    if correlation_id != header.correlation_id:
+        raise ProtocolError(f"response for {correlation_id}, expected {header.correlation_id}")
+    codec = message_codec(SPEC_NAMES[header.api_key] + "Response", header.api_version)
+    pos = 4
+    if codec.flexible and header.api_key != KafkaApi.API_VERSIONS:
+        pos = 5
+    return codec.decode(payload[pos:])
+
+
+def api_versions_body(error: int = 0) -> dict:
+    return {
+        "error_code": error,
+        "api_keys": [
+            {"api_key": key, "min_version": low, "max_version": high}
+            for key, (low, high) in sorted(SUPPORTED.items())
+        ],
+    }
+
+
+def unsupported_response(header: KafkaRequestHeader) -> bytes:
+    """UNSUPPORTED_VERSION in the only shape the asker can read.
+
+    ApiVersions at a version above ours: a v0 body with our versions (KIP-511: the client
+    retries at the highest we name). An API whose spec we carry: its response at the
+    asked version with the top-level error code set. Anything else has no schema both
+    sides know: the correlation id and the error code.
+    """
+    code = int(ErrorCode.UNSUPPORTED_VERSION)
+    if header.api_key == KafkaApi.API_VERSIONS:
+        body = message_codec("ApiVersionsResponse", 0).encode(api_versions_body(code))
+        return encode_frame_of(_CORRELATION.pack(header.correlation_id), body)
+    stem = SPEC_NAMES.get(header.api_key)
+    if stem is not None:
+        try:
+            codec = message_codec(stem + "Response", header.api_version)
+        except ValueError:  # a version the spec does not know either
+            pass
+        else:
+            out = bytearray(_CORRELATION.pack(header.correlation_id))
+            if codec.flexible:
+                out.append(0)
+            codec.encode_into(out, {"error_code": code})
+            return encode_frame_of(out)
+    return encode_frame_of(_ERROR_ONLY.pack(header.correlation_id, code))

@@ -1,0 +1,351 @@
+"""Stock Kafka clients (confluent-kafka, kafka-python, aiokafka, kcat) against a real
+cluster's Kafka listeners: the same partitions, purgatories and replication as ours."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import time
+
+import pytest
+from confluent_kafka import Consumer as RdConsumer
+from confluent_kafka import KafkaError as RdKafkaError
+from confluent_kafka import Producer as RdProducer
+from confluent_kafka import TopicPartition as RdTopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from minibroker.client import SyncConsumer, SyncProducer
+from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
+
+pytestmark = pytest.mark.integration
+
+ROWS = [(b"k%d" % i, b"value-%d" % i, [("h", b"%d" % i)]) for i in range(200)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    cluster = start_cluster(
+        tmp_path_factory.mktemp("kafka"),
+        3,
+        {**DEFAULT_CONFIG, "replica.lag.time.max.ms": 1500},
+    )
+    yield cluster
+    cluster.close()
+
+
+# --- one client each: create, produce acks=all, consume from the beginning (assign) ------
+
+
+def rd_create(bootstrap: str, name: str, partitions: int = 1, config: dict | None = None) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics(
+        [NewTopic(name, partitions, 3, config=config or {})]
+    ).values():
+        future.result(30)
+
+
+def rd_consume(bootstrap: str, topic: str, count: int, partition: int = 0, **conf) -> list:
+    consumer = RdConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False, **conf}
+    )
+    try:
+        consumer.assign([RdTopicPartition(topic, partition, 0)])
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < count and time.monotonic() < deadline:
+            message = consumer.poll(1)
+            if message is not None:
+                assert message.error() is None, message.error()
+                got.append(message)
+        return got
+    finally:
+        consumer.close()
+
+
+def test_confluent_kafka_creates_produces_acks_all_and_consumes(cluster):
+    bootstrap = cluster.kafka_bootstrap
+    rd_create(bootstrap, "rd")
+    producer = RdProducer(
+        {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True}
+    )
+    offsets = []
+    for key, value, headers in ROWS:
+        producer.produce(
+            "rd",
+            value,
+            key,
+            headers=headers,
+            on_delivery=lambda e, m: offsets.append((e, m.offset())),
+        )
+    assert producer.flush(30) == 0
+    assert [e for e, _ in offsets if e is not None] == []
+    assert sorted(o for _, o in offsets) == list(range(len(ROWS)))
+    got = rd_consume(bootstrap, "rd", len(ROWS))
+    assert [(m.offset(), m.key(), m.value(), m.headers()) for m in got] == [
+        (i, k, v, h) for i, (k, v, h) in enumerate(ROWS)
+    ]
+
+
+def test_kafka_python_creates_produces_acks_all_and_consumes(cluster):
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.admin import KafkaAdminClient
+    from kafka.admin import NewTopic as KpNewTopic
+
+    bootstrap = cluster.kafka_bootstrap.split(",")
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin.create_topics([KpNewTopic("kp", 1, 3)])
+    admin.close()
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", compression_type="gzip")
+    futures = [producer.send("kp", value=v, key=k, headers=h) for k, v, h in ROWS]
+    producer.flush(30)
+    assert [f.get(10).offset for f in futures] == list(range(len(ROWS)))
+    producer.close()
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    tp = TopicPartition("kp", 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    got = []
+    deadline = time.monotonic() + 30
+    while len(got) < len(ROWS) and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=1000).values():
+            got += records
+    consumer.close()
+    assert [(m.offset, m.key, m.value, m.headers) for m in got] == [
+        (i, k, v, h) for i, (k, v, h) in enumerate(ROWS)
+    ]
+
+
+def test_aiokafka_creates_produces_acks_all_and_consumes(cluster):
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin import NewTopic as AioNewTopic
+
+    bootstrap = cluster.kafka_bootstrap
+
+    async def run() -> list:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        await admin.create_topics([AioNewTopic("aio", 1, 3)])
+        await admin.close()
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            acks="all",
+            enable_idempotence=True,
+            compression_type="zstd",
+        )
+        await producer.start()
+        try:
+            sent = [await producer.send_and_wait("aio", v, key=k, headers=h) for k, v, h in ROWS]
+        finally:
+            await producer.stop()
+        assert [m.offset for m in sent] == list(range(len(ROWS)))
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tp = TopicPartition("aio", 0)
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            got: list = []
+            async with asyncio.timeout(30):
+                while len(got) < len(ROWS):
+                    for records in (await consumer.getmany(timeout_ms=1000)).values():
+                        got += records
+            return got
+        finally:
+            await consumer.stop()
+
+    got = asyncio.run(run())
+    assert [(m.offset, m.key, m.value, list(m.headers)) for m in got] == [
+        (i, k, v, [(n, d) for n, d in h]) for i, (k, v, h) in enumerate(ROWS)
+    ]
+
+
+# --- both listeners, one log ---------------------------------------------------------------
+
+
+def test_a_record_from_either_listener_reads_the_same_through_both(cluster):
+    rd_create(cluster.kafka_bootstrap, "both")
+    producer = RdProducer({"bootstrap.servers": cluster.kafka_bootstrap, "acks": "all"})
+    producer.produce(
+        "both", b"from-kafka", b"k1", headers=[("a", b"1")], timestamp=1_700_000_000_001
+    )
+    assert producer.flush(30) == 0
+    with SyncProducer(cluster.bootstrap, acks="all") as ours:
+        ours.send(
+            "both", b"from-native", key=b"k2", headers=[("b", b"2")], timestamp=1_700_000_000_002
+        )
+    expected = [
+        (0, 1_700_000_000_001, b"k1", b"from-kafka", [("a", b"1")]),
+        (1, 1_700_000_000_002, b"k2", b"from-native", [("b", b"2")]),
+    ]
+    got = rd_consume(cluster.kafka_bootstrap, "both", 2)
+    assert [
+        (m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers()) for m in got
+    ] == expected
+    with SyncConsumer(cluster.bootstrap) as consumer:
+        consumer.assign([("both", 0)])
+        consumer.seek(("both", 0), 0)
+        records = []
+        while len(records) < 2:
+            records += consumer.poll(timeout_ms=5000)
+    assert [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in records] == expected
+
+
+# --- replication reaches stock clients --------------------------------------------------------
+
+
+def test_acks_all_with_a_paused_follower_fails_once_the_isr_shrinks(cluster):
+    rd_create(cluster.kafka_bootstrap, "strict", config={"min.insync.replicas": "3"})
+    leader = cluster.leader("strict")
+    follower = next(b for b in range(3) if b not in (leader, cluster.controller))
+    cluster.pause(follower)
+    try:
+        cluster.wait_for_isr("strict", 0, [b for b in range(3) if b != follower])
+        producer = RdProducer(
+            {
+                "bootstrap.servers": cluster.kafka_bootstrap,
+                "acks": "all",
+                "retries": 0,
+                "request.timeout.ms": 2000,
+                "message.timeout.ms": 10000,
+            }
+        )
+        outcome = []
+        producer.produce("strict", b"refused", on_delivery=lambda e, m: outcome.append(e))
+        producer.flush(30)
+    finally:
+        cluster.resume(follower)
+        cluster.wait_for_isr("strict", 0)  # back in: the next test needs three live brokers
+    assert outcome and outcome[0] is not None
+    assert outcome[0].code() in (
+        RdKafkaError.NOT_ENOUGH_REPLICAS,
+        RdKafkaError.REQUEST_TIMED_OUT,
+    ), outcome[0]
+
+
+def test_a_long_poll_returns_as_soon_as_a_record_arrives(cluster):
+    rd_create(cluster.kafka_bootstrap, "wake")
+    consumer = RdConsumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "group.id": "unused",
+            "fetch.wait.max.ms": 30000,  # only the arrival can end this fetch in time
+            "fetch.min.bytes": 1,
+        }
+    )
+    consumer.assign([RdTopicPartition("wake", 0, 0)])
+    assert consumer.poll(2) is None  # its fetch is parked now: nothing to read
+    waited = []
+
+    def poll() -> None:
+        started = time.monotonic()
+        message = None
+        while message is None and time.monotonic() - started < 60:
+            message = consumer.poll(0.5)
+        waited.append((message, time.monotonic()))
+
+    reader = threading.Thread(target=poll)
+    reader.start()
+    with SyncProducer(cluster.bootstrap, acks="all") as producer:
+        sent_at = time.monotonic()
+        producer.send("wake", b"now")
+    reader.join(90)
+    consumer.close()
+    message, received_at = waited[0]
+    assert message is not None and message.value() == b"now"
+    assert received_at - sent_at < 15  # far inside fetch.wait.max.ms (30 s)
+
+
+def test_leader_sigkill_and_the_client_fails_over(cluster):
+    rd_create(cluster.kafka_bootstrap, "failover", partitions=3)
+    # Leaders are spread: kill one that is not the controller (keep the quorum out of it).
+    p = next(p for p in range(3) if cluster.leader("failover", p) != cluster.controller)
+    leader = cluster.leader("failover", p)
+    producer = RdProducer(
+        {"bootstrap.servers": cluster.kafka_bootstrap, "acks": "all", "enable.idempotence": True}
+    )
+    producer.produce("failover", b"before", partition=p)
+    assert producer.flush(30) == 0
+    cluster.kill(leader)
+    try:
+        cluster.wait_for_leader("failover", p, not_on=[leader])
+        failures = []
+        producer.produce(
+            "failover", b"after", partition=p, on_delivery=lambda e, m: failures.append(e)
+        )
+        assert producer.flush(60) == 0 and failures == [None]
+        got = rd_consume(cluster.kafka_bootstrap, "failover", 2, partition=p)
+        assert [m.value() for m in got] == [b"before", b"after"]
+    finally:
+        cluster.restart(leader)
+        cluster.wait_for_isr("failover", p)
+
+
+# --- kcat, and a client speaking out of turn -----------------------------------------------
+
+
+def test_kcat_lists_produces_and_consumes(cluster):
+    kcat = shutil.which("kcat")
+    assert kcat, "kcat is not installed: deploy/test.sh installs it (apt-get install kcat)"
+    bootstrap = cluster.kafka_bootstrap
+    rd_create(bootstrap, "kc")
+    listing = subprocess.run([kcat, "-b", bootstrap, "-L", "-t", "kc"], capture_output=True,
+                             text=True, timeout=60, check=True).stdout  # fmt: skip
+    assert "3 brokers" in listing and 'topic "kc" with 1 partitions' in listing
+    subprocess.run([kcat, "-b", bootstrap, "-P", "-t", "kc", "-X", "acks=all"],
+                   input="one\ntwo\n", text=True, timeout=60, check=True)  # fmt: skip
+    out = subprocess.run([kcat, "-b", bootstrap, "-C", "-t", "kc", "-o", "beginning", "-e"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
+    assert out.split() == ["one", "two"]
+
+
+def test_an_unserved_api_is_answered_and_the_connection_kept(cluster):
+    host, port = cluster.kafka_bootstrap.split(",")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        stream = sock.makefile("rwb")
+
+        def ask(api_key: int, version: int, correlation_id: int) -> bytes:
+            payload = struct.pack(">hhih", api_key, version, correlation_id, -1)
+            stream.write(struct.pack(">i", len(payload)) + payload)
+            stream.flush()
+            (size,) = struct.unpack(">i", stream.read(4))
+            return stream.read(size)
+
+        assert ask(11, 5, 1) == struct.pack(">ih", 1, 35)  # JoinGroup: UNSUPPORTED_VERSION
+        answer = ask(18, 0, 2)  # ApiVersions v0 on the same connection
+        assert answer[:6] == struct.pack(">ih", 2, 0)
+
+
+def test_the_fault_api_fails_kafka_produces_too(cluster):
+    rd_create(cluster.kafka_bootstrap, "faulty")
+    leader = cluster.leader("faulty")
+    cluster.fail_api(leader, "produce", "NOT_ENOUGH_REPLICAS", count=-1)
+    try:
+        producer = RdProducer(
+            {"bootstrap.servers": cluster.kafka_bootstrap, "acks": "all", "retries": 0}
+        )
+        outcome = []
+        producer.produce("faulty", b"x", on_delivery=lambda e, m: outcome.append(e))
+        producer.flush(30)
+    finally:
+        cluster.clear_faults(leader)
+    assert outcome and outcome[0].code() == RdKafkaError.NOT_ENOUGH_REPLICAS
+
+
+def test_subscribe_is_refused_with_a_reason_until_groups_exist(cluster):
+    from kafka import KafkaConsumer
+    from kafka.errors import IncompatibleBrokerVersion
+
+    kp = KafkaConsumer(
+        "rd-sub", bootstrap_servers=cluster.kafka_bootstrap.split(","), group_id="g",
+        consumer_timeout_ms=10000,
+    )  # fmt: skip
+    try:
+        with pytest.raises(IncompatibleBrokerVersion, match="FindCoordinator"):
+            list(kp)
+    finally:
+        kp.close()
