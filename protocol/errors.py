@@ -49,6 +49,9 @@ class ErrorCode(IntEnum):
     FENCED_LEADER_EPOCH = 74
     UNKNOWN_LEADER_EPOCH = 75
     OFFSET_NOT_AVAILABLE = 78
+    PREFERRED_LEADER_NOT_AVAILABLE = 80
+    ELIGIBLE_LEADERS_NOT_AVAILABLE = 83
+    ELECTION_NOT_NEEDED = 84
     INVALID_CONFIG = 40
     INVALID_RECORD = 87
     THROTTLING_QUOTA_EXCEEDED = 89
@@ -86,6 +89,10 @@ RETRIABLE = frozenset(
         ErrorCode.UNKNOWN_LEADER_EPOCH,
         ErrorCode.OFFSET_NOT_AVAILABLE,
         ErrorCode.THROTTLING_QUOTA_EXCEEDED,
+        # Kafka's InvalidMetadataException subclasses (the metadata may change).
+        ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
+        ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+        ErrorCode.ELECTION_NOT_NEEDED,
     }
 )
 
@@ -179,3 +186,6 @@ ClusterAuthorizationFailed = _BY_CODE[ErrorCode.CLUSTER_AUTHORIZATION_FAILED]
 OutOfOrderSequenceNumber = _BY_CODE[ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER]
 InvalidProducerEpoch = _BY_CODE[ErrorCode.INVALID_PRODUCER_EPOCH]
 SaslAuthenticationFailed = _BY_CODE[ErrorCode.SASL_AUTHENTICATION_FAILED]
+PreferredLeaderNotAvailable = _BY_CODE[ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE]
+EligibleLeadersNotAvailable = _BY_CODE[ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE]
+ElectionNotNeeded = _BY_CODE[ErrorCode.ELECTION_NOT_NEEDED]
