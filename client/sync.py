@@ -252,3 +252,4 @@ class SyncAdmin(_SyncBase):
     describe_cluster = blocking(Admin.describe_cluster)
     broker_stats = blocking(Admin.broker_stats)
     faults = blocking(Admin.faults)
+    elect_leaders = blocking(Admin.elect_leaders)

@@ -13,7 +13,15 @@ from types import ModuleType
 
 # Every command is imported by name: a module that fails to import stops the CLI with
 # its traceback instead of quietly vanishing from --help.
-from minibroker.deploy import broker_cli, chaos_cli, client_cli, cluster_cli, faults_cli, stats_cli
+from minibroker.deploy import (
+    broker_cli,
+    chaos_cli,
+    client_cli,
+    cluster_cli,
+    faults_cli,
+    leaders_cli,
+    stats_cli,
+)
 from minibroker.deploy.bench import (
     consume,
     failover,
@@ -26,7 +34,14 @@ from minibroker.deploy.bench import (
 from minibroker.deploy.broker_cli import CommandError
 
 # Each adds its subcommands with add_subcommands(sub).
-COMMAND_GROUPS: Sequence[ModuleType] = (client_cli, cluster_cli, faults_cli, chaos_cli, stats_cli)
+COMMAND_GROUPS: Sequence[ModuleType] = (
+    client_cli,
+    leaders_cli,
+    cluster_cli,
+    faults_cli,
+    chaos_cli,
+    stats_cli,
+)
 
 # name -> (module with add_arguments(parser) and run(args), help line)
 BENCHMARKS: dict[str, tuple[ModuleType, str]] = {

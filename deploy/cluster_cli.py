@@ -14,6 +14,7 @@ from pathlib import Path
 from minibroker.deploy.cluster import (
     DEFAULT_BASE_PORT,
     DEFAULT_DATA_DIR,
+    LOCAL_CLUSTER_CONFIG,
     ClusterError,
     ClusterState,
 )
@@ -49,7 +50,8 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="broker setting passed to every broker (repeatable)",
+        help="broker setting passed to every broker (repeatable); without one, "
+        "leader.imbalance.check.interval.seconds is 5 (Kafka: 300)",
     )
     up.add_argument("--detach", action="store_true", help="leave the brokers running and return")
     up.add_argument("--fresh", action="store_true", help="delete the data dir first")
@@ -105,7 +107,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         )
     if args.fresh and data_dir.exists():
         shutil.rmtree(data_dir)
-    state = ClusterState(data_dir, args.base_port, args.brokers, sets)
+    state = ClusterState(data_dir, args.base_port, args.brokers, {**LOCAL_CLUSTER_CONFIG, **sets})
     t0 = time.monotonic()
     try:
         state.start_all()
