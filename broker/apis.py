@@ -22,6 +22,7 @@ from typing import Any
 
 from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.controller.active import ControllerRole
+from minibroker.broker.controller.election_api import handle_elect_leaders
 from minibroker.broker.controller.membership import ControllerLink
 from minibroker.broker.controller.producer_ids import ProducerIdManager
 from minibroker.broker.coordinator import CoordinatorService
@@ -101,6 +102,7 @@ class RequestHandler:
             ApiKey.API_VERSIONS: self.api_versions,
             ApiKey.METADATA: self.metadata,
             ApiKey.CREATE_TOPICS: self.create_topics,
+            ApiKey.ELECT_LEADERS: self.elect_leaders,
             ApiKey.PRODUCE: self.produce,
             ApiKey.FETCH: self.fetch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
@@ -331,6 +333,12 @@ class RequestHandler:
         return self.link.create_topics(
             body["topics"], body["validate_only"], forwarded=session.principal is not None
         )
+
+    def elect_leaders(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse:
+        # As CreateTopics: a broker's (authenticated) request was forwarded to us.
+        return handle_elect_leaders(self.link, body, forwarded=session.principal is not None)
 
     def _auto_create(self, names: list[str]) -> None:
         """auto.create.topics.enable: ask the controller for each with the broker defaults."""

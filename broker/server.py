@@ -26,6 +26,7 @@ from minibroker.broker.controller.active import ControllerRole
 from minibroker.broker.controller.controller import METADATA_FILE
 from minibroker.broker.controller.membership import ControllerLink, quorum_voters
 from minibroker.broker.controller.producer_ids import ProducerIdManager
+from minibroker.broker.controller.rebalance import LeaderRebalancer
 from minibroker.broker.coordinator import CoordinatorService
 from minibroker.broker.kafka import KafkaCodec, KafkaRequestHandler
 from minibroker.broker.kafka.listener import kafka_listener
@@ -402,6 +403,8 @@ class Broker:
                 )
                 nursery.start_soon(self._prefetch_producer_ids)
                 nursery.start_soon(self.role.fence_silent_brokers)
+                rebalancer = LeaderRebalancer(self.config, self.clock)
+                nursery.start_soon(rebalancer.run, lambda: self.role.controller)
                 self.log.info(
                     "broker_started",
                     host=self.me.host,

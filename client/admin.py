@@ -1,4 +1,4 @@
-"""The admin client: create, list and describe topics, and read a broker's stats."""
+"""The admin client: create, list and describe topics, elect leaders, read a broker's stats."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from minibroker.client.cluster import BrokerInfo, Cluster, PartitionInfo
 from minibroker.client.group_admin import GroupDescription, GroupListing
 from minibroker.client.records import TopicPartition
 from minibroker.protocol import ApiKey
+from minibroker.protocol.api import ELECTION_PREFERRED, ELECTION_UNCLEAN
 from minibroker.protocol.errors import (
     BrokerNotAvailable,
     KafkaError,
@@ -152,6 +153,52 @@ class Admin(ClusterClient):
             if not owned <= seen:
                 return False
         return True
+
+    # --- leaders --------------------------------------------------------------------------
+
+    async def elect_leaders(
+        self,
+        election_type: str = "preferred",
+        partitions: Iterable[tuple[str, int]] | None = None,
+        *,
+        timeout_ms: int = 60000,
+    ) -> dict[tuple[str, int], KafkaError | None]:
+        """Kafka's electLeaders: per ``(topic, partition)``, None if a leader was elected, else
+        the reason (ElectionNotNeeded, PreferredLeaderNotAvailable, UnknownTopicOrPartition,
+        EligibleLeadersNotAvailable). Never raises for a partition: several outcomes are routine.
+
+        ``"preferred"`` moves leadership to each partition's first replica when it is alive
+        and in the ISR; ``"unclean"`` elects a leader for partitions that have none.
+        ``partitions`` None: every partition; those already led as wanted are left out.
+        The controller answers once the leader changes are committed.
+        """
+        types = {"preferred": ELECTION_PREFERRED, "unclean": ELECTION_UNCLEAN}
+        if election_type.lower() not in types:
+            raise ValueError(
+                f"election_type must be 'preferred' or 'unclean', got {election_type!r}"
+            )
+        asked: dict[str, list[int]] | None = None
+        if partitions is not None:
+            asked = {}
+            for topic, partition in partitions:
+                asked.setdefault(topic, []).append(partition)
+        body = {
+            "election_type": types[election_type.lower()],
+            "topic_partitions": None
+            if asked is None
+            else [{"topic": t, "partitions": ps} for t, ps in asked.items()],
+            "timeout_ms": timeout_ms,
+        }
+        response = await self._controller_request(ApiKey.ELECT_LEADERS, body, timeout_ms / 1000 + 5)
+        return {
+            (t["topic"], r["partition_id"]): error_class(r["error_code"])(
+                r.get("error_message") or ""
+            )
+            if r["error_code"]
+            else None
+            for t in response["replica_election_results"]
+            for r in t["partition_result"]
+        }
 
     async def list_topics(self) -> list[str]:
         body = await self._open().refresh(None)

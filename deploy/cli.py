@@ -20,6 +20,7 @@ from minibroker.deploy import (
     cluster_cli,
     faults_cli,
     groups_cli,
+    leaders_cli,
     stats_cli,
 )
 from minibroker.deploy.bench import (
@@ -41,6 +42,7 @@ from minibroker.deploy.pipes import run_piped
 COMMAND_GROUPS: Sequence[ModuleType] = (
     client_cli,
     groups_cli,
+    leaders_cli,
     cluster_cli,
     faults_cli,
     chaos_cli,

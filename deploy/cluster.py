@@ -34,6 +34,10 @@ DEFAULT_DATA_DIR = Path("minibroker-data")
 DEFAULT_BASE_PORT = 9092
 # cluster up's Kafka listeners (stock Kafka clients) sit this far above the native ports.
 KAFKA_PORT_OFFSET = 100
+# What `cluster up` gives every broker unless a --set says otherwise. A local broker
+# restarts in about a second, so its leaderships should come back in seconds, not after
+# Kafka's 300 s imbalance check (sized for fleets, where moving leaders costs more).
+LOCAL_CLUSTER_CONFIG: dict[str, str] = {"leader.imbalance.check.interval.seconds": "5"}
 
 
 class ClusterError(RuntimeError):

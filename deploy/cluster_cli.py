@@ -15,6 +15,7 @@ from minibroker.deploy.cluster import (
     DEFAULT_BASE_PORT,
     DEFAULT_DATA_DIR,
     KAFKA_PORT_OFFSET,
+    LOCAL_CLUSTER_CONFIG,
     ClusterError,
     ClusterState,
 )
@@ -58,7 +59,8 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="broker setting passed to every broker (repeatable)",
+        help="broker setting passed to every broker (repeatable); without one, "
+        "leader.imbalance.check.interval.seconds is 5 (Kafka: 300)",
     )
     up.add_argument("--detach", action="store_true", help="leave the brokers running and return")
     up.add_argument("--fresh", action="store_true", help="delete the data dir first")
@@ -127,7 +129,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     kafka_base = args.kafka_base_port
     if kafka_base is None:
         kafka_base = args.base_port + KAFKA_PORT_OFFSET
-    state = ClusterState(data_dir, args.base_port, args.brokers, sets, kafka_base_port=kafka_base)
+    state = ClusterState(
+        data_dir,
+        args.base_port,
+        args.brokers,
+        {**LOCAL_CLUSTER_CONFIG, **sets},
+        kafka_base_port=kafka_base,
+    )
     t0 = time.monotonic()
     try:
         state.start_all()

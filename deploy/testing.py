@@ -237,6 +237,16 @@ class LocalCluster:
 
         return sorted(self.wait_for(check, topic, partition, timeout).isr)
 
+    def elect_preferred_leaders(
+        self, partitions: Iterable[tuple[str, int]] | None = None
+    ) -> dict[tuple[str, int], KafkaError | None]:
+        """Move leadership back to the preferred replicas now (of ``partitions``, default
+        all): per partition None (elected) or why not (PreferredLeaderNotAvailable, ...;
+        with the default, partitions already led by their preferred replica are left out).
+        Answered once the change is committed; each broker applies it a moment later."""
+        wanted = None if partitions is None else list(partitions)
+        return self._admin(lambda admin: admin.elect_leaders("preferred", wanted))
+
     def stats(self, broker_id: int) -> dict[str, Any]:
         """The broker's own figures: purgatory metrics and its partition states."""
         self.state.check_id(broker_id)

@@ -55,6 +55,7 @@ class ApiKey(IntEnum):
     OFFSET_FOR_LEADER_EPOCH = 23
     DELETE_GROUPS = 42
     SASL_AUTHENTICATE = 36
+    ELECT_LEADERS = 43
     VOTE = 52
     BEGIN_QUORUM_EPOCH = 53
     END_QUORUM_EPOCH = 54
@@ -160,6 +161,46 @@ CREATE_TOPICS_RESP = struct(
         )
     },
     {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
+)
+
+# --- ElectLeaders (KIP-183, KIP-460) ------------------------------------------------------
+
+# Kafka's ElectionType: PREFERRED moves leadership to the first replica of the list when it
+# is alive and in the ISR; UNCLEAN elects a leader for a partition that has none.
+ELECTION_PREFERRED = 0
+ELECTION_UNCLEAN = 1
+ELECT_LEADERS_REQ = struct(
+    {},
+    {
+        # Absent (Kafka's v0) means PREFERRED.
+        "election_type": (integer("int8", min=0, max=1), ELECTION_PREFERRED),
+        # None: every partition of every topic (answered only for those it elected or
+        # could not; partitions already led as wanted are left out, as in Kafka).
+        "topic_partitions": (
+            nullable(array(struct({"topic": TOPIC_NAME, "partitions": array(PARTITION)}))),
+            None,
+        ),
+        "timeout_ms": (integer("int32", min=0), 60000),
+    },
+)
+ELECT_LEADERS_RESP = struct(
+    {
+        "error_code": ERROR,
+        "replica_election_results": array(
+            struct(
+                {
+                    "topic": TOPIC_NAME,
+                    "partition_result": array(
+                        struct(
+                            {"partition_id": PARTITION, "error_code": ERROR},
+                            {"error_message": ERROR_MESSAGE},
+                        )
+                    ),
+                }
+            )
+        ),
+    },
+    {"error_message": ERROR_MESSAGE, "throttle_time_ms": (INT32, 0)},
 )
 
 # --- Produce -------------------------------------------------------------------------------
@@ -480,6 +521,7 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.API_VERSIONS: {0: (API_VERSIONS_REQ, API_VERSIONS_RESP)},
     ApiKey.METADATA: {0: (METADATA_REQ, METADATA_RESP)},
     ApiKey.CREATE_TOPICS: {0: (CREATE_TOPICS_REQ, CREATE_TOPICS_RESP)},
+    ApiKey.ELECT_LEADERS: {0: (ELECT_LEADERS_REQ, ELECT_LEADERS_RESP)},
     ApiKey.PRODUCE: {0: (PRODUCE_REQ, PRODUCE_RESP)},
     ApiKey.FETCH: {0: (FETCH_REQ, FETCH_RESP)},
     ApiKey.LIST_OFFSETS: {0: (LIST_OFFSETS_REQ, LIST_OFFSETS_RESP)},
@@ -563,6 +605,8 @@ def api_name(key: int) -> str:
 __all__ = [
     "BYTES",
     "EARLIEST_TIMESTAMP",
+    "ELECTION_PREFERRED",
+    "ELECTION_UNCLEAN",
     "ERROR_RESPONSE",
     "INT64",
     "ITEM_VERDICT_APIS",

@@ -63,6 +63,9 @@ class ErrorCode(IntEnum):
     FENCED_LEADER_EPOCH = 74
     UNKNOWN_LEADER_EPOCH = 75
     OFFSET_NOT_AVAILABLE = 78
+    PREFERRED_LEADER_NOT_AVAILABLE = 80
+    ELIGIBLE_LEADERS_NOT_AVAILABLE = 83
+    ELECTION_NOT_NEEDED = 84
     INVALID_CONFIG = 40
     INVALID_RECORD = 87
     THROTTLING_QUOTA_EXCEEDED = 89
@@ -107,6 +110,10 @@ RETRIABLE = frozenset(
         ErrorCode.UNKNOWN_LEADER_EPOCH,
         ErrorCode.OFFSET_NOT_AVAILABLE,
         ErrorCode.THROTTLING_QUOTA_EXCEEDED,
+        # Kafka's InvalidMetadataException subclasses (the metadata may change).
+        ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
+        ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+        ErrorCode.ELECTION_NOT_NEEDED,
     }
 )
 
@@ -212,3 +219,6 @@ RebalanceInProgress = _BY_CODE[ErrorCode.REBALANCE_IN_PROGRESS]
 NonEmptyGroup = _BY_CODE[ErrorCode.NON_EMPTY_GROUP]
 GroupIdNotFound = _BY_CODE[ErrorCode.GROUP_ID_NOT_FOUND]
 MemberIdRequired = _BY_CODE[ErrorCode.MEMBER_ID_REQUIRED]
+PreferredLeaderNotAvailable = _BY_CODE[ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE]
+EligibleLeadersNotAvailable = _BY_CODE[ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE]
+ElectionNotNeeded = _BY_CODE[ErrorCode.ELECTION_NOT_NEEDED]

@@ -206,6 +206,23 @@ DEFS: dict[str, ConfigDef] = {
     "unclean.leader.election.enable": ConfigDef(
         bool, False, "Allow a leader from outside the ISR (may lose data)."
     ),
+    "auto.leader.rebalance.enable": ConfigDef(
+        bool,
+        True,
+        "The active controller moves leadership back to each partition's preferred replica "
+        "(the first listed) once it is alive and in the ISR again.",
+    ),
+    "leader.imbalance.check.interval.seconds": ConfigDef(
+        int, 300, "How often the active controller checks for leader imbalance.", 1
+    ),
+    "leader.imbalance.per.broker.percentage": ConfigDef(
+        int,
+        10,
+        "Rebalance a broker's preferred partitions once more than this percentage of them "
+        "are led by another broker.",
+        0,
+        max=100,
+    ),
     # purgatory
     "purgatory.purge.interval.requests": ConfigDef(
         int,
