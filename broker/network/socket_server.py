@@ -39,6 +39,7 @@ from minibroker.protocol import (
     ApiKey,
     FrameDecoder,
     ProtocolError,
+    RequestHeader,
     decode_request_body,
     decode_request_envelope,
     encode_packed_response,
@@ -527,8 +528,15 @@ class ConnectionHandler:
                 if body is None:  # new bytes: decode the body alone, the header is read
                     raw = decode_request_body(body_bytes)
         except ProtocolError as exc:
-            log.warning("connection_closed_bad_request", peer=session.peer, error=str(exc))
-            return False
+            # A well-framed request over a decoding limit (protocol.codec's
+            # MAX_REQUEST_VALUES) is answered when its header can be named.
+            if isinstance(exc, InvalidRequest) and split is None:
+                split = split_request_envelope(payload)
+            if not isinstance(exc, InvalidRequest) or split is None:
+                log.warning("connection_closed_bad_request", peer=session.peer, error=str(exc))
+                return False
+            self._reject(conn, split[0], exc)
+            return True
         try:
             if body is None:
                 body = validate_request(header, raw)
@@ -539,15 +547,7 @@ class ConnectionHandler:
                         bodies.clear()
                     bodies[header.api_version, body_bytes] = body
         except (InvalidRequest, UnsupportedVersion) as exc:
-            log.info(
-                "request_rejected",
-                peer=session.peer,
-                api_key=header.api_key,
-                api_version=header.api_version,
-                error=exc.code.name,
-                reason=exc.message,
-            )
-            outbox.put(encode_response(header.correlation_id, error_body(exc.code, exc.message)))
+            self._reject(conn, header, exc)
             return True
         started = _now()
         try:
@@ -574,3 +574,17 @@ class ConnectionHandler:
             done = _now()
             metrics.record(header.api_key, started - received, done - started, 0.0, done - received)
         return True
+
+    def _reject(
+        self, conn: _Connection, header: RequestHeader, exc: InvalidRequest | UnsupportedVersion
+    ) -> None:
+        """Answer a request its decoding refused, with the decoder's verdict."""
+        self.log.info(
+            "request_rejected",
+            peer=conn.session.peer,
+            api_key=header.api_key,
+            api_version=header.api_version,
+            error=exc.code.name,
+            reason=exc.message,
+        )
+        conn.outbox.put(encode_response(header.correlation_id, error_body(exc.code, exc.message)))
