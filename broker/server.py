@@ -9,6 +9,7 @@ run on one thread.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -20,6 +21,7 @@ import trio
 
 from minibroker.broker.apis import RequestHandler
 from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.common.descriptors import fd_limit, set_max_connections
 from minibroker.broker.common.gc_policy import collect_garbage_rarely
 from minibroker.broker.common.tasks import BackgroundTasks
 from minibroker.broker.controller.active import ControllerRole
@@ -213,12 +215,16 @@ class Broker:
 
     def _socket_server(self, handler: RequestHandler) -> ConnectionHandler:
         config = self.config
+        # The controller's partition cap counts what this broker keeps for connections.
+        set_max_connections(config["max.connections"])
         return ConnectionHandler(
             handler,
             max_frame_bytes=config["socket.request.max.bytes"],
             idle_ms=config["connections.max.idle.ms"],
             logger=self.log,
-            max_connections=max_connections_for(config["max.connections"]),
+            max_connections=max_connections_for(
+                config["max.connections"], max(1, len(self.voters))
+            ),
             max_connections_per_ip=config["max.connections.per.ip"],
             queued_response_bytes=config["queued.max.response.bytes"],
             send_stall_ms=config["connections.max.send.stall.ms"],
@@ -264,10 +270,30 @@ class Broker:
             for index, state in enumerate(topic.partitions):
                 if self.broker_id not in state.replicas:
                     continue
-                partition = rm.host_partition(name, index, state)
+                try:
+                    partition = rm.host_partition(name, index, state)
+                except OSError as exc:
+                    self._cannot_host(name, index, exc)
+                    continue
                 if not partition.is_leader and state.leader in md.brokers:
                     follow.append((partition, md.brokers[state.leader]))
         self.fetchers.follow(follow)
+
+    def _cannot_host(self, topic: str, index: int, exc: OSError) -> None:
+        """A replica whose files cannot be opened is not hosted; the broker goes on.
+
+        Out of descriptors (EMFILE) means the partition cap was passed by hand or the
+        limit lowered under a running cluster: this replica stays offline, named in the
+        log with the limit, and is opened by the next metadata change that finds room.
+        """
+        self.log.error(
+            "partition_not_opened",
+            topic=topic,
+            partition=index,
+            error=exc.strerror or str(exc),
+            errno=errno.errorcode.get(exc.errno or 0, exc.errno),
+            fd_limit=fd_limit(),
+        )
 
     def stats(self) -> dict:
         rm = self.replica_manager

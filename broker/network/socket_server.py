@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import errno
 import os
-import resource
 import time
 from collections import defaultdict
 from typing import Any
 
 import trio
 
+from minibroker.broker.common.descriptors import descriptor_budget, fd_limit
 from minibroker.broker.network.outbox import Outbox
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.network.poller import Poller, choose_backend, open_poller
@@ -66,19 +66,18 @@ _PARKED_BYTES = 4096
 _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
 
-def max_connections_for(configured: int) -> int:
-    """``max.connections``, with -1 derived from the open-file limit.
+def max_connections_for(configured: int, brokers: int = 1) -> int:
+    """``max.connections``, with -1 derived from the open-file limit: the connections'
+    share of the broker's descriptor budget (broker/common/descriptors.py), so that
+    connections and partitions at their caps together still fit under the limit."""
+    return descriptor_budget(brokers, max_connections=configured).connections
 
-    Every connection is a file descriptor, and so is every open segment and index: keep a
-    fifth of the soft RLIMIT_NOFILE (at least 256) for files, so accepting never starves
-    storage of descriptors (EMFILE) and the broker keeps serving the connections it has.
-    """
-    if configured > 0:
-        return configured
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 2**31 - 1
-    return max(16, soft - max(256, soft // 5))
+
+def _open_spare() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 class _SharedBodyPacker:
@@ -230,6 +229,8 @@ class ConnectionHandler:
         self._slot_free = trio.lowlevel.ParkingLot()
         self._connections: dict[int, _Connection] = {}  # by socket descriptor
         self._poller: Poller | None = None
+        # Given up to accept (and close) a connection when descriptors run out.
+        self._spare_fd: int | None = None
         # Connections with frames left over from a long read, served before new reads.
         self._backlogged: list[_Connection] = []
         self._nursery: trio.Nursery | None = None
@@ -247,6 +248,7 @@ class ConnectionHandler:
 
     async def serve(self, listeners: list[trio.SocketListener]) -> None:
         self._poller = open_poller(self.poller_name)
+        self._spare_fd = _open_spare()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -259,6 +261,8 @@ class ConnectionHandler:
             for conn in list(self._connections.values()):
                 self._close(conn)
             self._poller.close()
+            if self._spare_fd is not None:
+                os.close(self._spare_fd)
 
     async def _accept_loop(self, listener: trio.SocketListener) -> None:
         async with listener:
@@ -274,8 +278,7 @@ class ConnectionHandler:
                 except OSError as exc:
                     if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
                         raise
-                    self.log.error("accept_failed", error=errno.errorcode[exc.errno])
-                    await trio.sleep(0.1)
+                    await self._refuse_at_capacity(listener, exc)
                     continue
                 try:
                     host, port = stream.socket.getpeername()[:2]
@@ -293,6 +296,36 @@ class ConnectionHandler:
                     await trio.aclose_forcefully(stream)
                     continue
                 self._open(stream, host, f"{host}:{port}")
+
+    async def _refuse_at_capacity(self, listener: trio.SocketListener, exc: OSError) -> None:
+        """Out of descriptors (EMFILE) or kernel memory: close the waiting connection.
+
+        Left in the backlog it would make accept fail again at once, forever; a client
+        waiting there learns nothing. The spare descriptor kept for this moment (as
+        libuv and nginx keep one) is given up to accept it, it is closed with a log line
+        naming the limit, and the spare is taken back. Nothing else is disturbed.
+        """
+        why = errno.errorcode.get(exc.errno, str(exc.errno))
+        spare, self._spare_fd = self._spare_fd, None
+        if spare is not None:
+            os.close(spare)
+            try:
+                stream = await listener.accept()
+            except OSError:
+                stream = None
+            if stream is not None:
+                self.refused_connections += 1
+                await trio.aclose_forcefully(stream)
+        self.log.error(
+            "connection_refused_descriptor_limit",
+            error=why,
+            fd_limit=fd_limit(),
+            open_connections=self.open_connections,
+            hint="raise `ulimit -n` before starting the broker",
+        )
+        self._spare_fd = _open_spare()
+        if self._spare_fd is None or spare is None:
+            await trio.sleep(0.1)  # no spare: let descriptors free up before trying again
 
     # --- connections ------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple
 
+from minibroker.broker.common.descriptors import SEALED_OPEN
 from minibroker.protocol.batch import (
     BASE_AND_LENGTH,
     HEADER,
@@ -51,7 +52,7 @@ SCAN_CHUNK = 1 << 20
 MAX_RELATIVE_OFFSET = 2**31 - 1
 MAX_POSITION = 2**31 - 1
 # Sealed segments' log files kept open at once, over all partitions of the process.
-MAX_OPEN_SEALED = 64
+MAX_OPEN_SEALED = SEALED_OPEN  # budgeted in broker/common/descriptors.py
 
 
 def segment_name(base_offset: int) -> str:
