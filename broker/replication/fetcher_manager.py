@@ -33,6 +33,7 @@ class ReplicaFetcherManager:
         credentials: ClusterCredentials | None,
         on_follower_hw: Callable[[Partition], None],
         tasks: Spawner,
+        on_storage_error: Callable[[OSError, str], None],
     ) -> None:
         self.broker_id = broker_id
         self.config = config
@@ -41,6 +42,7 @@ class ReplicaFetcherManager:
         self.credentials = credentials
         self.on_follower_hw = on_follower_hw
         self.tasks = tasks
+        self.on_storage_error = on_storage_error
         self.fetchers: dict[tuple[str, int], ReplicaFetcher] = {}
         # By (node id, host, port): a leader that re-registers elsewhere gets a new link.
         self.links: dict[tuple[int, str, int], LeaderLink] = {}
@@ -76,6 +78,7 @@ class ReplicaFetcherManager:
             self.on_follower_hw,
             self.faults,
             self._link(leader),
+            self.on_storage_error,
         )
         self.fetchers[partition.key] = fetcher
         self.tasks.start_soon(fetcher.run)

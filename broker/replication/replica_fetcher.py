@@ -38,6 +38,7 @@ class ReplicaFetcher:
         on_hw_change: Callable[[Partition], None],
         faults: Any,
         link: LeaderLink,
+        on_storage_error: Callable[[OSError, str], None],
     ) -> None:
         self.partition = partition
         self.leader = leader
@@ -51,6 +52,7 @@ class ReplicaFetcher:
         self.cancel_scope = trio.CancelScope()
         self.faults = faults
         self.link = link
+        self.on_storage_error = on_storage_error
         link.join(self)
 
     async def run(self) -> None:
@@ -130,6 +132,13 @@ class ReplicaFetcher:
                 self._process(data)
             except KafkaError as exc:
                 log_peer_failure(self.logger, "replica_fetch_failed", exc)
+                await link.pause(self, backoff)
+            except OSError as exc:
+                # Our disk, not the leader: retrying would keep this replica in the ISR
+                # while it holds nothing new. The log dir goes offline (Kafka's
+                # LogDirFailureChannel), which stops every fetcher, this one included;
+                # the leader then shrinks the ISR at replica.lag.time.max.ms.
+                self.on_storage_error(exc, f"appending to {key[0]}-{key[1]} as a follower")
                 await link.pause(self, backoff)
             except Exception:
                 # A bug or a bad answer must cost this partition a retry, not the broker.

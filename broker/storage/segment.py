@@ -22,6 +22,7 @@ scan stops at a batch the index could not hold (recovery cuts there).
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from bisect import bisect_right
@@ -215,7 +216,11 @@ class Segment:
             raise
         if written != len(data):  # a short write on a regular file means the disk is full
             self._cut_back(size)
-            raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
+            raise OSError(
+                errno.ENOSPC,
+                f"No space left on device (short write: {written} of {len(data)} bytes)",
+                str(self.path),
+            )
         # Index entries only after the bytes they point at are in the file.
         for relative_offset, position in entries:
             self.index_offsets.append(relative_offset)
