@@ -8,7 +8,8 @@ controller role and link, quorum, authenticator, producer ids, faults, the metad
 cache and the catch-up gate), never with the broker: it sits below server.py.
 
 Trust: the cluster's internal APIs (registration, heartbeats, ISR changes, metadata
-pushes, follower fetches) steer leaders, ISRs and high watermarks, so they are answered
+pushes, follower fetches, a replica's offset lookups) steer leaders, ISRs and high
+watermarks or show records not yet committed, so they are answered
 only on a connection whose peer authenticated as a cluster member (SASL_HANDSHAKE +
 SASL_AUTHENTICATE, broker/network/cluster_auth.py), and only about itself: the broker id in the
 body must be the authenticated one, and metadata is taken from the controller alone.
@@ -353,7 +354,20 @@ class RequestHandler:
     def offset_for_leader_epoch(
         self, header: RequestHeader, body: dict, session: ConnectionSession
     ) -> dict:
+        refusal = self.refuse_replica_view(header, body["replica_id"], session)
+        if refusal is not None:
+            return refusal
         return self.replica_manager.offsets_for_leader_epoch(body)
+
+    def refuse_replica_view(
+        self, header: RequestHeader, replica_id: int, session: ConnectionSession
+    ) -> dict | None:
+        """A ``replica_id`` >= 0 sees a replica's view, up to the log end past the high
+        watermark (records not yet committed, which a failover may take back): members
+        only, speaking for themselves, as for a follower's fetch (Kafka's CLUSTER_ACTION)."""
+        if replica_id < 0:
+            return None
+        return self.refuse_unless_member(session, header.api_key, replica_id)
 
     def update_metadata(
         self, header: RequestHeader, body: dict, session: ConnectionSession
@@ -383,11 +397,10 @@ class RequestHandler:
     def fetch(
         self, header: RequestHeader, fetch: FetchRequest, session: ConnectionSession
     ) -> dict | PendingResponse:
-        if fetch.for_follower:
-            # A follower's fetch moves its LEO, hence the HW and the ISR: members only.
-            refusal = self.refuse_unless_member(session, header.api_key, fetch.replica_id)
-            if refusal is not None:
-                return refusal
+        # A follower's fetch also moves its LEO, hence the HW and the ISR.
+        refusal = self.refuse_replica_view(header, fetch.replica_id, session)
+        if refusal is not None:
+            return refusal
         return self.replica_manager.fetch(fetch, session)
 
     def init_producer_id(
@@ -396,6 +409,9 @@ class RequestHandler:
         return self.producer_ids.init_producer_id(body)
 
     def list_offsets(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
+        refusal = self.refuse_replica_view(header, body["replica_id"], session)
+        if refusal is not None:
+            return refusal
         return self.replica_manager.list_offsets(body)
 
     def broker_stats(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:

@@ -9,6 +9,7 @@ run on one thread.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -20,7 +21,9 @@ import trio
 
 from minibroker.broker.apis import RequestHandler
 from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.common.descriptors import fd_limit, set_max_connections
 from minibroker.broker.common.gc_policy import collect_garbage_rarely
+from minibroker.broker.common.logs import log_lines_dropped, write_fatal_line
 from minibroker.broker.common.tasks import BackgroundTasks
 from minibroker.broker.controller.active import ControllerRole
 from minibroker.broker.controller.controller import METADATA_FILE
@@ -118,6 +121,7 @@ class Broker:
             logger,
         )
         self.replica_manager.on_isr_change = self.isr_proposals.propose
+        self.replica_manager.on_storage_error = self._log_dir_failed
         self.producer_ids = ProducerIdManager(self._allocate_producer_ids, self.tasks, logger)
         self._creating_offsets_topic = False  # one CreateTopics for it at a time
         self.coordinator = self._coordinator()
@@ -193,6 +197,7 @@ class Broker:
             self.credentials,
             follower_hw_changed,
             self.tasks,
+            self.replica_manager.storage_failed,
         )
 
     def _coordinator(self) -> CoordinatorService:
@@ -262,12 +267,16 @@ class Broker:
 
     def _socket_server(self, handler: RequestHandler) -> ConnectionHandler:
         config = self.config
+        # The controller's partition cap counts what this broker keeps for connections.
+        set_max_connections(config["max.connections"])
         return ConnectionHandler(
             handler,
             max_frame_bytes=config["socket.request.max.bytes"],
             idle_ms=config["connections.max.idle.ms"],
             logger=self.log,
-            max_connections=max_connections_for(config["max.connections"]),
+            max_connections=max_connections_for(
+                config["max.connections"], max(1, len(self.voters))
+            ),
             max_connections_per_ip=config["max.connections.per.ip"],
             queued_response_bytes=config["queued.max.response.bytes"],
             send_stall_ms=config["connections.max.send.stall.ms"],
@@ -313,20 +322,85 @@ class Broker:
             for index, state in enumerate(topic.partitions):
                 if self.broker_id not in state.replicas:
                     continue
-                partition = rm.host_partition(name, index, state)
+                try:
+                    partition = rm.host_partition(name, index, state)
+                except OSError as exc:
+                    if exc.errno in (errno.EMFILE, errno.ENFILE):
+                        self._cannot_host(name, index, exc)
+                    else:  # disk full (the leader-epoch checkpoint), I/O error, read-only
+                        rm.storage_failed(exc, f"taking the role of {name}-{index}")
+                    continue
                 if not partition.is_leader and state.leader in md.brokers:
                     follow.append((partition, md.brokers[state.leader]))
-        self.fetchers.follow(follow)
+        # An offline log dir replicates nothing (Kafka stops its replicas' fetchers).
+        self.fetchers.follow(follow if rm.offline_reason is None else ())
         self.coordinator.on_metadata(md)
+
+    def _log_dir_failed(self, exc: OSError, during: str) -> None:
+        """Take the data dir offline after a failed write, once, and say why everywhere.
+
+        Kafka's answer to an IOException in a log dir: its replicas stop. Followers
+        stop fetching (so their leaders shrink the ISR at replica.lag.time.max.ms rather
+        than count a replica that stores nothing), appends here answer
+        KAFKA_STORAGE_ERROR, and `minibroker stats` / `cluster status` name the dir and
+        the error. Nothing is acknowledged from here any more, so nothing acknowledged
+        is lost. The broker's own log is likely on the same disk: the line also goes to
+        the process's stderr, the one place that may still take it.
+        """
+        rm = self.replica_manager
+        if rm.offline_reason is not None:
+            return
+        code = errno.errorcode.get(exc.errno or 0, "")
+        reason = (
+            f"log dir {self.data_dir} is offline: {exc.strerror or exc} ({code}) while {during}"
+        )
+        rm.offline_reason = reason
+        self.log.critical(
+            "log_dir_offline",
+            log_dir=str(self.data_dir),
+            error=exc.strerror or str(exc),
+            errno=code,
+            during=during,
+            hint="free space or fix the disk, then restart this broker",
+        )
+        write_fatal_line(
+            f"broker {self.broker_id}: {reason}; free space or fix the disk, then restart it"
+        )
+        self.fetchers.stop_all()
+
+    def _cannot_host(self, topic: str, index: int, exc: OSError) -> None:
+        """A replica whose files cannot be opened is not hosted; the broker goes on.
+
+        Out of descriptors (EMFILE) means the partition cap was passed by hand or the
+        limit lowered under a running cluster: this replica stays offline, named in the
+        log with the limit, and is opened by the next metadata change that finds room.
+        """
+        self.log.error(
+            "partition_not_opened",
+            topic=topic,
+            partition=index,
+            error=exc.strerror or str(exc),
+            errno=errno.errorcode.get(exc.errno or 0, exc.errno),
+            fd_limit=fd_limit(),
+        )
 
     def stats(self) -> dict:
         rm = self.replica_manager
         return {
             "uptime_ms": self.clock.now_ms() - self.started_ms,
+            "log_lines_dropped": log_lines_dropped(),
             "controller_id": self.cache.controller_id,
             "metadata_epoch": self.cache.metadata.epoch,
             "quorum": self.quorum.stats(),
             "connections": self.connections.open_connections,
+            # Kafka's log dirs (one here): which failed and why (see _log_dir_failed).
+            "log_dirs": [
+                {
+                    "dir": str(self.data_dir),
+                    "online": rm.offline_reason is None,
+                    "error": rm.offline_reason,
+                }
+            ],
             "connections_muted": self.connections.muted_connections,
             "poller": self.poller,
             "purgatory": {

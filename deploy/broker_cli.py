@@ -86,6 +86,10 @@ def _only_error(exc: BaseException) -> BaseException:
     return exc
 
 
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
+_LISTEN_ERRNOS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES, errno.EINVAL})
+
+
 def describe_start_error(exc: OSError, host: str, port: int, data_dir: Path) -> str:
     """Name the real problem: the port, the data dir, or the file-descriptor limit."""
     reason = (exc.strerror or str(exc)).lower()
@@ -97,6 +101,13 @@ def describe_start_error(exc: OSError, host: str, port: int, data_dir: Path) -> 
         )
     if exc.filename is not None:  # a file operation: the data dir is the problem
         return f"cannot use data dir {data_dir}: {reason} ({exc.filename})"
+    if exc.errno in _STORAGE_ERRNOS:
+        # A write in the data dir (a checkpoint, a segment) that carried no file name:
+        # never "cannot listen" (issue 26 found a full disk reported as a listen error).
+        return (
+            f"storage error in data dir {data_dir}: {reason}; its log "
+            f"({data_dir / 'broker.log'} under `cluster up`) may be cut short on the same disk"
+        )
     if exc.errno == errno.EADDRINUSE:
         return (
             f"port {port} on {host} is in use (another broker or program listens there): "
@@ -106,7 +117,9 @@ def describe_start_error(exc: OSError, host: str, port: int, data_dir: Path) -> 
         return f"cannot listen on {host}:{port}: {host} is not an address of this machine"
     if exc.errno == errno.EACCES:
         return f"cannot listen on {host}:{port}: permission denied (ports below 1024 need root)"
-    return f"cannot listen on {host}:{port}: {reason}"
+    if exc.errno in _LISTEN_ERRNOS:
+        return f"cannot listen on {host}:{port}: {reason}"
+    return f"failed while starting on {data_dir}: {reason}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

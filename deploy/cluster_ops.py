@@ -199,6 +199,10 @@ def gather_status(state: ClusterState) -> dict:
                 "cpu_percent": cpu,
                 "partitions_led": sum(1 for p in partitions if p["leader"] == i),
                 "purgatory": s["purgatory"] if s else None,
+                # Kafka's offline log dirs: which failed on this broker, and why.
+                "offline_log_dirs": [
+                    d for d in (s.get("log_dirs", []) if s else []) if not d["online"]
+                ],
             }
         )
     return {
@@ -261,6 +265,9 @@ def render_status(status: dict) -> str:
             f"{b['id']:>3} {b['port']:>6} {_dash(b['pid']):>8} {b['state']:<7} {_dash(b['rss_mb']):>7} "
             f"{_dash(b['cpu_percent']):>6} {b['partitions_led']:>4}  {text}"
         )
+    for b in status["brokers"]:
+        for d in b.get("offline_log_dirs", []):
+            lines.append(f"  broker {b['id']}: OFFLINE LOG DIR {d['dir']}: {d['error']}")
     q = status.get("quorum") or {}
     lag = " ".join(f"{v}:{n}" for v, n in sorted(q.get("voter_lag", {}).items()))
     lines += [

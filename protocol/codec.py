@@ -19,6 +19,16 @@ from minibroker.protocol.api import ERROR_RESPONSE, SCHEMAS, api_name
 from minibroker.protocol.errors import ErrorCode, InvalidRequest, ProtocolError, UnsupportedVersion
 from minibroker.protocol.framing import encode_frame, encode_frame_of
 
+# What decoding one request may build. Memory is what a request can take that its frame
+# does not show: every msgpack value becomes a Python object (an empty map, one byte on the
+# wire, is a 64-byte dict and an 8-byte slot: 30 million of them in a 30 MB frame grew a
+# broker by 2 GB and held its loop 7.6 s). Strings and bytes decode to about their wire
+# size, so bounding the count of values bounds decoding to the frame plus
+# MAX_REQUEST_VALUES objects (~10 MB) and its time to tens of milliseconds. Produce, the
+# one request with bulk bytes, carries them as a few ``bin`` values; 2,000 topics created
+# in one request are ~20,000 values.
+MAX_REQUEST_VALUES = 1 << 17
+
 
 class RequestHeader(NamedTuple):
     api_key: int
@@ -32,6 +42,73 @@ def _unpack(payload: bytes | memoryview) -> Any:
         return msgpack.unpackb(payload, raw=False, use_list=True)
     except Exception as exc:  # msgpack raises many types on hostile input
         raise ProtocolError(f"undecodable msgpack: {type(exc).__name__}: {exc}") from None
+
+
+def _check_request_values(payload: bytes | memoryview) -> None:
+    """Raise InvalidRequest if ``payload`` announces more than MAX_REQUEST_VALUES values.
+
+    A frame of n bytes holds at most n values, so only larger ones are walked, and the
+    walk stops as soon as the containers read so far announce too many. A malformed
+    payload ends the walk; unpacking it then names the problem.
+    """
+    if len(payload) > MAX_REQUEST_VALUES and _announced_values(payload) > MAX_REQUEST_VALUES:
+        raise InvalidRequest(
+            f"request of {len(payload)} bytes holds more than {MAX_REQUEST_VALUES} "
+            "msgpack values: split it"
+        )
+
+
+# The walk reads msgpack's type bytes itself: msgpack.Unpacker would copy the whole frame
+# into its buffer first (a Produce's megabytes of records, for a count of a dozen values).
+# _FIXED_SIZE: the whole size of a value its first byte fixes (0: it does not);
+# _PREFIXED: first byte -> (length field bytes, bytes after it, values per count or 0
+# for a str/bin/ext whose length counts bytes).
+_FIXED_SIZE = [0] * 256
+for _b in [*range(0x00, 0x80), *range(0xE0, 0x100), 0xC0, 0xC2, 0xC3]:  # ints, nil, bools
+    _FIXED_SIZE[_b] = 1
+for _b in range(0xA0, 0xC0):  # fixstr
+    _FIXED_SIZE[_b] = 1 + (_b & 0x1F)
+for _b, _size in zip(
+    range(0xCA, 0xD9), (5, 9, 2, 3, 5, 9, 2, 3, 5, 9, 3, 4, 6, 10, 18), strict=True
+):
+    _FIXED_SIZE[_b] = _size  # float, uint, int, fixext
+_PREFIXED = {
+    0xC4: (1, 0, 0), 0xC5: (2, 0, 0), 0xC6: (4, 0, 0),  # bin
+    0xC7: (1, 1, 0), 0xC8: (2, 1, 0), 0xC9: (4, 1, 0),  # ext (+ its type byte)
+    0xD9: (1, 0, 0), 0xDA: (2, 0, 0), 0xDB: (4, 0, 0),  # str
+    0xDC: (2, 0, 1), 0xDD: (4, 0, 1), 0xDE: (2, 0, 2), 0xDF: (4, 0, 2),  # array, map
+}  # fmt: skip
+
+
+def _announced_values(payload: bytes | memoryview) -> int:
+    """How many values the containers read so far announce (the value itself included),
+    up to just past MAX_REQUEST_VALUES; 0 for a payload that is not msgpack."""
+    fixed, prefixed = _FIXED_SIZE, _PREFIXED
+    end = len(payload)
+    pos = read = 0
+    announced = 1
+    while read < announced <= MAX_REQUEST_VALUES:
+        if pos >= end:
+            return 0
+        b = payload[pos]
+        size = fixed[b]
+        if size:
+            pos += size
+        elif 0x80 <= b <= 0x9F:  # fixmap, fixarray
+            announced += b & 0x0F if b >= 0x90 else 2 * (b & 0x0F)
+            pos += 1
+        elif b in prefixed:
+            width, after, per_count = prefixed[b]
+            n = int.from_bytes(payload[pos + 1 : pos + 1 + width], "big")
+            if per_count:
+                announced += per_count * n
+                pos += 1 + width
+            else:
+                pos += 1 + width + after + n
+        else:  # 0xC1, never used
+            return 0
+        read += 1
+    return announced
 
 
 def _is_int(value: Any) -> bool:
@@ -50,7 +127,12 @@ def encode_request(
 
 
 def decode_request_envelope(payload: bytes) -> tuple[RequestHeader, Any]:
-    """Parse the envelope; the body is returned raw (validate with ``validate_request``)."""
+    """Parse the envelope; the body is returned raw (validate with ``validate_request``).
+
+    InvalidRequest for a request over MAX_REQUEST_VALUES (answer it if
+    ``split_request_envelope`` can name it), ProtocolError for bytes that do not parse.
+    """
+    _check_request_values(payload)
     msg = _unpack(payload)
     if type(msg) is not list or len(msg) != 5:
         raise ProtocolError(
@@ -68,7 +150,9 @@ def decode_request_envelope(payload: bytes) -> tuple[RequestHeader, Any]:
 
 def decode_request_body(body_bytes: bytes) -> Any:
     """The raw body from ``split_request_envelope``'s bytes (validate it next): exactly one
-    msgpack value, as the whole envelope's decoding would have found it."""
+    msgpack value, as the whole envelope's decoding would have found it, within
+    MAX_REQUEST_VALUES."""
+    _check_request_values(body_bytes)
     return _unpack(body_bytes)
 
 

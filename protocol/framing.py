@@ -14,6 +14,7 @@ from minibroker.protocol.errors import FrameTooLarge, ProtocolError
 _LEN = struct.Struct(">I")
 FRAME_HEADER_SIZE = 4
 DEFAULT_MAX_FRAME_BYTES = 104857600  # Kafka's socket.request.max.bytes
+_VIEW_ABOVE = 1 << 16  # frames copied out through a memoryview (slower for small ones)
 
 
 def encode_frame(payload: bytes) -> bytes:
@@ -72,7 +73,13 @@ class FrameDecoder:
             if end - pos - FRAME_HEADER_SIZE < length:
                 break
             start = pos + FRAME_HEADER_SIZE
-            frames.append(bytes(buf[start : start + length]))
+            if length < _VIEW_ABOVE:
+                frames.append(bytes(buf[start : start + length]))
+            else:
+                # One copy, not two (a bytearray slice, then bytes of it): a 100 MB frame
+                # held twice more for a moment is what a client could make a broker hold.
+                with memoryview(buf) as view:
+                    frames.append(bytes(view[start : start + length]))
             pos = start + length
         if pos:
             del buf[:pos]

@@ -142,6 +142,13 @@ DEFS: dict[str, ConfigDef] = {
     "replica.fetch.max.bytes": ConfigDef(
         int, 1048576, "Bytes per partition a follower fetch asks for.", 1
     ),
+    "replica.fetch.response.max.bytes": ConfigDef(
+        int,
+        10485760,
+        "Bytes a follower's fetch asks for in all, over every partition it follows from "
+        "one leader (one request per leader).",
+        1,
+    ),
     "replica.fetch.backoff.ms": ConfigDef(int, 1000, "Pause after a failed follower fetch.", 0),
     "controller.id": ConfigDef(
         int, -1, "Ignored: the active controller is whichever voter leads the metadata quorum.", -1

@@ -79,7 +79,7 @@ class KafkaRequestHandler:
         """Run the native API on a body we built (validated: its defaults filled in)."""
         native_header = RequestHeader(int(key), 0, header.correlation_id, header.client_id)
         try:
-            body = validate_request(native_header, body)
+            body = self.native.prepare(native_header, validate_request(native_header, body))
         except InvalidRequest as exc:
             return {"error_code": int(exc.code), "error_message": exc.message}
         return self.native.handle(native_header, body, session)

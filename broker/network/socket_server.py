@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import errno
 import os
-import resource
 import time
 from collections import defaultdict
 from typing import Any, Protocol
 
 import trio
 
+from minibroker.broker.common.descriptors import descriptor_budget, fd_limit
 from minibroker.broker.network.outbox import Outbox
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.network.poller import Poller, choose_backend, open_poller
@@ -79,19 +79,18 @@ class Dispatcher(Protocol):
         """An answer now, a parked one, or None (acks=0: no answer)."""
 
 
-def max_connections_for(configured: int) -> int:
-    """``max.connections``, with -1 derived from the open-file limit.
+def max_connections_for(configured: int, brokers: int = 1) -> int:
+    """``max.connections``, with -1 derived from the open-file limit: the connections'
+    share of the broker's descriptor budget (broker/common/descriptors.py), so that
+    connections and partitions at their caps together still fit under the limit."""
+    return descriptor_budget(brokers, max_connections=configured).connections
 
-    Every connection is a file descriptor, and so is every open segment and index: keep a
-    fifth of the soft RLIMIT_NOFILE (at least 256) for files, so accepting never starves
-    storage of descriptors (EMFILE) and the broker keeps serving the connections it has.
-    """
-    if configured > 0:
-        return configured
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 2**31 - 1
-    return max(16, soft - max(256, soft // 5))
+
+def _open_spare() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 class _SharedBodyPacker:
@@ -255,6 +254,8 @@ class ConnectionHandler:
         self._slot_free = trio.lowlevel.ParkingLot()
         self._connections: dict[int, _Connection] = {}  # by socket descriptor
         self._poller: Poller | None = None
+        # Given up to accept (and close) a connection when descriptors run out.
+        self._spare_fd: int | None = None
         # Connections with frames left over from a long read, served before new reads.
         self._backlogged: list[_Connection] = []
         self._nursery: trio.Nursery | None = None
@@ -277,6 +278,7 @@ class ConnectionHandler:
     ) -> None:
         """Serve our protocol on ``listeners``, and each of ``coded`` with its codec."""
         self._poller = open_poller(self.poller_name)
+        self._spare_fd = _open_spare()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -291,6 +293,8 @@ class ConnectionHandler:
             for conn in list(self._connections.values()):
                 self._close(conn)
             self._poller.close()
+            if self._spare_fd is not None:
+                os.close(self._spare_fd)
 
     async def _accept_loop(self, listener: trio.SocketListener, codec: Any = None) -> None:
         async with listener:
@@ -306,8 +310,7 @@ class ConnectionHandler:
                 except OSError as exc:
                     if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
                         raise
-                    self.log.error("accept_failed", error=errno.errorcode[exc.errno])
-                    await trio.sleep(0.1)
+                    await self._refuse_at_capacity(listener, exc)
                     continue
                 try:
                     host, port = stream.socket.getpeername()[:2]
@@ -325,6 +328,36 @@ class ConnectionHandler:
                     await trio.aclose_forcefully(stream)
                     continue
                 self._open(stream, host, f"{host}:{port}", codec)
+
+    async def _refuse_at_capacity(self, listener: trio.SocketListener, exc: OSError) -> None:
+        """Out of descriptors (EMFILE) or kernel memory: close the waiting connection.
+
+        Left in the backlog it would make accept fail again at once, forever; a client
+        waiting there learns nothing. The spare descriptor kept for this moment (as
+        libuv and nginx keep one) is given up to accept it, it is closed with a log line
+        naming the limit, and the spare is taken back. Nothing else is disturbed.
+        """
+        why = errno.errorcode.get(exc.errno, str(exc.errno))
+        spare, self._spare_fd = self._spare_fd, None
+        if spare is not None:
+            os.close(spare)
+            try:
+                stream = await listener.accept()
+            except OSError:
+                stream = None
+            if stream is not None:
+                self.refused_connections += 1
+                await trio.aclose_forcefully(stream)
+        self.log.error(
+            "connection_refused_descriptor_limit",
+            error=why,
+            fd_limit=fd_limit(),
+            open_connections=self.open_connections,
+            hint="raise `ulimit -n` before starting the broker",
+        )
+        self._spare_fd = _open_spare()
+        if self._spare_fd is None or spare is None:
+            await trio.sleep(0.1)  # no spare: let descriptors free up before trying again
 
     # --- connections ------------------------------------------------------------------------
 
@@ -545,7 +578,6 @@ class ConnectionHandler:
         if conn.codec is not None:
             return self._one_coded(payload, conn, received)
         log = self.log
-        outbox = conn.outbox
         session = conn.session
         body = split = None
         try:
@@ -562,8 +594,15 @@ class ConnectionHandler:
                 if body is None:  # new bytes: decode the body alone, the header is read
                     raw = decode_request_body(body_bytes)
         except ProtocolError as exc:
-            log.warning("connection_closed_bad_request", peer=session.peer, error=str(exc))
-            return False
+            # A well-framed request over a decoding limit (protocol.codec's
+            # MAX_REQUEST_VALUES) is answered when its header can be named.
+            if isinstance(exc, InvalidRequest) and split is None:
+                split = split_request_envelope(payload)
+            if not isinstance(exc, InvalidRequest) or split is None:
+                log.warning("connection_closed_bad_request", peer=session.peer, error=str(exc))
+                return False
+            self._reject(conn, split[0], exc)
+            return True
         try:
             if body is None:
                 body = self.dispatcher.prepare(header, validate_request(header, raw))
@@ -574,15 +613,7 @@ class ConnectionHandler:
                         fetches.clear()
                     fetches[header.api_version, body_bytes] = body
         except (InvalidRequest, UnsupportedVersion) as exc:
-            log.info(
-                "request_rejected",
-                peer=session.peer,
-                api_key=header.api_key,
-                api_version=header.api_version,
-                error=exc.code.name,
-                reason=exc.message,
-            )
-            outbox.put(encode_response(header.correlation_id, error_body(exc.code, exc.message)))
+            self._reject(conn, header, exc)
             return True
         return self._run(conn, header, body, received, self.dispatcher, self._packer)
 
@@ -641,3 +672,17 @@ class ConnectionHandler:
             done = _now()
             metrics.record(header.api_key, started - received, done - started, 0.0, done - received)
         return True
+
+    def _reject(
+        self, conn: _Connection, header: RequestHeader, exc: InvalidRequest | UnsupportedVersion
+    ) -> None:
+        """Answer a request its decoding refused, with the decoder's verdict."""
+        self.log.info(
+            "request_rejected",
+            peer=conn.session.peer,
+            api_key=header.api_key,
+            api_version=header.api_version,
+            error=exc.code.name,
+            reason=exc.message,
+        )
+        conn.outbox.put(encode_response(header.correlation_id, error_body(exc.code, exc.message)))

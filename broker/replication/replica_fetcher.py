@@ -1,10 +1,13 @@
 """One replica fetcher task per follower partition, long-polling its leader.
 
-The fetch goes through the leader's fetch purgatory (``replica.fetch.wait.max.ms``,
-``replica.fetch.min.bytes``), so an idle follower costs one parked request, not a
-busy loop. This module is the I/O half of a follower: requests, timeouts, backoff and
-injected faults. Every change to the replica (append, HW, truncation, epoch cache) is
-a Partition method, so the rules live in one place and are tested without sockets.
+The task's requests travel in its leader's LeaderLink (leader_link.py): one connection
+and one Fetch in flight per leader, carrying every partition followed from it, as
+Kafka's fetcher thread does. The fetch goes through the leader's fetch purgatory
+(``replica.fetch.wait.max.ms``, ``replica.fetch.min.bytes``), so idle followers cost
+one parked request per leader, not a busy loop. This module is the I/O half of a
+follower: requests, backoff and injected faults. Every change to the replica (append,
+HW, truncation, epoch cache) is a Partition method, so the rules live in one place and
+are tested without sockets.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from minibroker.broker.network.cluster_auth import ClusterCredentials
-from minibroker.broker.network.peer import PeerConnection, log_peer_failure
+from minibroker.broker.network.peer import log_peer_failure
+from minibroker.broker.replication.leader_link import LeaderLink
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import ErrorCode, KafkaError
 
@@ -34,7 +37,8 @@ class ReplicaFetcher:
         logger: Any,
         on_hw_change: Callable[[Partition], None],
         faults: Any,
-        credentials: ClusterCredentials | None = None,
+        link: LeaderLink,
+        on_storage_error: Callable[[OSError, str], None],
     ) -> None:
         self.partition = partition
         self.leader = leader
@@ -46,44 +50,26 @@ class ReplicaFetcher:
         )
         self.on_hw_change = on_hw_change
         self.cancel_scope = trio.CancelScope()
-        self.conn = PeerConnection(
-            leader.host,
-            leader.port,
-            f"replica-fetcher-{broker_id}",
-            credentials=credentials,
-            peer_id=leader.node_id,
-        )
         self.faults = faults
+        self.link = link
+        self.on_storage_error = on_storage_error
+        link.join(self)
 
     async def run(self) -> None:
         with self.cancel_scope:
-            try:
-                await self._loop()
-            finally:
-                with trio.CancelScope(shield=True):
-                    await self.conn.close()
+            await self._loop()
 
-    def _request(self) -> dict:
-        p = self.partition
-        cfg = self.config
+    def stop(self) -> None:
+        """Leave the link at once (its next round no longer waits for us), then end."""
+        self.link.leave(self)
+        self.cancel_scope.cancel()
+
+    def _fetch_part(self) -> dict:
         return {
-            "replica_id": self.broker_id,
-            "max_wait_ms": cfg["replica.fetch.wait.max.ms"],
-            "min_bytes": cfg["replica.fetch.min.bytes"],
-            "max_bytes": cfg["replica.fetch.max.bytes"],
-            "topics": [
-                {
-                    "name": p.topic,
-                    "partitions": [
-                        {
-                            "partition": p.index,
-                            "fetch_offset": p.log_end_offset,
-                            "partition_max_bytes": cfg["replica.fetch.max.bytes"],
-                            "current_leader_epoch": self.leader_epoch,
-                        }
-                    ],
-                }
-            ],
+            "partition": self.partition.index,
+            "fetch_offset": self.partition.log_end_offset,
+            "partition_max_bytes": self.config["replica.fetch.max.bytes"],
+            "current_leader_epoch": self.leader_epoch,
         }
 
     async def _truncate(self) -> None:
@@ -98,20 +84,12 @@ class ReplicaFetcher:
         if epoch < 0:
             target = p.high_watermark  # no epochs known: keep what is committed
         else:
-            body = await self.conn.request(
+            answer = await self.link.ask(
+                self,
                 ApiKey.OFFSET_FOR_LEADER_EPOCH,
-                {
-                    "replica_id": self.broker_id,
-                    "topics": [
-                        {
-                            "name": p.topic,
-                            "partitions": [{"partition": p.index, "leader_epoch": epoch}],
-                        }
-                    ],
-                },
-                timeout=10,
+                p.key,
+                {"partition": p.index, "leader_epoch": epoch},
             )
-            answer = body["topics"][0]["partitions"][0]
             error = ErrorCode.parse(answer["error_code"])
             if error is not ErrorCode.NONE:
                 raise KafkaError(
@@ -128,38 +106,44 @@ class ReplicaFetcher:
             )
 
     async def _loop(self) -> None:
-        cfg = self.config
-        timeout = cfg["replica.fetch.wait.max.ms"] / 1000 + 30
-        backoff = cfg["replica.fetch.backoff.ms"] / 1000
+        backoff = self.config["replica.fetch.backoff.ms"] / 1000
+        link, key = self.link, self.partition.key
         while True:
             try:
                 await self._truncate()
                 break
             except KafkaError as exc:
                 log_peer_failure(self.logger, "truncation_check_failed", exc)
-                await trio.sleep(backoff)
+                await link.pause(self, backoff)
             except Exception:
                 self.logger.exception("truncation_error")
-                await trio.sleep(backoff)
+                await link.pause(self, backoff)
         while True:
             try:
-                delay_ms, _ = self.faults.replication(self.partition.key)
+                delay_ms, _ = self.faults.replication(key)
                 if delay_ms:
-                    await trio.sleep(delay_ms / 1000)
-                body = await self.conn.request(ApiKey.FETCH, self._request(), timeout=timeout)
+                    await link.pause(self, delay_ms / 1000)
+                data = await link.ask(self, ApiKey.FETCH, key, self._fetch_part())
                 # Asked again: a fault injected while this fetch was parked applies to its data.
-                if self.faults.replication(self.partition.key)[1]:
+                if self.faults.replication(key)[1]:
                     # Dropped replication: the leader saw the fetch, we discard the data.
-                    await trio.sleep(backoff)
+                    await link.pause(self, backoff)
                     continue
-                self._process(body["topics"][0]["partitions"][0])
+                self._process(data)
             except KafkaError as exc:
                 log_peer_failure(self.logger, "replica_fetch_failed", exc)
-                await trio.sleep(backoff)
+                await link.pause(self, backoff)
+            except OSError as exc:
+                # Our disk, not the leader: retrying would keep this replica in the ISR
+                # while it holds nothing new. The log dir goes offline (Kafka's
+                # LogDirFailureChannel), which stops every fetcher, this one included;
+                # the leader then shrinks the ISR at replica.lag.time.max.ms.
+                self.on_storage_error(exc, f"appending to {key[0]}-{key[1]} as a follower")
+                await link.pause(self, backoff)
             except Exception:
                 # A bug or a bad answer must cost this partition a retry, not the broker.
                 self.logger.exception("replica_fetch_error")
-                await trio.sleep(backoff)
+                await link.pause(self, backoff)
 
     def _process(self, data: dict) -> None:
         p = self.partition

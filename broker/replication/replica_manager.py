@@ -99,6 +99,11 @@ class ReplicaManager:
         self.topic_configs: dict[str, dict[str, str]] = {}
         # Sends a Partition's proposed ISR to the controller (cluster mode; set by the server).
         self.on_isr_change: Callable[[Partition, list[int]], None] | None = None
+        # A write to the data dir failed (disk full, I/O error, read-only): the server
+        # takes the log dir offline (Kafka's LogDirFailureChannel). Set by the server.
+        self.on_storage_error: Callable[[OSError, str], None] | None = None
+        # Why the log dir is offline, once it is: appends answer KAFKA_STORAGE_ERROR.
+        self.offline_reason: str | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -157,6 +162,11 @@ class ReplicaManager:
         return sum(p.log.delete_old_segments(p.high_watermark) for p in self.partitions.values())
 
     # --- purgatory triggers ---------------------------------------------------------------
+
+    def storage_failed(self, exc: OSError, during: str) -> None:
+        """Report a failed write to the data dir (see on_storage_error)."""
+        if self.on_storage_error is not None:
+            self.on_storage_error(exc, during)
 
     def _hw_increased(self, key: Key) -> None:
         self.produce_purgatory.check_and_complete(key)
@@ -243,11 +253,20 @@ class ReplicaManager:
         partition = self.partitions.get(key)
         if partition is None:
             return ProducePartitionStatus(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, -1)
+        if self.offline_reason is not None:
+            return ProducePartitionStatus(
+                ErrorCode.KAFKA_STORAGE_ERROR, -1, -1, self.offline_reason
+            )
         try:
             hw_before = partition.high_watermark
             info = partition.append_records_to_leader(records, acks)
         except KafkaError as exc:
             return ProducePartitionStatus(exc.code, -1, -1, exc.message or None)
+        except OSError as exc:
+            self.storage_failed(exc, f"appending to {key[0]}-{key[1]}")
+            return ProducePartitionStatus(
+                ErrorCode.KAFKA_STORAGE_ERROR, -1, -1, self.offline_reason
+            )
         except Exception:
             self.logger.exception("append_failed", topic=key[0], partition=key[1])
             return ProducePartitionStatus(ErrorCode.KAFKA_STORAGE_ERROR, -1, -1)

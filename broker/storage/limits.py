@@ -1,37 +1,26 @@
-"""How many partitions a broker can hold open: derived from its file-descriptor limit.
+"""How many partitions a broker can hold open: its share of the descriptor budget.
 
-At rest a partition costs one descriptor (its active segment's log file; indexes are
-opened only to be written, sealed segments share a small LRU). A broker also needs
-descriptors for connections, sealed-segment reads and its own files, so a fixed
-headroom is kept aside. Kafka has no such check (operators size ``ulimit -n`` by hand);
-here a CreateTopics that would run a broker out of descriptors is refused before
-anything is saved, instead of a broker that stops accepting connections and then
-cannot restart.
+broker/common/descriptors.py splits the file-descriptor limit between the broker's own
+files, its links to other brokers, connections and partitions; a partition costs one
+descriptor at rest (its active segment's log file). Kafka has no such check (operators
+size ``ulimit -n`` by hand); here a CreateTopics that would run a broker out of
+descriptors is refused (POLICY_VIOLATION) before anything is saved, instead of a
+broker that stops accepting connections and then cannot restart.
 """
 
 from __future__ import annotations
 
 import math
-import resource
 from collections.abc import Iterable
 
-from minibroker.broker.storage.segment import MAX_OPEN_SEALED
+from minibroker.broker.common.descriptors import descriptor_budget, fd_limit
 
-FDS_PER_PARTITION = 1
-# Connections, sealed-segment reads, metadata and checkpoint files, the lock file, logs.
-HEADROOM_FDS = 256 + MAX_OPEN_SEALED
+__all__ = ["fd_limit", "partition_cap", "partition_cap_error"]
 
 
-def fd_limit() -> int:
-    """This process's soft RLIMIT_NOFILE (a large number when unlimited)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return 2**31 - 1 if soft == resource.RLIM_INFINITY else soft
-
-
-def partition_cap(limit: int | None = None) -> int:
+def partition_cap(limit: int | None = None, brokers: int = 1) -> int:
     """Partitions one broker may host under ``limit`` descriptors (at least 1)."""
-    limit = fd_limit() if limit is None else limit
-    return max(1, (limit - HEADROOM_FDS) // FDS_PER_PARTITION)
+    return descriptor_budget(brokers, limit=limit).partitions
 
 
 def partition_cap_error(
@@ -50,8 +39,8 @@ def partition_cap_error(
     """
     if not brokers:
         return None
-    limit = fd_limit() if limit is None else limit
-    cap = partition_cap(limit)
+    budget = descriptor_budget(len(brokers), limit=limit)
+    cap = budget.partitions
     counts = dict.fromkeys(brokers, 0)
     for replicas in hosted:
         for broker in replicas:
@@ -63,7 +52,7 @@ def partition_cap_error(
         return None
     return (
         f"the topic would put {counts[busiest] + added} partition replicas on broker {busiest}, "
-        f"over its cap of {cap} derived from the open-file limit (ulimit -n = {limit}, "
-        f"{HEADROOM_FDS} kept for connections and files); raise it with `ulimit -n` "
-        "before starting the brokers, or use fewer partitions"
+        f"over its cap of {cap} (ulimit -n = {budget.limit}, less {budget.connections} for "
+        f"connections and {budget.reserved} for its own files): raise `ulimit -n` before "
+        "starting the brokers, or use fewer partitions"
     )

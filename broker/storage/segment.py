@@ -22,6 +22,7 @@ scan stops at a batch the index could not hold (recovery cuts there).
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from bisect import bisect_right
@@ -29,6 +30,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple
 
+from minibroker.broker.common.descriptors import SEALED_OPEN
 from minibroker.protocol.batch import (
     BASE_AND_LENGTH,
     HEADER,
@@ -51,7 +53,7 @@ SCAN_CHUNK = 1 << 20
 MAX_RELATIVE_OFFSET = 2**31 - 1
 MAX_POSITION = 2**31 - 1
 # Sealed segments' log files kept open at once, over all partitions of the process.
-MAX_OPEN_SEALED = 64
+MAX_OPEN_SEALED = SEALED_OPEN  # budgeted in broker/common/descriptors.py
 
 
 def segment_name(base_offset: int) -> str:
@@ -214,7 +216,11 @@ class Segment:
             raise
         if written != len(data):  # a short write on a regular file means the disk is full
             self._cut_back(size)
-            raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
+            raise OSError(
+                errno.ENOSPC,
+                f"No space left on device (short write: {written} of {len(data)} bytes)",
+                str(self.path),
+            )
         # Index entries only after the bytes they point at are in the file.
         for relative_offset, position in entries:
             self.index_offsets.append(relative_offset)

@@ -278,3 +278,60 @@ async def test_peer_reset_with_parked_requests_leaves_the_broker_serving(broker)
     assert ping(host, int(port))
     async with Producer(broker, acks=1) as producer:
         await producer.send("rst", b"still here")
+
+
+def bomb_frames(count: int = 30_000_000) -> dict[str, bytes]:
+    """Valid envelopes whose bodies decode to huge objects: the map bomb of issue 26
+    (30 million one-byte empty maps took a broker from 44 MB to 2,163 MB and held its
+    loop 7.6 s), a nesting bomb, a huge array of small ints, and many short arrays (no
+    container long, together too many values: the decoder has to walk these)."""
+    head = b"\x95\x00\x00\x07\xa4bomb"  # [PRODUCE, 0, 7, "bomb", <body>]
+    n = count.to_bytes(4, "big")
+    shapes = {
+        "empty maps": head + b"\xdd" + n + b"\x80" * count,
+        "deep nesting": head + b"\x91" * count + b"\xc0",
+        "small ints": head + b"\xdd" + n + b"\x01" * count,
+        "arrays of 15": head
+        + b"\xdd"
+        + (count // 16).to_bytes(4, "big")
+        + (b"\x9f" + b"\x80" * 15) * (count // 16),
+    }
+    return {name: p.encode_frame(payload) for name, payload in shapes.items()}
+
+
+async def test_request_bombs_take_neither_memory_nor_the_loop(broker_process):
+    """Each bomb is answered INVALID_REQUEST naming the limit; meanwhile the broker's RSS
+    stays under 200 MB and another connection's ApiVersions is answered within a second."""
+    import psutil
+
+    broker = broker_process.address
+    process = psutil.Process(broker_process.pid)
+    limit_rss = 200 << 20
+    worst = {"lag": 0.0, "rss": process.memory_info().rss}
+    done = trio.Event()
+
+    async def watch() -> None:
+        conn = await RawConnection.open(broker)
+        while not done.is_set():
+            started = trio.current_time()
+            assert (await conn.request(p.ApiKey.API_VERSIONS, {}))["error_code"] == 0
+            worst["lag"] = max(worst["lag"], trio.current_time() - started)
+            worst["rss"] = max(worst["rss"], process.memory_info().rss)
+            await trio.sleep(0.01)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        for name, frame in bomb_frames().items():
+            bad = await RawConnection.open(broker)
+            await bad.stream.send_all(frame)
+            answer = await bad.response()
+            assert answer["error_code"] == ErrorCode.INVALID_REQUEST, name
+            assert "msgpack values: split it" in answer["error_message"], name
+            worst["rss"] = max(worst["rss"], process.memory_info().rss)
+            await bad.stream.aclose()
+        done.set()
+    assert worst["rss"] < limit_rss, worst
+    assert worst["lag"] < 1.0, worst
+    await make_topic(broker, name="after")
+    async with Producer(broker, acks=1) as producer:
+        assert (await producer.send("after", b"still serving")).offset == 0

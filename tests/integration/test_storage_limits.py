@@ -120,16 +120,17 @@ def fd_limit(soft: int):
 
 async def test_partition_cap_from_the_fd_limit(broker_factory, tmp_path):
     data = tmp_path / "fds"
-    with fd_limit(400):  # cap = 400 - 320 headroom = 80 partitions
+    # cap = 400 - 112 reserved - 72 for connections = 216 partitions (common/descriptors.py)
+    with fd_limit(400):
         proc = broker_factory(data_dir=data)
     async with Admin(proc.address) as admin:
         with pytest.raises(KafkaError) as refused:
             await admin.create_topics([NewTopic("huge", 50000, 1)])
         assert refused.value.code == ErrorCode.POLICY_VIOLATION
-        assert "ulimit -n = 400" in str(refused.value) and "cap of 80" in str(refused.value)
+        assert "ulimit -n = 400" in str(refused.value) and "cap of 216" in str(refused.value)
         await admin.create_topics([NewTopic("many", 60, 1)])
-        with pytest.raises(KafkaError, match="cap of 80"):
-            await admin.create_topics([NewTopic("more", 30, 1)])
+        with pytest.raises(KafkaError, match="cap of 216"):
+            await admin.create_topics([NewTopic("more", 160, 1)])
         assert sorted(await admin.list_topics()) == ["many"]
     async with Producer(proc.address, acks=1) as producer:
         acked = [await producer.send("many", b"p%d" % i, partition=i) for i in range(60)]
@@ -169,3 +170,58 @@ async def test_consumer_meeting_a_corrupt_batch_gets_one_line(broker_factory, tm
             assert polled
             records += polled
     assert [r.value for r in records] == [b"value-1", b"value-2", b"value-3"]
+
+
+async def test_a_cluster_under_a_low_descriptor_limit_fills_to_its_cap(cluster_factory):
+    """Three brokers under `ulimit -n 512`, every partition on every broker (RF 3): the
+    partitions up to the cap are created and served, one more is refused naming the
+    limit, no broker dies of EMFILE, descriptors match the budget (a followed partition
+    costs one, not one plus a connection), and a restarted broker comes back."""
+    import psutil
+
+    from minibroker.broker.common.descriptors import descriptor_budget
+
+    from .cluster_helpers import broker_stats, wait_for
+
+    limit = 512
+    budget = descriptor_budget(3, limit=limit)
+    with fd_limit(limit):
+        state = await cluster_factory(3, {"min.insync.replicas": 2})
+    # The health topic (one partition, on every broker) is hosted already.
+    room = budget.partitions - 1
+    async with Admin(state.bootstrap) as admin:
+        await admin.create_topics([NewTopic("full", room, 3)])
+        with pytest.raises(KafkaError) as refused:
+            await admin.create_topics([NewTopic("over", 1, 3)])
+        assert refused.value.code == ErrorCode.POLICY_VIOLATION
+        assert f"ulimit -n = {limit}" in str(refused.value)
+        assert f"cap of {budget.partitions}" in str(refused.value)
+        assert "over" not in await admin.list_topics()
+
+    async def all_in_sync():
+        for b in range(3):
+            parts = [
+                x for x in (await broker_stats(state, b))["partitions"] if x["topic"] == "full"
+            ]
+            if len(parts) != room or any(len(x["isr"]) != 3 for x in parts):
+                return False
+        return True
+
+    await wait_for(all_in_sync, 120, f"{room} partitions in sync on every broker")
+    async with Producer(state.bootstrap, acks="all") as producer:
+        acked = [await producer.send("full", b"p%d" % i, partition=i) for i in range(0, room, 7)]
+    for b in range(3):
+        process = state.process(b)
+        assert process is not None and process.is_running(), f"broker {b} died"
+        fds = process.num_fds()
+        # Each broker: its partitions, its own files and links, its open connections.
+        assert fds <= budget.reserved + budget.partitions + 40, (b, fds)
+        assert fds < limit
+    state.restart(1)
+    await wait_for(all_in_sync, 120, "the restarted broker back in every ISR")
+    got = await consume_all(state.bootstrap, "full", room, len(acked))
+    assert {(m.partition, m.offset) for m in acked} <= set(got)
+    for b in range(3):
+        log = (state.data_dir / f"broker-{b}" / "broker.log").read_text()
+        assert "EMFILE" not in log and "Too many open files" not in log, b
+    assert all(psutil.pid_exists(state.process(b).pid) for b in range(3))

@@ -219,6 +219,30 @@ async def test_plain_client_cannot_drive_internal_apis(cluster):
                 },
             )
         )
+    # A replica's view of offsets reaches past the HW (records a failover may take back).
+    for replica in (follower, 7):
+        attacks += [
+            (
+                leader_conn,
+                ApiKey.LIST_OFFSETS,
+                {
+                    "replica_id": replica,
+                    "topics": [
+                        {"name": "orders", "partitions": [{"partition": 0, "timestamp": -1}]}
+                    ],
+                },
+            ),
+            (
+                leader_conn,
+                ApiKey.OFFSET_FOR_LEADER_EPOCH,
+                {
+                    "replica_id": replica,
+                    "topics": [
+                        {"name": "orders", "partitions": [{"partition": 0, "leader_epoch": 0}]}
+                    ],
+                },
+            ),
+        ]
     # The metadata quorum's APIs: a huge epoch would depose the leader, a fetch would count
     # as a voter's acknowledgement (commit), a snapshot fetch would leak the metadata.
     huge = 2**30
@@ -277,6 +301,12 @@ async def test_plain_client_cannot_drive_internal_apis(cluster):
     # A consumer fetch (replica_id -1) is no internal API: still served.
     async with Producer(state.bootstrap, acks="all") as producer:
         await producer.send("orders", b"after")
+    # So is a consumer's offset lookup (replica_id -1): up to the high watermark.
+    answer = await leader_conn.request(
+        ApiKey.LIST_OFFSETS,
+        {"topics": [{"name": "orders", "partitions": [{"partition": 0, "timestamp": -1}]}]},
+    )
+    assert answer["topics"][0]["partitions"][0]["offset"] == RECORDS + 1
 
 
 async def test_fuzzed_internal_apis_from_a_plain_client_change_nothing(cluster):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import tracemalloc
 
 import msgpack
 import pytest
@@ -274,3 +275,129 @@ def test_split_envelope_agrees_with_decoding_or_declines():
         p.decode_request_body(p.split_request_envelope(payload + b"\x00")[1])
     assert p.split_request_envelope(b"") is None
     assert p.split_request_envelope(msgpack.packb([1, 0, 5, "bench"])) is None
+
+
+# --- what decoding one request may build ------------------------------------------------------
+
+CAP = p.codec.MAX_REQUEST_VALUES
+ENVELOPE = b"\x95\x00\x00\x01\xa1x"  # [0, 0, 1, "x", <body>]: a valid Produce envelope's head
+
+
+def values_in(obj) -> int:
+    if isinstance(obj, dict):
+        return 1 + sum(values_in(k) + values_in(v) for k, v in obj.items())
+    if isinstance(obj, list):
+        return 1 + sum(map(values_in, obj))
+    return 1
+
+
+packable = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=40)
+    | st.binary(max_size=300)  # bin 8 and bin 16
+    | st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=20)),
+    lambda children: (
+        st.lists(children, max_size=20)
+        | st.dictionaries(st.text(max_size=3), children, max_size=20)
+    ),
+    max_leaves=60,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(packable)
+def test_value_count_walk_agrees_with_msgpack(value):
+    """The walk that counts a request's values without building them counts what
+    msgpack builds, for every type and width of header."""
+    packed = msgpack.packb(value, use_bin_type=True)
+    assert p.codec._announced_values(packed) == values_in(value)
+
+
+def test_value_count_walk_over_wide_headers():
+    wide = [
+        "s" * 70000,  # str 32
+        b"b" * 70000,  # bin 32
+        msgpack.ExtType(1, b"e" * 300),  # ext 16
+        msgpack.ExtType(2, b"e" * 70000),  # ext 32
+        list(range(20)),  # array 16
+        {str(i): i for i in range(20)},  # map 16
+        1.5,
+        -(2**40),
+    ]
+    assert p.codec._announced_values(msgpack.packb(wide, use_bin_type=True)) == values_in(wide)
+    # Not msgpack (0xC1 is never used, a header cut short): left to unpacking to name.
+    assert p.codec._announced_values(b"\x92\xc1\x00") == 0
+    assert p.codec._announced_values(b"\x92\x00") == 0
+
+
+def bombs() -> dict[str, bytes]:
+    """Small frames that decode to huge objects (issue 26: 30 million empty maps, 2 GB)."""
+    many = 3 * CAP
+    return {
+        "empty maps": ENVELOPE + b"\xdd" + many.to_bytes(4, "big") + b"\x80" * many,
+        "small ints": ENVELOPE + b"\xdd" + many.to_bytes(4, "big") + b"\x01" * many,
+        "deep nesting": ENVELOPE + b"\x91" * many + b"\xc0",
+        # Many short arrays: no one container is long, together they are.
+        "arrays of 15": ENVELOPE
+        + b"\xdd"
+        + (many // 16).to_bytes(4, "big")
+        + (b"\x9f" + b"\x80" * 15) * (many // 16),
+        "map pairs": ENVELOPE + b"\xdf" + many.to_bytes(4, "big") + b"\x00\x80" * many,
+        "in the client id": b"\x95\x00\x00\x01\x91" + b"\x91" * many + b"\xc0\x80",
+    }
+
+
+@pytest.mark.parametrize("shape", list(bombs()))
+def test_request_bombs_are_refused_before_they_are_built(shape):
+    payload = bombs()[shape]
+    tracemalloc.start()
+    try:
+        with pytest.raises(p.InvalidRequest, match=f"more than {CAP} msgpack values"):
+            p.decode_request_envelope(payload)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20  # nothing of the body was built
+    # The header is still readable, so the broker answers INVALID_REQUEST to it (except
+    # when the client id itself is the bomb: that connection is closed).
+    split = p.split_request_envelope(payload)
+    if shape != "in the client id":
+        assert split is not None and split[0].correlation_id == 1
+        with pytest.raises(p.InvalidRequest):
+            p.decode_request_body(split[1])
+
+
+def test_large_requests_of_few_values_still_decode():
+    # A Produce carries its bulk as one bin value; CAP values exactly are allowed.
+    _, body = p.decode_request(
+        p.encode_request(p.ApiKey.PRODUCE, 0, 1, "c", produce_body(b"x" * (4 * CAP)))[4:]
+    )
+    assert len(body["topics"][0]["partitions"][0]["records"]) == 4 * CAP
+    exactly = ENVELOPE + b"\xdd" + (CAP - 6).to_bytes(4, "big") + b"\x00" * (CAP - 6)
+    assert len(exactly) > CAP and p.codec._announced_values(exactly) == CAP
+    assert len(p.decode_request_envelope(exactly)[1]) == CAP - 6
+    with pytest.raises(p.InvalidRequest):
+        p.decode_request_envelope(
+            exactly[:7] + (CAP - 5).to_bytes(4, "big") + exactly[11:] + b"\x00"
+        )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=1, max_size=64), st.integers(0, 255))
+def test_fuzz_large_hostile_requests_stay_bounded(pattern, filler):
+    """Frames past the walk's threshold, of repeated hostile patterns: decoding raises
+    only ProtocolError and builds at most a small multiple of the frame."""
+    payload = ENVELOPE + (pattern * (CAP // len(pattern) + 2)) + bytes([filler]) * 16
+    tracemalloc.start()
+    try:
+        try:
+            p.decode_request_envelope(payload)
+        except p.ProtocolError:
+            pass
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * len(payload) + (16 << 20)

@@ -36,6 +36,15 @@ def test_start_errors_name_port_data_dir_or_descriptor_limit():
     assert describe_start_error(emfile, "127.0.0.1", 9092, data).startswith(
         f"too many open files (limit {soft})"
     )
+    # A full disk while writing a checkpoint (no file name on the error) is a storage
+    # error, never "cannot listen" (issue 26).
+    full = describe_start_error(
+        OSError(errno.ENOSPC, "No space left on device"), "127.0.0.1", 24302, data
+    )
+    assert full.startswith("storage error in data dir /srv/mb: no space left on device")
+    assert "cannot listen" not in full and "/srv/mb/broker.log" in full
+    odd = describe_start_error(OSError(errno.EPIPE, "Broken pipe"), "127.0.0.1", 9092, data)
+    assert odd == "failed while starting on /srv/mb: broken pipe"
 
 
 def test_test_ports_come_from_below_the_ephemeral_range():

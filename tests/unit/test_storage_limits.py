@@ -16,11 +16,12 @@ import pytest
 import structlog
 
 from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.common.descriptors import descriptor_budget
 from minibroker.broker.common.topic_config import TOPIC_CONFIGS, topic_configs_error, topic_value
 from minibroker.broker.replication.replica_manager import log_config_from
 from minibroker.broker.storage import Log, LogConfig
 from minibroker.broker.storage import segment as segment_module
-from minibroker.broker.storage.limits import HEADROOM_FDS, partition_cap, partition_cap_error
+from minibroker.broker.storage.limits import partition_cap, partition_cap_error
 from minibroker.protocol import encode_batch, read_records
 from minibroker.protocol.errors import CorruptMessage, RecordListTooLarge
 
@@ -201,16 +202,32 @@ def test_only_the_active_segment_keeps_a_descriptor(tmp_path: Path) -> None:
 
 
 def test_partition_cap_from_the_descriptor_limit() -> None:
-    assert partition_cap(1024) == 1024 - HEADROOM_FDS
+    # 1024 - 112 reserved (48 own + 64 sealed) = 912: a quarter for connections.
+    assert partition_cap(1024) == 912 - 228
     assert partition_cap(10) == 1
     hosted = [[0, 1], [1, 2], [2, 0]]  # two replicas on each of three brokers
-    cap = partition_cap(1024)
+    cap = partition_cap(1024, brokers=3)
     assert partition_cap_error(hosted, [0, 1, 2], cap - 2, 1, limit=1024 * 3) is None
     room = (cap - 2) * 3
     assert partition_cap_error(hosted, [0, 1, 2], room, 1, limit=1024) is None
     problem = partition_cap_error(hosted, [0, 1, 2], room + 1, 1, limit=1024)
     assert problem is not None
     assert f"over its cap of {cap}" in problem and "ulimit -n = 1024" in problem
+
+
+@pytest.mark.parametrize("limit", [64, 256, 400, 1024, 4096, 65536])
+@pytest.mark.parametrize("brokers", [1, 3, 9])
+@pytest.mark.parametrize("configured", [-1, 3, 100, 10**6])
+def test_partitions_and_connections_at_their_caps_fit_the_limit(limit, brokers, configured):
+    """Every cap reached at once still leaves the broker's own descriptors: the
+    partitions, the connections and the reserve never add up past the limit (bar the
+    minimum of one partition and one connection a tiny limit still gets)."""
+    budget = descriptor_budget(brokers, max_connections=configured, limit=limit)
+    assert budget.partitions >= 1 and budget.connections >= 1
+    if limit >= budget.reserved + 2 * 16:
+        assert budget.reserved + budget.connections + budget.partitions <= limit
+    if configured > 0:
+        assert budget.connections <= configured
 
 
 # --- topic configs ----------------------------------------------------------------------

@@ -1,0 +1,166 @@
+"""One connection to a leader, shared by every partition this broker follows from it.
+
+Each follower partition keeps its own fetcher task (replica_fetcher.py), but a task per
+partition with its own connection cost each followed partition a descriptor and a
+parked fetch on its leader (300 partitions used 725 descriptors; under ``ulimit -n
+1024`` brokers died of EMFILE). As Kafka's fetcher thread puts every partition of a
+source broker into one Fetch, a ``LeaderLink`` gathers what its member tasks ask
+(OffsetsForLeaderEpoch before a first fetch, then Fetch), sends one request per API
+with all of their partitions, and hands each task its partition's part of the answer.
+
+A round goes out once every member has asked, except members that said they are
+pausing (a backoff, an injected delay): a member wakes, handles its part (synchronous
+partition work) and asks again within a scheduler pass, so waiting for all of them
+costs nothing and keeps the round whole. A member that asks while a round is out
+joins the next one, as a partition added to Kafka's fetch session does.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import trio
+
+from minibroker.protocol import ApiKey
+from minibroker.protocol.errors import KafkaError
+
+Key = tuple[str, int]
+
+# Longest a gathered round waits for a member that neither asked nor paused (a bug, a
+# task not scheduled yet): a bound, not a pacing; members ask within a scheduler pass.
+_GATHER_BOUND_S = 0.05
+
+
+class Requester(Protocol):
+    async def request(self, api_key: int, body: dict, *, timeout: float) -> dict: ...
+    async def close(self) -> None: ...
+
+
+class _Ask:
+    __slots__ = ("answer", "done", "error", "member", "part")
+
+    def __init__(self, member: object, part: dict) -> None:
+        self.member = member
+        self.part = part
+        self.done = trio.Event()
+        self.answer: dict | None = None
+        self.error: BaseException | None = None
+
+
+class LeaderLink:
+    """The partitions followed from one leader, over one connection (see module doc)."""
+
+    def __init__(
+        self,
+        leader_id: int,
+        conn: Requester,
+        request_fields: dict[int, dict],
+        timeouts: dict[int, float],
+    ) -> None:
+        self.leader_id = leader_id
+        self.conn = conn
+        # Per API (in the order rounds go out), the request's fields besides its topics
+        # (replica_id, max_wait_ms, ...), and how long its answer may take.
+        self.request_fields = request_fields
+        self.timeouts = timeouts
+        # Members are tokens (a fetcher task's object): a partition's old and new fetcher
+        # (a new leader epoch, same leader) are two members for a moment.
+        self.members: set[object] = set()
+        self.paused: set[object] = set()
+        self.asks: dict[int, dict[Key, _Ask]] = {api: {} for api in request_fields}
+        self.cancel_scope = trio.CancelScope()
+        self._arrived = trio.lowlevel.ParkingLot()
+
+    # --- members ----------------------------------------------------------------------------
+
+    def join(self, member: object) -> None:
+        self.members.add(member)
+
+    def leave(self, member: object) -> None:
+        self.members.discard(member)
+        self.paused.discard(member)
+        for asks in self.asks.values():
+            for key in [k for k, ask in asks.items() if ask.member is member]:
+                del asks[key]
+        self._arrived.unpark_all()
+
+    async def ask(self, member: object, api_key: int, key: Key, part: dict) -> dict:
+        """Partition ``key``'s ``part`` of the next ``api_key`` request to the leader:
+        returns its part of the answer, or raises the request's failure."""
+        ask = _Ask(member, part)
+        asks = self.asks[api_key]
+        asks[key] = ask
+        self._arrived.unpark_all()
+        try:
+            await ask.done.wait()
+        finally:
+            if asks.get(key) is ask:  # cancelled before its round went out
+                del asks[key]
+        if ask.error is not None:
+            raise ask.error
+        return ask.answer
+
+    async def pause(self, member: object, seconds: float) -> None:
+        """Sleep without holding back the other members' rounds."""
+        self.paused.add(member)
+        self._arrived.unpark_all()
+        try:
+            await trio.sleep(seconds)
+        finally:
+            self.paused.discard(member)
+
+    # --- the rounds -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Send rounds until cancelled (the last member left); then close the connection."""
+        with self.cancel_scope:
+            try:
+                while True:
+                    await self._gather()
+                    for api_key, asks in self.asks.items():
+                        if asks:
+                            self.asks[api_key] = {}
+                            await self._round(api_key, asks)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self.conn.close()
+
+    def _waiting_for(self) -> int:
+        asked = sum(len(asks) for asks in self.asks.values())
+        return len(self.members) - len(self.paused & self.members) - asked
+
+    async def _gather(self) -> None:
+        while not any(self.asks.values()):
+            await self._arrived.park()
+        with trio.move_on_after(_GATHER_BOUND_S):
+            while self._waiting_for() > 0:
+                await self._arrived.park()
+
+    async def _round(self, api_key: int, asks: dict[Key, _Ask]) -> None:
+        topics: dict[str, list[dict]] = {}
+        for (topic, _), ask in asks.items():
+            topics.setdefault(topic, []).append(ask.part)
+        body = {
+            **self.request_fields[api_key],
+            "topics": [{"name": name, "partitions": parts} for name, parts in topics.items()],
+        }
+        try:
+            answer = await self.conn.request(api_key, body, timeout=self.timeouts[api_key])
+        except KafkaError as exc:
+            for ask in asks.values():
+                ask.error = exc
+                ask.done.set()
+            return
+        parts = {
+            (t["name"], part["partition"]): part
+            for t in answer["topics"]
+            for part in t["partitions"]
+        }
+        for key, ask in asks.items():
+            ask.answer = parts.get(key)
+            if ask.answer is None:
+                ask.error = KafkaError(
+                    f"leader {self.leader_id} left {key[0]}-{key[1]} out of its "
+                    f"{ApiKey(api_key).name} answer"
+                )
+            ask.done.set()

@@ -1,0 +1,117 @@
+"""LeaderLink: the fetchers of one leader share one request per round and one connection."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from minibroker.broker.replication.leader_link import LeaderLink
+from minibroker.protocol import ApiKey
+from minibroker.protocol.errors import KafkaError, NetworkException
+
+
+class FakeLeader:
+    """Stands in for the leader broker (the peer), answering each partition it is asked."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[int, dict]] = []
+        self.fail = False
+        self.closed = False
+
+    async def request(self, api_key: int, body: dict, *, timeout: float) -> dict:
+        self.requests.append((api_key, body))
+        await trio.sleep(0.01)
+        if self.fail:
+            raise NetworkException("leader gone")
+        return {
+            "topics": [
+                {
+                    "name": t["name"],
+                    "partitions": [
+                        {**p, "error_code": 0, "answered": len(self.requests)}
+                        for p in t["partitions"]
+                        if p["partition"] != 99  # left out of the answer
+                    ],
+                }
+                for t in body["topics"]
+            ]
+        }
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def link_to(leader: FakeLeader) -> LeaderLink:
+    return LeaderLink(
+        1,
+        leader,
+        {ApiKey.OFFSET_FOR_LEADER_EPOCH: {"replica_id": 2}, ApiKey.FETCH: {"replica_id": 2}},
+        {ApiKey.OFFSET_FOR_LEADER_EPOCH: 5, ApiKey.FETCH: 5},
+    )
+
+
+async def test_every_member_rides_one_request_and_gets_its_own_part():
+    leader = FakeLeader()
+    link = link_to(leader)
+    keys = [("a", 0), ("a", 1), ("b", 0)]
+    members = [object() for _ in keys]
+    for m in members:
+        link.join(m)
+    got = {}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link.run)
+
+        async def member(m, key):
+            truncation = await link.ask(
+                m, ApiKey.OFFSET_FOR_LEADER_EPOCH, key, {"partition": key[1]}
+            )
+            fetched = await link.ask(m, ApiKey.FETCH, key, {"partition": key[1], "fetch_offset": 7})
+            got[key] = (truncation["answered"], fetched["answered"], fetched["fetch_offset"])
+
+        async with trio.open_nursery() as members_nursery:
+            for m, key in zip(members, keys, strict=True):
+                members_nursery.start_soon(member, m, key)
+        link.cancel_scope.cancel()
+    # One OffsetsForLeaderEpoch, then one Fetch, each with all three partitions.
+    assert [api for api, _ in leader.requests] == [ApiKey.OFFSET_FOR_LEADER_EPOCH, ApiKey.FETCH]
+    fetch = leader.requests[1][1]
+    assert fetch["replica_id"] == 2
+    assert (
+        sorted((t["name"], p["partition"]) for t in fetch["topics"] for p in t["partitions"])
+        == keys
+    )
+    assert got == {key: (1, 2, 7) for key in keys}
+    assert leader.closed
+
+
+async def test_a_pausing_member_does_not_hold_back_the_others():
+    leader = FakeLeader()
+    link = link_to(leader)
+    busy, sleeper = object(), object()
+    link.join(busy)
+    link.join(sleeper)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link.run)
+        nursery.start_soon(link.pause, sleeper, 3600)
+        with trio.fail_after(5):
+            for _ in range(3):
+                await link.ask(busy, ApiKey.FETCH, ("a", 0), {"partition": 0})
+        # A member that leaves is not waited for either.
+        link.leave(sleeper)
+        nursery.cancel_scope.cancel()
+    assert len(leader.requests) == 3
+
+
+async def test_a_failed_round_fails_each_ask_and_a_missing_part_is_named():
+    leader = FakeLeader()
+    link = link_to(leader)
+    m = object()
+    link.join(m)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link.run)
+        with pytest.raises(KafkaError, match="left a-99 out of its FETCH answer"):
+            await link.ask(m, ApiKey.FETCH, ("a", 99), {"partition": 99})
+        leader.fail = True
+        with pytest.raises(NetworkException, match="leader gone"):
+            await link.ask(m, ApiKey.FETCH, ("a", 0), {"partition": 0})
+        nursery.cancel_scope.cancel()
