@@ -59,9 +59,10 @@ def test_the_command_line_tour(tmp_path):
 
 async def test_the_async_client_example_shows_what_it_says_and_runs_twice(cluster_factory):
     state = await cluster_factory(3)
-    script = readme_block("## The client library", "python").replace(
-        "127.0.0.1:9092", state.bootstrap
-    )
+    readme_bootstrap = "127.0.0.1:9092,127.0.0.1:9093,127.0.0.1:9094"
+    script = readme_block("## The client library", "python")
+    assert f'BOOTSTRAP = "{readme_bootstrap}"' in script  # the example names every broker
+    script = script.replace(readme_bootstrap, state.bootstrap)
     runs = []
     for _ in range(2):  # a second run must not die on the topic the first one created
         runs.append(
