@@ -19,7 +19,7 @@ from minibroker.broker.common.topic_config import topic_configs_error
 from minibroker.broker.controller.placement import assign_replicas
 from minibroker.broker.metadata.check import topic_name_error
 from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata, PartitionState, TopicState
-from minibroker.broker.metadata.records import encode_record, records_for_change
+from minibroker.broker.metadata.records import encode_change, records_for_change
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.storage.limits import partition_cap_error
 from minibroker.protocol.errors import ErrorCode
@@ -52,7 +52,7 @@ class Controller:
         self.metadata = metadata
         self.metadata.controller_id = broker_id
         self._changed = False
-        self._pending: list[bytes] = []
+        self._pending: list[dict] = []
 
     @contextmanager
     def _change(self) -> Iterator[ClusterMetadata]:
@@ -74,16 +74,20 @@ class Controller:
             raise
         if self._changed:
             draft.epoch += 1
-            self._pending += [encode_record(r) for r in records_for_change(committed, draft)]
+            self._pending += records_for_change(committed, draft)
         else:
             self.metadata = committed
 
     def _reply(self, answer: Any) -> Any:
-        """``answer`` now if nothing changed, else once the queued records commit."""
+        """``answer`` now if nothing changed, else once the queued records commit.
+
+        All the records behind one answer go to the quorum as one log entry (records.py):
+        every broker applies them together or not at all, so a create is never half done.
+        """
         records, self._pending = self._pending, []
         if not records:
             return answer
-        return self.submit(records, answer)
+        return self.submit([encode_change(records)], answer)
 
     def commit(self) -> None:
         """Mark the draft of the current ``_change`` as changed: its records will be appended."""

@@ -19,7 +19,7 @@ from minibroker.broker.metadata.image import (
     load_metadata,
     save_metadata,
 )
-from minibroker.broker.metadata.records import decode_record
+from minibroker.broker.metadata.records import decode_change
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.protocol.errors import ErrorCode
 
@@ -194,7 +194,8 @@ def test_a_change_is_answered_only_when_its_records_commit(controller):
     )
     assert isinstance(answer, PendingResponse) and answer.body is None
     [(records, body, pending)] = submitted
-    assert [decode_record(r)["type"] for r in records] == ["Topic", "Partition"]
+    [entry] = records  # one change, one log entry
+    assert [r["type"] for r in decode_change(entry)] == ["Topic", "Partition"]
     assert [t["error_code"] for t in body["topics"]] == [0, ErrorCode.TOPIC_ALREADY_EXISTS]
     assert pending is answer
 
