@@ -27,7 +27,7 @@ from minibroker.broker.controller.controller import METADATA_FILE
 from minibroker.broker.controller.membership import ControllerLink, quorum_voters
 from minibroker.broker.controller.producer_ids import ProducerIdManager
 from minibroker.broker.metadata.cache import MetadataCache
-from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata, load_metadata
+from minibroker.broker.metadata.image import BrokerInfo, load_metadata
 from minibroker.broker.metadata.records import MetadataImage
 from minibroker.broker.network.cluster_auth import Authenticator, credentials_from_config
 from minibroker.broker.network.deferral import RequestDeferral
@@ -42,6 +42,7 @@ from minibroker.broker.raft.effects import LeaderChanged
 from minibroker.broker.replication.alter_partition import AlterPartitionManager
 from minibroker.broker.replication.fetcher_manager import ReplicaFetcherManager
 from minibroker.broker.replication.housekeeping import run_housekeeping
+from minibroker.broker.replication.metadata_publisher import MetadataPublisher
 from minibroker.broker.replication.partition import Partition
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.broker.storage.dir_lock import lock_data_dir
@@ -101,6 +102,9 @@ class Broker:
         self.replica_manager = self._replica_manager()
         self.link = self._controller_link()
         self.fetchers = self._replica_fetchers()
+        self.publisher = MetadataPublisher(
+            broker_id, self.cache, self.replica_manager, self.fetchers, logger
+        )
         self.isr_proposals = AlterPartitionManager(
             broker_id,
             self.replica_manager,
@@ -131,7 +135,7 @@ class Broker:
         quorum.on_commit = self._metadata_committed
         quorum.on_leader_change = self._leader_changed
         quorum.on_active_change = self._active_changed
-        quorum.on_caught_up = self.cache.ready.set
+        quorum.on_caught_up = self._caught_up
         return quorum
 
     def _replica_manager(self) -> ReplicaManager:
@@ -239,8 +243,11 @@ class Broker:
     # --- metadata -------------------------------------------------------------------------
 
     def _metadata_committed(self) -> None:
-        """Every voter applies each commit through the one path pushes used to take."""
-        self.apply_metadata(self.image.metadata.copy())
+        """Every voter takes the roles each commit gives it (in slices: metadata_publisher)."""
+        self.publisher.publish(self.image.metadata.copy())
+
+    def _caught_up(self) -> None:
+        self.publisher.caught_up()
 
     def _leader_changed(self, effect: LeaderChanged) -> None:
         self.cache.controller_changed(effect.leader_id if effect.leader_id is not None else -1)
@@ -253,21 +260,6 @@ class Broker:
         else:
             self.role.deactivate()
         self.cache.wake_controller_waiters()
-
-    def apply_metadata(self, md: ClusterMetadata) -> None:
-        """Take the roles a metadata snapshot gives this broker; start/stop replica fetchers."""
-        self.cache.update(md)
-        rm = self.replica_manager
-        follow: list[tuple[Partition, BrokerInfo]] = []
-        for name, topic in md.topics.items():
-            rm.topic_configs[name] = topic.configs
-            for index, state in enumerate(topic.partitions):
-                if self.broker_id not in state.replicas:
-                    continue
-                partition = rm.host_partition(name, index, state)
-                if not partition.is_leader and state.leader in md.brokers:
-                    follow.append((partition, md.brokers[state.leader]))
-        self.fetchers.follow(follow)
 
     def stats(self) -> dict:
         rm = self.replica_manager
@@ -338,6 +330,7 @@ class Broker:
                 await nursery.start(self.tasks.run)
                 nursery.start_soon(self.connections.serve, listeners)
                 self.load_state()
+                nursery.start_soon(self.publisher.run)
                 await nursery.start(self.quorum.run)
                 nursery.start_soon(self.link.run)
                 nursery.start_soon(

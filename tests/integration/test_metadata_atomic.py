@@ -1,4 +1,4 @@
-"""A metadata change commits whole or not at all.
+"""A metadata change commits whole or not at all, and a big one does not depose the controller.
 
 Real broker processes (`cluster up`'s launcher). Every broker's own Metadata answer is read,
 not a client's merged view: each broker applies the metadata log on its own.
@@ -6,13 +6,15 @@ not a client's merged view: each broker applies the metadata log on its own.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import trio
 
 from minibroker.client import Admin, NewTopic
 from minibroker.deploy.cluster import ClusterError
 from minibroker.protocol import ApiKey
-from minibroker.protocol.errors import KafkaError
+from minibroker.protocol.errors import ErrorCode, KafkaError, error_class
 
 from .cluster_helpers import wait_for
 from .test_controller_quorum import active_controller, quorum_views
@@ -81,3 +83,44 @@ async def test_a_create_cut_by_kill_9_of_the_controller_is_absent_or_whole_every
         counts = await wait_for(settled, 60, f"every broker to agree on {name}")
         outcomes[delay] = counts[0]
     print(f"partitions after kill -9 at 100/300/600 ms: {outcomes}")
+
+
+async def test_a_2000_topic_and_a_10000_partition_create_elect_nobody(cluster_factory):
+    """Each request is one change and the brokers take it up in slices, so the quorum
+    keeps its epoch and its controller (before: a 2,000-topic create held the controller's
+    loop ~4 s, 9 elections in 30 s, NOT_CONTROLLER for every topic). One partition past
+    controller.max.partitions.per.request is refused naming the key."""
+    state = await cluster_factory(3)
+    controller, view = await wait_for(lambda: active_controller(state, BROKERS), 30, "a controller")
+    epoch = view["epoch"]
+    async with Admin(state.bootstrap) as admin:
+        t0 = time.monotonic()
+        many = await admin.create_topics(
+            [NewTopic(f"t{i}", 1, 1) for i in range(2000)], raise_errors=False, timeout_ms=60000
+        )
+        many_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        big = await admin.create_topics(
+            [NewTopic("big", 10000, 1)], wait_for_leaders=False, timeout_ms=60000
+        )
+        big_s = time.monotonic() - t0
+        with pytest.raises(
+            error_class(ErrorCode.POLICY_VIOLATION),
+            match=r"controller\.max\.partitions\.per\.request",
+        ):
+            await admin.create_topics([NewTopic("huge", 10001, 1)])
+    assert list(many.values()) == [None] * 2000 and big == {"big": None}
+
+    async def whole_everywhere() -> bool:
+        return set((await partition_counts(state, "big")).values()) == {10000}
+
+    t0 = time.monotonic()
+    await wait_for(whole_everywhere, 180, "every broker to take up the 10,000 partitions")
+    print(
+        f"2,000 topics created (leaders known) in {many_s:.2f}s; 10,000 partitions "
+        f"committed in {big_s:.2f}s, taken up by every broker {time.monotonic() - t0:.1f}s later"
+    )
+    views = await quorum_views(state, BROKERS)
+    assert {b: (v["epoch"], v["leader_id"]) for b, v in views.items()} == {
+        b: (epoch, controller) for b in BROKERS
+    }, f"an election happened: epoch {epoch} -> {views}"
