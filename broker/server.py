@@ -34,7 +34,7 @@ from minibroker.broker.coordinator import CoordinatorService
 from minibroker.broker.kafka import KafkaCodec, KafkaRequestHandler
 from minibroker.broker.kafka.listener import kafka_listener
 from minibroker.broker.metadata.cache import MetadataCache
-from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata, load_metadata
+from minibroker.broker.metadata.image import BrokerInfo, load_metadata
 from minibroker.broker.metadata.records import MetadataImage
 from minibroker.broker.network.cluster_auth import Authenticator, credentials_from_config
 from minibroker.broker.network.deferral import RequestDeferral
@@ -50,6 +50,7 @@ from minibroker.broker.raft.effects import LeaderChanged
 from minibroker.broker.replication.alter_partition import AlterPartitionManager
 from minibroker.broker.replication.fetcher_manager import ReplicaFetcherManager
 from minibroker.broker.replication.housekeeping import run_housekeeping
+from minibroker.broker.replication.metadata_publisher import MetadataPublisher
 from minibroker.broker.replication.partition import Partition
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.broker.storage.dir_lock import lock_data_dir
@@ -125,6 +126,15 @@ class Broker:
         self.producer_ids = ProducerIdManager(self._allocate_producer_ids, self.tasks, logger)
         self._creating_offsets_topic = False  # one CreateTopics for it at a time
         self.coordinator = self._coordinator()
+        self.publisher = MetadataPublisher(
+            broker_id,
+            self.cache,
+            self.replica_manager,
+            self.fetchers,
+            logger,
+            cannot_host=self._cannot_host,
+            on_published=self.coordinator.on_metadata,
+        )
         handler = self._request_handler()
         self.connections = self._socket_server(handler)
         self.kafka_codec = KafkaCodec(KafkaRequestHandler(handler, self.cache, config))
@@ -147,7 +157,7 @@ class Broker:
         quorum.on_commit = self._metadata_committed
         quorum.on_leader_change = self._leader_changed
         quorum.on_active_change = self._active_changed
-        quorum.on_caught_up = self.cache.ready.set
+        quorum.on_caught_up = self._caught_up
         return quorum
 
     def _replica_manager(self) -> ReplicaManager:
@@ -297,8 +307,11 @@ class Broker:
     # --- metadata -------------------------------------------------------------------------
 
     def _metadata_committed(self) -> None:
-        """Every voter applies each commit through the one path pushes used to take."""
-        self.apply_metadata(self.image.metadata.copy())
+        """Every voter takes the roles each commit gives it (in slices: metadata_publisher)."""
+        self.publisher.publish(self.image.metadata.copy())
+
+    def _caught_up(self) -> None:
+        self.publisher.caught_up()
 
     def _leader_changed(self, effect: LeaderChanged) -> None:
         self.cache.controller_changed(effect.leader_id if effect.leader_id is not None else -1)
@@ -311,30 +324,6 @@ class Broker:
         else:
             self.role.deactivate()
         self.cache.wake_controller_waiters()
-
-    def apply_metadata(self, md: ClusterMetadata) -> None:
-        """Take the roles a metadata snapshot gives this broker; start/stop replica fetchers."""
-        self.cache.update(md)
-        rm = self.replica_manager
-        follow: list[tuple[Partition, BrokerInfo]] = []
-        for name, topic in md.topics.items():
-            rm.topic_configs[name] = topic.configs
-            for index, state in enumerate(topic.partitions):
-                if self.broker_id not in state.replicas:
-                    continue
-                try:
-                    partition = rm.host_partition(name, index, state)
-                except OSError as exc:
-                    if exc.errno in (errno.EMFILE, errno.ENFILE):
-                        self._cannot_host(name, index, exc)
-                    else:  # disk full (the leader-epoch checkpoint), I/O error, read-only
-                        rm.storage_failed(exc, f"taking the role of {name}-{index}")
-                    continue
-                if not partition.is_leader and state.leader in md.brokers:
-                    follow.append((partition, md.brokers[state.leader]))
-        # An offline log dir replicates nothing (Kafka stops its replicas' fetchers).
-        self.fetchers.follow(follow if rm.offline_reason is None else ())
-        self.coordinator.on_metadata(md)
 
     def _log_dir_failed(self, exc: OSError, during: str) -> None:
         """Take the data dir offline after a failed write, once, and say why everywhere.
@@ -470,6 +459,7 @@ class Broker:
                 await nursery.start(self.tasks.run)
                 nursery.start_soon(self.connections.serve, listeners, coded)
                 self.load_state()
+                nursery.start_soon(self.publisher.run)
                 await nursery.start(self.quorum.run)
                 nursery.start_soon(self.link.run)
                 nursery.start_soon(

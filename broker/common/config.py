@@ -189,6 +189,14 @@ DEFS: dict[str, ConfigDef] = {
     "controller.quorum.retry.backoff.ms": ConfigDef(
         int, 20, "Pause before a failed quorum fetch is retried.", 0
     ),
+    "controller.max.partitions.per.request": ConfigDef(
+        int,
+        10000,
+        "Most partitions one CreateTopics may add (over all its topics); a larger one is "
+        "refused with POLICY_VIOLATION. A request is one change of the metadata log, applied "
+        "whole by every broker, so its size bounds what one change holds up the controller.",
+        1,
+    ),
     "cluster.secret.file": ConfigDef(
         str,
         "",

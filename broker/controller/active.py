@@ -39,7 +39,9 @@ class ControllerRole:
         return self.controller is not None
 
     def activate(
-        self, committed: ClusterMetadata, submit: Callable[[list[bytes], Any], PendingResponse]
+        self,
+        committed: ClusterMetadata,
+        submit: Callable[[list[bytes], Any, Any], PendingResponse],
     ) -> None:
         """Become the active controller over ``committed`` (the applied metadata image)."""
         self.controller = Controller(

@@ -19,9 +19,9 @@ from minibroker.broker.common.topic_config import topic_configs_error
 from minibroker.broker.controller.placement import assign_replicas
 from minibroker.broker.metadata.check import topic_name_error
 from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata, PartitionState, TopicState
-from minibroker.broker.metadata.records import encode_record, records_for_change
+from minibroker.broker.metadata.records import encode_change, records_for_change
 from minibroker.broker.network.pending import PendingResponse
-from minibroker.broker.storage.limits import partition_cap_error
+from minibroker.broker.storage.limits import partition_cap_error, replica_counts
 from minibroker.protocol.errors import ErrorCode
 
 # The pre-quorum controller's store: read once, to import it into an empty quorum.
@@ -39,20 +39,21 @@ class Controller:
         config: BrokerConfig,
         logger: Any,
         metadata: ClusterMetadata,
-        submit: Callable[[list[bytes], Any], PendingResponse],
+        submit: Callable[[list[bytes], Any, Any], PendingResponse],
     ) -> None:
         self.broker_id = broker_id
         self.config = config
         self.log = logger
-        # ``submit(records, answer)`` appends to the metadata quorum; the answer goes out
-        # once they commit (or NOT_CONTROLLER if this voter loses leadership first).
+        # ``submit(entries, answer, lost)`` appends to the metadata quorum; ``answer`` goes
+        # out once they commit, ``lost`` (None: NOT_CONTROLLER) if this voter loses
+        # leadership first.
         self.submit = submit
         # Built from the committed MetadataImage when this voter became active; from then
         # on it runs ahead of the image by the records appended but not yet committed.
         self.metadata = metadata
         self.metadata.controller_id = broker_id
         self._changed = False
-        self._pending: list[bytes] = []
+        self._pending: list[dict] = []
 
     @contextmanager
     def _change(self) -> Iterator[ClusterMetadata]:
@@ -74,16 +75,20 @@ class Controller:
             raise
         if self._changed:
             draft.epoch += 1
-            self._pending += [encode_record(r) for r in records_for_change(committed, draft)]
+            self._pending += records_for_change(committed, draft)
         else:
             self.metadata = committed
 
-    def _reply(self, answer: Any) -> Any:
-        """``answer`` now if nothing changed, else once the queued records commit."""
+    def _reply(self, answer: Any, lost: Any = None) -> Any:
+        """``answer`` now if nothing changed, else once the queued records commit.
+
+        All the records behind one answer go to the quorum as one log entry (records.py):
+        every broker applies them together or not at all, so a create is never half done.
+        """
         records, self._pending = self._pending, []
         if not records:
             return answer
-        return self.submit(records, answer)
+        return self.submit([encode_change(records)], answer, lost)
 
     def commit(self) -> None:
         """Mark the draft of the current ``_change`` as changed: its records will be appended."""
@@ -196,64 +201,105 @@ class Controller:
     def create_topics(
         self, topics: list[dict], validate_only: bool = False
     ) -> dict | PendingResponse:
-        """``{"topics": results}``, sent once the new topics' records commit."""
+        """``{"topics": results}``, sent once the new topics' records commit.
+
+        All the topics of one request are one change (one log entry): created together on
+        every broker or not at all. If this voter loses the controller role before the
+        change commits, every topic answers REQUEST_TIMED_OUT (the change may still commit
+        under the next controller), never NOT_CONTROLLER: that would tell the forwarding
+        broker to send the request again, to a controller that may already have it.
+        """
+        requested = [self._resolved(request) for request in topics]
+        limit = self.config["controller.max.partitions.per.request"]
+        total = sum(max(0, request["num_partitions"]) for request in requested)
+        if total > limit:
+            message = (
+                f"the request adds {total} partitions, over "
+                f"controller.max.partitions.per.request={limit}: split it into smaller requests"
+            )
+            return {"topics": [_failed(r, ErrorCode.POLICY_VIOLATION, message) for r in requested]}
+        md = self.metadata
+        live = sorted(b for b in md.brokers if b in md.live)
+        counts = replica_counts(
+            (p.replicas for t in md.topics.values() for p in t.partitions), live
+        )
         if validate_only:
-            return {"topics": [self._create_topic(request, True) for request in topics]}
+            return {"topics": [self._create_topic(r, live, counts, True) for r in requested]}
         results: list[dict] = []
         with self._change():
-            for request in topics:
-                results.append(self._create_topic(request, False))
+            for request in requested:
+                results.append(self._create_topic(request, live, counts, False))
             if any(result["error_code"] == 0 for result in results):
                 self.commit()
-        return self._reply({"topics": results})
+        lost = {
+            "topics": [
+                _failed(
+                    r,
+                    ErrorCode.REQUEST_TIMED_OUT,
+                    f"broker {self.broker_id} lost the controller role before the change "
+                    "committed; it may still commit: describe the topic before retrying",
+                )
+                for r in requested
+            ]
+        }
+        return self._reply({"topics": results}, lost)
 
-    def _create_topic(self, request: dict, validate_only: bool) -> dict:
-        name = request["name"]
+    def _resolved(self, request: dict) -> dict:
+        """The request's answer skeleton, with the broker defaults for -1 counts."""
         num_partitions = request["num_partitions"]
-        if num_partitions == -1:
-            num_partitions = self.config["num.partitions"]
         rf = request["replication_factor"]
-        if rf == -1:
-            rf = self.config["default.replication.factor"]
-        result = {
-            "name": name,
+        return {
+            "name": request["name"],
             "error_code": 0,
             "error_message": None,
-            "num_partitions": num_partitions,
-            "replication_factor": rf,
+            "num_partitions": self.config["num.partitions"]
+            if num_partitions == -1
+            else num_partitions,
+            "replication_factor": self.config["default.replication.factor"] if rf == -1 else rf,
+            "configs": request["configs"],
         }
 
-        def fail(code: ErrorCode, message: str) -> dict:
-            result.update(error_code=int(code), error_message=message)
-            return result
-
+    def _create_topic(
+        self, request: dict, brokers: list[int], counts: dict[int, int], validate_only: bool
+    ) -> dict:
+        """Validate and place one topic on the draft; ``counts`` (replicas per live broker)
+        is updated with its replicas, so the next topic of the request sees them."""
+        name = request["name"]
+        num_partitions = request["num_partitions"]
+        rf = request["replication_factor"]
+        result = {k: v for k, v in request.items() if k != "configs"}
         if (problem := topic_name_error(name)) is not None:
-            return fail(ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
+            return _failed(result, ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
         if name in self.metadata.topics:
-            return fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic '{name}' already exists")
+            return _failed(result, ErrorCode.TOPIC_ALREADY_EXISTS, f"topic '{name}' already exists")
         if num_partitions < 1:
-            return fail(
-                ErrorCode.INVALID_PARTITIONS, f"num_partitions must be >= 1, got {num_partitions}"
+            return _failed(
+                result,
+                ErrorCode.INVALID_PARTITIONS,
+                f"num_partitions must be >= 1, got {num_partitions}",
             )
-        brokers = sorted(b for b in self.metadata.brokers if b in self.metadata.live)
         if rf < 1 or rf > len(brokers):
-            return fail(
+            return _failed(
+                result,
                 ErrorCode.INVALID_REPLICATION_FACTOR,
                 f"replication factor {rf} must be between 1 and the {len(brokers)} live broker(s)",
             )
         if (problem := topic_configs_error(request["configs"])) is not None:
-            return fail(ErrorCode.INVALID_CONFIG, problem)
-        hosted = (p.replicas for t in self.metadata.topics.values() for p in t.partitions)
-        if (problem := partition_cap_error(hosted, brokers, num_partitions, rf)) is not None:
-            return fail(ErrorCode.POLICY_VIOLATION, problem)
+            return _failed(result, ErrorCode.INVALID_CONFIG, problem)
+        if (problem := partition_cap_error(counts, num_partitions, rf)) is not None:
+            return _failed(result, ErrorCode.POLICY_VIOLATION, problem)
+        # Kafka's spread (broker/controller/placement.py): partition 0 is not always on one broker.
+        assignment = assign_replicas(brokers, num_partitions, rf)
+        for replicas in assignment:
+            for broker in replicas:
+                counts[broker] += 1
         if validate_only:
             return result
-        # Kafka's spread (broker/controller/placement.py): partition 0 is not always on one broker.
         partitions = [
             PartitionState(
                 leader=replicas[0], leader_epoch=0, replicas=replicas, isr=list(replicas)
             )
-            for replicas in assign_replicas(brokers, num_partitions, rf)
+            for replicas in assignment
         ]
         self.metadata.topics[name] = TopicState(name, partitions, dict(request["configs"]))
         self.log.info("topic_created", topic=name, partitions=num_partitions, replication_factor=rf)
@@ -327,3 +373,10 @@ class Controller:
                 "partition_epoch": state.partition_epoch,
             }
         )
+
+
+def _failed(result: dict, code: ErrorCode, message: str) -> dict:
+    """``result`` (a topic's answer) with an error; configs are never echoed."""
+    out = {k: v for k, v in result.items() if k != "configs"}
+    out.update(error_code=int(code), error_message=message)
+    return out

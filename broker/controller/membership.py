@@ -151,10 +151,7 @@ class ControllerLink:
 
         async def call() -> None:
             answer = await self.controller_call(
-                ApiKey.CREATE_TOPICS,
-                body,
-                self.role.create_topics,
-                timeout=30,
+                ApiKey.CREATE_TOPICS, body, self.role.create_topics, timeout=30, idempotent=False
             )
             if "topics" not in answer:
                 answer = self._not_controller_topics(topics, answer)
@@ -183,11 +180,24 @@ class ControllerLink:
         }
 
     async def controller_call(
-        self, api_key: int, body: dict, local: Callable[[dict], Any], *, timeout: float
+        self,
+        api_key: int,
+        body: dict,
+        local: Callable[[dict], Any],
+        *,
+        timeout: float,
+        idempotent: bool = True,
     ) -> dict:
         """Ask the active controller, whoever it is now: locally when it is this broker,
         else over the link; NOT_CONTROLLER or an unreachable controller means wait for the
-        quorum to name the next one and ask again, until ``timeout``."""
+        quorum to name the next one and ask again, until ``timeout``.
+
+        A request that is not ``idempotent`` (CreateTopics) is sent again only when the
+        controller cannot have acted on it: refused with NOT_CONTROLLER, or a connection
+        that failed. After a timed-out request (the controller may be working on it) the
+        timeout goes back to the caller; a controller that appended the change and lost its
+        role answers REQUEST_TIMED_OUT itself. Re-sending those to each new controller is
+        how one oversized request once stalled controller after controller."""
         answer: dict = {"error_code": int(ErrorCode.NOT_CONTROLLER), "error_message": None}
         cache = self.cache
         with trio.move_on_after(timeout):
@@ -206,11 +216,13 @@ class ControllerLink:
                             "error_message": "no active controller yet",
                         }
                 except KafkaError as exc:
-                    unreachable = True
                     answer = {
                         "error_code": int(exc.code),
                         "error_message": f"controller unreachable: {exc}",
                     }
+                    if not idempotent and exc.code == ErrorCode.REQUEST_TIMED_OUT:
+                        return answer
+                    unreachable = True
                 code = answer.get("error_code", 0)
                 topic_codes = {t["error_code"] for t in answer.get("topics", [])}
                 if not (

@@ -20,7 +20,11 @@ class QuorumConfig:
     request_timeout_ms: int = 2000  # controller.quorum.request.timeout.ms
     retry_backoff_ms: int = 20  # controller.quorum.retry.backoff.ms
     fetch_max_wait_ms: int = 500  # KafkaRaftClient's fetchMaxWaitMs
-    fetch_max_entries: int = 500  # stands in for Fetch's max_bytes
+    # A Fetch answer stops at whichever limit comes first, but always carries at least one
+    # whole entry (Kafka returns the first batch even when it is over max_bytes): an entry is
+    # one controller change, applied whole, so it is never split to fit and never stuck.
+    fetch_max_entries: int = 500
+    fetch_max_bytes: int = 8 * 1024 * 1024  # KafkaRaftClient's MAX_FETCH_SIZE_BYTES
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:

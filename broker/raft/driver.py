@@ -116,8 +116,9 @@ class QuorumDriver:
         self.on_caught_up: Callable[[], None] | None = None
         self._caught_up = False
         self._active = False
-        # (last offset, pending, answer): requests answered once their records are applied.
-        self._commit_waiters: list[tuple[int, PendingResponse, dict]] = []
+        # (last offset, pending, answer, lost): requests answered once their records are
+        # applied, or with ``lost`` if leadership goes first.
+        self._commit_waiters: list[tuple[int, PendingResponse, dict, dict | None]] = []
         self._waiting: dict[tuple[int, int], list[_Waiting]] = {}
         self._peers: dict[int, _Peer] = {}
         self._wake = trio.Event()
@@ -240,7 +241,7 @@ class QuorumDriver:
         if self.applied > before and self.on_commit is not None:
             self.on_commit()
         while self._commit_waiters and self._commit_waiters[0][0] < self.applied:
-            _, pending, answer = self._commit_waiters.pop(0)
+            pending, answer = self._commit_waiters.pop(0)[1:3]
             pending.set(answer)
         if (
             self.state_machine is not None
@@ -367,23 +368,27 @@ class QuorumDriver:
         self._apply(effects)
         return last
 
-    def append_and_answer(self, records: list[bytes], answer: dict) -> PendingResponse:
+    def append_and_answer(
+        self, records: list[bytes], answer: dict, lost: dict | None = None
+    ) -> PendingResponse:
         """Append as the active controller; ``answer`` goes out once the records are applied
-        here (committed by a majority), or NOT_CONTROLLER if leadership is lost first."""
+        here (committed by a majority); if leadership is lost first, ``lost`` (None: a
+        NOT_CONTROLLER error), since the records may or may not commit under the next one."""
         pending = PendingResponse()
         if not records:
             pending.set(answer)
             return pending
         last = self.append(records)
-        self._commit_waiters.append((last, pending, answer))
+        self._commit_waiters.append((last, pending, answer, lost))
         self._commit(self.core.high_watermark)  # a one-voter quorum has committed already
         return pending
 
     def _fail_waiters(self, leader_id: int | None) -> None:
         waiters, self._commit_waiters = self._commit_waiters, []
-        for _, pending, _ in waiters:
+        for _, pending, _, lost in waiters:
             pending.set(
-                {
+                lost
+                or {
                     "error_code": int(ErrorCode.NOT_CONTROLLER),
                     "error_message": f"broker {self.node_id} lost the controller role before "
                     f"the change committed (the controller is now {leader_id})",

@@ -139,7 +139,8 @@ def _answer(client: RaftCore, s: LeaderState, req: FetchRequest, error: ErrorCod
     if error != ErrorCode.NONE:
         client.send(req.replica_id, _error_response(client, req.correlation_id, error))
         return
-    records = client.log.read(req.fetch_offset, client.config.fetch_max_entries)
+    config = client.config
+    records = client.log.read(req.fetch_offset, config.fetch_max_entries, config.fetch_max_bytes)
     replica = s.voters.get(req.replica_id)
     if replica is not None:
         replica.sent_high_watermark = s.high_watermark

@@ -60,9 +60,17 @@ class RaftLog:
             raise ValueError(f"offset {offset} is outside the log")
         return entry.epoch
 
-    def read(self, offset: int, max_entries: int) -> tuple[Entry, ...]:
+    def read(self, offset: int, max_entries: int, max_bytes: int) -> tuple[Entry, ...]:
+        """Entries from ``offset``: at most ``max_entries`` and ``max_bytes`` of data, but the
+        first one always, whatever its size (a change is one entry and is never split)."""
         index = offset - self.start_offset
-        return tuple(self.entries[index : index + max_entries])
+        out = self.entries[index : index + max_entries]
+        size = 0
+        for count, entry in enumerate(out):
+            size += len(entry.data)
+            if size > max_bytes and count > 0:
+                return tuple(out[:count])
+        return tuple(out)
 
     def end_offset_for_epoch(self, epoch: int) -> OffsetAndEpoch:
         """The largest epoch <= ``epoch`` in the log and the end offset of that epoch (Kafka's)."""

@@ -114,20 +114,34 @@ class ReplicaManager:
             raise ValueError(f"refusing partition directory for {topic[:64]!r}-{index!r}")
         return self.data_dir / f"{topic}-{index}"
 
+    def open_replica(self, topic: str, index: int, state: PartitionState) -> Partition:
+        """Open (or create) a replica's files, not yet hosted: only file work and new
+        objects, so it may run in a worker thread (creating a partition is ~10 ms of
+        fsyncs; MetadataPublisher opens many at once off the loop). A leader's epoch is
+        checkpointed here, so ``make_leader`` finds it done and writes nothing."""
+        directory = self.partition_dir(topic, index)
+        log = Log.open(
+            directory,
+            log_config_from(self.config, self.topic_configs.get(topic)),
+            now_ms=lambda: int(time.time() * 1000),
+            logger=self.logger.bind(topic=topic, partition=index),
+        )
+        cache = LeaderEpochCache(directory)
+        if state.leader == self.broker_id:
+            cache.assign(state.leader_epoch, log.log_end_offset)
+        return Partition(topic, index, log, self.broker_id, cache, self._propose_isr)
+
+    def adopt(self, partition: Partition) -> None:
+        """Host a replica ``open_replica`` made, with no role until ``host_partition``
+        gives it one (produce and fetch answer NOT_LEADER_OR_FOLLOWER until then)."""
+        self.partitions.setdefault(partition.key, partition)
+
     def host_partition(self, topic: str, index: int, state: PartitionState) -> Partition:
         """Open (or create) the local replica and take the role the metadata gives it."""
         key = (topic, index)
         partition = self.partitions.get(key)
         if partition is None:
-            log = Log.open(
-                self.partition_dir(topic, index),
-                log_config_from(self.config, self.topic_configs.get(topic)),
-                now_ms=lambda: int(time.time() * 1000),
-                logger=self.logger.bind(topic=topic, partition=index),
-            )
-            cache = LeaderEpochCache(self.partition_dir(topic, index))
-            partition = Partition(topic, index, log, self.broker_id, cache, self._propose_isr)
-            self.partitions[key] = partition
+            partition = self.partitions[key] = self.open_replica(topic, index, state)
         partition.min_insync_replicas = self.min_insync_replicas(topic)
         if state.leader == self.broker_id:
             if partition.make_leader(state, self.now_ms()):

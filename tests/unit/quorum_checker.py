@@ -9,7 +9,11 @@ effect adds, truncates or commits), so checking after every step stays cheap:
   epoch after T (checked when a leader is elected and when a commit becomes known);
 - committed entries never change, are never truncated, and high watermarks never go back;
 - state machine safety: every voter applies the same entries in the same order (a digest
-  chain per offset), and a snapshot carries the digest of the state at its offset.
+  chain per offset), and a snapshot carries the digest of the state at its offset;
+- atomic changes: every voter's image is always the result of whole units (a unit is the
+  records of one controller change, as the metadata image applies them): no unit is ever
+  seen with some of its records and not the others, whatever fetch limits, elections,
+  crashes and snapshots did to the log.
 """
 
 from __future__ import annotations
@@ -128,6 +132,15 @@ class SafetyChecker:
                 self._check_has(leader_id, leader_log, epoch, offset)
         node.hw = effect.offset
 
+    def image_whole(self, node_id: int, image: dict[int, int], sizes: dict[int, int]) -> None:
+        """``image``: records applied per unit on one voter; ``sizes``: each unit's records."""
+        for unit, applied in image.items():
+            if applied != sizes[unit]:
+                self.fail(
+                    f"atomic changes: node {node_id} holds {applied} of the {sizes[unit]} "
+                    f"records of unit {unit}"
+                )
+
     def applied(self, node_id: int, offset: int, digest: int) -> None:
         """``digest`` is the state after applying every entry below ``offset``."""
         first = self.digests.setdefault(offset, digest)
@@ -135,10 +148,16 @@ class SafetyChecker:
             self.fail(f"state machine of node {node_id} differs after offset {offset - 1}")
 
 
-def encode_snapshot(offset: int, digest: int) -> bytes:
-    return f"{offset}:{digest}".encode()
+def encode_snapshot(offset: int, digest: int, image: dict[int, int] | None = None) -> bytes:
+    units = ",".join(f"{unit}={n}" for unit, n in sorted((image or {}).items()))
+    return f"{offset}:{digest}:{units}".encode()
 
 
 def decode_snapshot(data: bytes) -> tuple[int, int]:
-    offset, digest = data.decode().split(":")
+    offset, digest, _units = data.decode().split(":")
     return int(offset), int(digest)
+
+
+def decode_snapshot_image(data: bytes) -> dict[int, int]:
+    units = data.decode().split(":")[2]
+    return {int(u): int(n) for u, n in (item.split("=") for item in units.split(",") if item)}

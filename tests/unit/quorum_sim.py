@@ -40,6 +40,7 @@ from tests.unit.quorum_checker import (
     SafetyChecker,
     SafetyViolation,
     decode_snapshot,
+    decode_snapshot_image,
     encode_snapshot,
 )
 
@@ -61,6 +62,7 @@ class Voter:
     applied: int = 0  # state machine: entries below this are applied
     digest: int = 0
     deadline: int = NEVER
+    image: dict[int, int] = field(default_factory=dict)  # unit -> its records applied here
 
 
 @dataclass(slots=True)
@@ -73,9 +75,23 @@ class Network:
 
 class Simulation:
     def __init__(
-        self, seed: int, voters: int, client_class: type[KafkaRaftClient] = KafkaRaftClient
+        self,
+        seed: int,
+        voters: int,
+        client_class: type[KafkaRaftClient] = KafkaRaftClient,
+        *,
+        config: QuorumConfig = CONFIG,
+        units: bool = False,
+        split_units: bool = False,
     ) -> None:
         self.seed = seed
+        self.config = config
+        # With ``units`` every append is a unit: the records of one controller change in
+        # one entry, some far larger than a fetch (fetch_max_bytes / fetch_max_entries).
+        # ``split_units`` plants the bug this replaced: one entry per record of a change.
+        self.units = units or split_units
+        self.split_units = split_units
+        self.unit_sizes: dict[int, int] = {}
         self.rng = random.Random(seed)
         self.clock = ManualClock()
         self.client_class = client_class
@@ -109,13 +125,14 @@ class Simulation:
             self.ids,
             self.clock,
             random.Random(self.rng.getrandbits(64)),
-            config=CONFIG,
+            config=self.config,
             quorum_state=node.quorum_state,
             log=node.log.copy(),
         )
         node.hw = node.log.start_offset
         snap = node.log.snapshot
         node.applied, node.digest = decode_snapshot(snap.data) if snap else (0, 0)
+        node.image = decode_snapshot_image(snap.data) if snap else {}
         self.trace.append(f"{self.clock.now_ms()} start {node.id}")
         self._apply(node, node.core.poll())
 
@@ -164,6 +181,8 @@ class Simulation:
                 offset, digest = decode_snapshot(effect.snapshot.data)
                 if offset > node.applied:  # fetched from the leader: state replaced
                     node.applied, node.digest = offset, digest
+                    node.image = decode_snapshot_image(effect.snapshot.data)
+                    self.checker.image_whole(node.id, node.image, self.unit_sizes)
                     self.stats["snapshot_installed"] += 1
         self._apply_committed(node)
         node.deadline = NEVER if node.id in self.paused else node.core.next_deadline_ms()
@@ -175,8 +194,20 @@ class Simulation:
                 raise SafetyViolation(f"node {node.id} cannot apply offset {node.applied}")
             if not entry.control:
                 node.digest = zlib.crc32(entry.data, node.digest)
+                if self.units:
+                    self._apply_unit(node, entry.data)
             node.applied += 1
             self.checker.applied(node.id, node.applied, node.digest)
+
+    def _apply_unit(self, node: Voter, data: bytes) -> None:
+        """Record by record, as MetadataImage.apply does; then the image must be whole."""
+        head, *records = data.split(b"|")
+        unit = int(head.split(b":")[0][1:])
+        for _record in records:
+            node.image[unit] = node.image.get(unit, 0) + 1
+        if len(records) > self.config.fetch_max_entries:
+            self.stats["big_unit_applied"] += 1
+        self.checker.image_whole(node.id, node.image, self.unit_sizes)
 
     # -------------------------------------------------------------- network
 
@@ -241,7 +272,20 @@ class Simulation:
             return None
         node = self.rng.choice(leaders)
         self.next_value += 1
-        offset, effects = node.core.append([f"v{self.next_value}".encode()])
+        data = f"v{self.next_value}".encode()
+        if self.units:
+            # Mostly small changes; one in five larger than a fetch in entries and bytes.
+            big = self.rng.random() < 0.2
+            size = self.rng.randint(501, 1200) if big else self.rng.randint(1, 3)
+            self.unit_sizes[self.next_value] = size
+            head = b"u%d:%d" % (self.next_value, size)
+            records = [b"r%d.%-10d" % (self.next_value, i) for i in range(size)]
+            if self.split_units:
+                offset, effects = node.core.append([head + b"|" + r for r in records])
+                self._apply(node, effects)
+                return offset
+            data = b"|".join([head, *records])
+        offset, effects = node.core.append([data])
         self._apply(node, effects)
         return offset
 
@@ -269,7 +313,7 @@ class Simulation:
             node = self.rng.choice(live)
             if node.applied > node.log.start_offset:
                 effects = node.core.create_snapshot(
-                    node.applied, encode_snapshot(node.applied, node.digest)
+                    node.applied, encode_snapshot(node.applied, node.digest, node.image)
                 )
                 self._apply(node, effects)
 
@@ -380,10 +424,13 @@ def reproduce_command(seed: int, voters: int) -> str:
 
 
 def run_seed(
-    seed: int, voters: int, client_class: type[KafkaRaftClient] = KafkaRaftClient
+    seed: int,
+    voters: int,
+    client_class: type[KafkaRaftClient] = KafkaRaftClient,
+    **options,
 ) -> Simulation:
     """Run one seed; on any failure raise SafetyViolation naming the seed and how to replay it."""
-    sim = Simulation(seed, voters, client_class)
+    sim = Simulation(seed, voters, client_class, **options)
     try:
         sim.run()
     except Exception as exc:

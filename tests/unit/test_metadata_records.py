@@ -20,8 +20,8 @@ from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata
 from minibroker.broker.metadata.records import (
     MetadataImage,
     MetadataRecordError,
-    decode_record,
-    encode_record,
+    decode_change,
+    encode_change,
     records_for_change,
 )
 from minibroker.broker.raft import Entry
@@ -34,7 +34,7 @@ def changes(tmp_path) -> list[ClusterMetadata]:
     """Every state a controller published through a busy life, oldest first."""
     states = [ClusterMetadata()]
 
-    def submit(records: list[bytes], answer: dict) -> dict:
+    def submit(records: list[bytes], answer: dict, lost: dict | None = None) -> dict:
         states.append(ctl.metadata.copy())  # the draft whose records were appended
         return answer
 
@@ -76,23 +76,19 @@ def test_records_of_each_change_rebuild_the_next_state(tmp_path):
     states = changes(tmp_path)
     assert len(states) >= 7
     image = MetadataImage()
-    offset = 0
-    for old, new in itertools.pairwise(states):
+    for offset, (old, new) in enumerate(itertools.pairwise(states)):
         records = records_for_change(old, new)
         assert records, "every published change has records"
-        for record in records:
-            image.apply(Entry(offset, 1, encode_record(record)))
-            offset += 1
+        image.apply(Entry(offset, 1, encode_change(records)))  # one change, one entry
         assert same(image.metadata, new)
-        assert image.metadata.epoch == offset  # the epoch names the applied log prefix
+        assert image.metadata.epoch == offset + 1  # the epoch names the applied log prefix
     assert records_for_change(states[-1], states[-1]) == []
 
 
 def test_a_snapshot_restores_the_same_metadata(tmp_path):
     states = changes(tmp_path)
     image = MetadataImage()
-    for i, record in enumerate(records_for_change(ClusterMetadata(), states[-1])):
-        image.apply(Entry(i, 1, encode_record(record)))
+    image.apply(Entry(0, 1, encode_change(records_for_change(ClusterMetadata(), states[-1]))))
     assert same(image.metadata, states[-1])
     other = MetadataImage()
     other.restore(image.snapshot())
@@ -101,25 +97,27 @@ def test_a_snapshot_restores_the_same_metadata(tmp_path):
 
 def test_unknown_or_garbled_records_are_refused_not_skipped():
     with pytest.raises(MetadataRecordError, match="unknown metadata record"):
-        decode_record(encode_record({"type": "DeleteEverything"}))
+        decode_change(encode_change([{"type": "DeleteEverything"}]))
     with pytest.raises(MetadataRecordError):
-        decode_record(b"\xc1")
+        decode_change(b"\xc1")
     with pytest.raises(MetadataRecordError, match="unknown orders-0"):
         MetadataImage().apply(
             Entry(
                 0,
                 1,
-                encode_record(
-                    {
-                        "type": "Partition",
-                        "topic": "orders",
-                        "partition": 0,
-                        "leader": 0,
-                        "leader_epoch": 0,
-                        "partition_epoch": 0,
-                        "replicas": [0],
-                        "isr": [0],
-                    }
+                encode_change(
+                    [
+                        {
+                            "type": "Partition",
+                            "topic": "orders",
+                            "partition": 0,
+                            "leader": 0,
+                            "leader_epoch": 0,
+                            "partition_epoch": 0,
+                            "replicas": [0],
+                            "isr": [0],
+                        }
+                    ]
                 ),
             )
         )
@@ -152,7 +150,7 @@ def test_metadata_survives_a_voter_restart_from_log_and_snapshot(tmp_path):
     image = MetadataImage()
     d = start(image)
     for old, new in itertools.pairwise(states):
-        d.append([encode_record(r) for r in records_for_change(old, new)])
+        d.append([encode_change(records_for_change(old, new))])
         assert same(image.metadata, new)  # committed (one voter) and applied at once
     assert d.core.log.start_offset > 0  # snapshots taken along the way
     d.store.close()

@@ -19,7 +19,7 @@ from minibroker.broker.metadata.image import (
     load_metadata,
     save_metadata,
 )
-from minibroker.broker.metadata.records import decode_record
+from minibroker.broker.metadata.records import decode_change
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.protocol.errors import ErrorCode
 
@@ -165,9 +165,10 @@ def test_metadata_file_round_trips_and_absent_is_none(tmp_path):
 class Submitted(list):
     """Stands in for the quorum: records the appended batches, answers later."""
 
-    def __call__(self, records: list[bytes], answer: dict) -> PendingResponse:
+    def __call__(self, records: list[bytes], answer: dict, lost=None) -> PendingResponse:
         pending = PendingResponse()
         self.append((records, answer, pending))
+        self.lost = lost
         return pending
 
 
@@ -194,7 +195,8 @@ def test_a_change_is_answered_only_when_its_records_commit(controller):
     )
     assert isinstance(answer, PendingResponse) and answer.body is None
     [(records, body, pending)] = submitted
-    assert [decode_record(r)["type"] for r in records] == ["Topic", "Partition"]
+    [entry] = records  # one change, one log entry
+    assert [r["type"] for r in decode_change(entry)] == ["Topic", "Partition"]
     assert [t["error_code"] for t in body["topics"]] == [0, ErrorCode.TOPIC_ALREADY_EXISTS]
     assert pending is answer
 
@@ -217,3 +219,34 @@ def test_committed_metadata_object_is_never_mutated(controller):
     assert ctl.metadata is not committed
     assert committed.to_json() == snapshot  # brokers holding it saw no half-made change
     assert 2 not in ctl.metadata.live
+
+
+def test_a_create_over_the_partition_limit_is_refused_whole_naming_the_key():
+    submitted = Submitted()
+    config = BrokerConfig({"controller.max.partitions.per.request": 100})
+    ctl = Controller(0, config, LOG, ClusterMetadata(), submitted)
+    ctl.register_broker(BrokerInfo(0, "127.0.0.1", 9092), {})
+    submitted.clear()
+    answer = ctl.create_topics(
+        [
+            {"name": "a", "num_partitions": 60, "replication_factor": 1, "configs": {}},
+            {"name": "b", "num_partitions": 41, "replication_factor": 1, "configs": {}},
+        ]
+    )
+    assert [t["error_code"] for t in answer["topics"]] == [ErrorCode.POLICY_VIOLATION] * 2
+    assert "controller.max.partitions.per.request=100" in answer["topics"][0]["error_message"]
+    assert submitted == [] and ctl.metadata.topics == {}  # nothing appended, nothing made
+    ctl.create_topics(
+        [{"name": "a", "num_partitions": 100, "replication_factor": 1, "configs": {}}]
+    )
+    assert len(submitted) == 1  # at the limit: one change
+
+
+def test_a_create_whose_controller_is_deposed_answers_timed_out_not_not_controller(controller):
+    """NOT_CONTROLLER would make the forwarding broker send it to the next controller,
+    which may already have the change: the outcome is unknown, so REQUEST_TIMED_OUT."""
+    ctl, submitted = controller
+    ctl.create_topics([{"name": "x", "num_partitions": 1, "replication_factor": 1, "configs": {}}])
+    [topic] = submitted.lost["topics"]
+    assert topic["name"] == "x" and topic["error_code"] == ErrorCode.REQUEST_TIMED_OUT
+    assert "may still commit" in topic["error_message"]

@@ -23,7 +23,7 @@ from minibroker.broker.metadata.image import (
     PartitionState,
     TopicState,
 )
-from minibroker.broker.metadata.records import MetadataImage, decode_record, encode_record
+from minibroker.broker.metadata.records import MetadataImage, decode_change, encode_change
 from minibroker.broker.raft import Entry
 from minibroker.protocol.errors import ErrorCode
 
@@ -48,8 +48,9 @@ class Recorder:
     def __init__(self) -> None:
         self.batches: list[list[dict]] = []
 
-    def __call__(self, records: list[bytes], answer: dict) -> dict:
-        self.batches.append([decode_record(r) for r in records])
+    def __call__(self, records: list[bytes], answer: dict, lost: object = None) -> dict:
+        # Each appended entry is one change: its records together.
+        self.batches.append([record for entry in records for record in decode_change(entry)])
         return answer
 
 
@@ -145,7 +146,7 @@ def test_preferred_election_moves_leadership_with_a_bumped_epoch_in_one_record_e
         }
     ]
     for offset, record in enumerate(records):  # every voter applies the same change
-        image.apply(Entry(offset, 1, encode_record(record)))
+        image.apply(Entry(offset, 1, encode_change([record])))
     assert image.metadata.topics["t"].partitions[0].leader == 1
     assert ctl.metadata.topics["t"].partitions[0].leader == 1
 

@@ -71,3 +71,12 @@ def test_an_older_snapshot_changes_nothing():
     log = log_of(1, 1, snapshot=Snapshot(OffsetAndEpoch(4, 1), b"new"))
     log.store_snapshot(Snapshot(OffsetAndEpoch(2, 1), b"old"))
     assert log.snapshot.data == b"new" and log.end_offset == 6
+
+
+def test_a_read_stops_at_its_entry_or_byte_limit_but_always_carries_one_whole_entry():
+    log = RaftLog(entries=[Entry(i, 1, b"x" * size) for i, size in enumerate((10, 10, 5000, 10))])
+    assert [e.offset for e in log.read(0, 500, 25)] == [0, 1]  # the third would pass 25 bytes
+    assert [e.offset for e in log.read(0, 1, 1 << 20)] == [0]
+    # A change larger than a whole fetch still goes, alone: never cut, never stuck.
+    assert [e.offset for e in log.read(2, 500, 100)] == [2]
+    assert log.read(4, 500, 100) == ()

@@ -11,11 +11,13 @@ from collections import Counter
 
 import pytest
 
-from minibroker.broker.raft import KafkaRaftClient, VoteRequest
+from minibroker.broker.raft import KafkaRaftClient, QuorumConfig, VoteRequest
 from tests.unit.quorum_checker import SafetyViolation
 from tests.unit.quorum_sim import CONFIG, Simulation, run_seed
 
 SEEDS = int(os.environ.get("QUORUM_SIM_SEEDS", "200"))
+# Fetches far smaller than a big change: at most 5 entries or 4 KiB (one entry always).
+SMALL_FETCHES = QuorumConfig(request_timeout_ms=700, fetch_max_entries=5, fetch_max_bytes=4096)
 ONE_SEED = os.environ.get("QUORUM_SIM_SEED")
 
 
@@ -185,3 +187,24 @@ def test_voters_standing_at_once_in_a_new_quorum_stay_safe(voters, client_class)
         assert len(standing) >= 2 and sim.clock.now_ms() == 0
         settle(sim, within_ms=5_000)  # someone wins, with the safety checker watching
         run_seed(seed, voters, client_class)  # and the whole fault schedule after it
+
+
+@pytest.mark.parametrize("voters", [3, 5])
+def test_changes_larger_than_a_fetch_apply_whole_through_elections_and_crashes(voters):
+    """Each append is one change of 1-3 or 501-1,200 records (up to ~20 KiB, larger than a
+    fetch in entries and in bytes) in one entry; under the full fault model every voter's
+    image is always made of whole changes (the checker's atomic-changes rule), and the
+    big ones do replicate (a fetch always carries one whole entry, whatever its size)."""
+    exercised: Counter[str] = Counter()
+    for seed in range(max(SEEDS // 10, 10)):
+        exercised += run_seed(seed, voters, config=SMALL_FETCHES, units=True).stats
+    for what in ("crash", "truncate", "snapshot_installed", "leader", "big_unit_applied"):
+        assert exercised[what] > 0, f"no seed exercised {what}: {exercised}"
+
+
+def test_the_checker_catches_a_change_split_across_entries():
+    """The bug this replaced: one entry per record of a change, so a fetch (5 entries
+    here, 500 in the broker) hands a voter part of a change; the checker sees it."""
+    with pytest.raises(SafetyViolation, match="atomic changes"):
+        for seed in range(20):
+            run_seed(seed, 3, config=SMALL_FETCHES, split_units=True)

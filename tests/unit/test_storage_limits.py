@@ -21,7 +21,11 @@ from minibroker.broker.common.topic_config import TOPIC_CONFIGS, topic_configs_e
 from minibroker.broker.replication.replica_manager import log_config_from
 from minibroker.broker.storage import Log, LogConfig
 from minibroker.broker.storage import segment as segment_module
-from minibroker.broker.storage.limits import partition_cap, partition_cap_error
+from minibroker.broker.storage.limits import (
+    partition_cap,
+    partition_cap_error,
+    replica_counts,
+)
 from minibroker.protocol import encode_batch, read_records
 from minibroker.protocol.errors import CorruptMessage, RecordListTooLarge
 
@@ -205,12 +209,14 @@ def test_partition_cap_from_the_descriptor_limit() -> None:
     # 1024 - 112 reserved (48 own + 64 sealed) = 912: a quarter for connections.
     assert partition_cap(1024) == 912 - 228
     assert partition_cap(10) == 1
-    hosted = [[0, 1], [1, 2], [2, 0]]  # two replicas on each of three brokers
+    hosted = [[0, 1], [1, 2], [2, 0], [3]]  # two replicas on each of three brokers
+    counts = replica_counts(hosted, [0, 1, 2])  # broker 3 is not live: not counted
+    assert counts == {0: 2, 1: 2, 2: 2}
     cap = partition_cap(1024, brokers=3)
-    assert partition_cap_error(hosted, [0, 1, 2], cap - 2, 1, limit=1024 * 3) is None
+    assert partition_cap_error(counts, cap - 2, 1, limit=1024 * 3) is None
     room = (cap - 2) * 3
-    assert partition_cap_error(hosted, [0, 1, 2], room, 1, limit=1024) is None
-    problem = partition_cap_error(hosted, [0, 1, 2], room + 1, 1, limit=1024)
+    assert partition_cap_error(counts, room, 1, limit=1024) is None
+    problem = partition_cap_error(counts, room + 1, 1, limit=1024)
     assert problem is not None
     assert f"over its cap of {cap}" in problem and "ulimit -n = 1024" in problem
 
