@@ -125,7 +125,7 @@ async def test_partition_cap_from_the_fd_limit(broker_factory, tmp_path):
         proc = broker_factory(data_dir=data)
     async with Admin(proc.address) as admin:
         with pytest.raises(KafkaError) as refused:
-            await admin.create_topics([NewTopic("huge", 50000, 1)])
+            await admin.create_topics([NewTopic("huge", 5000, 1)])
         assert refused.value.code == ErrorCode.POLICY_VIOLATION
         assert "ulimit -n = 400" in str(refused.value) and "cap of 216" in str(refused.value)
         await admin.create_topics([NewTopic("many", 60, 1)])
