@@ -36,6 +36,7 @@ WAIT_FOR_METADATA = frozenset(
     {
         ApiKey.METADATA,
         ApiKey.CREATE_TOPICS,
+        ApiKey.DELETE_TOPICS,
         ApiKey.PRODUCE,
         ApiKey.FETCH,
         ApiKey.LIST_OFFSETS,
@@ -53,6 +54,7 @@ class RequestHandler:
             ApiKey.API_VERSIONS: self.api_versions,
             ApiKey.METADATA: self.metadata,
             ApiKey.CREATE_TOPICS: self.create_topics,
+            ApiKey.DELETE_TOPICS: self.delete_topics,
             ApiKey.PRODUCE: self.produce,
             ApiKey.FETCH: self.fetch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
@@ -246,6 +248,14 @@ class RequestHandler:
         # From another broker (an authenticated principal): forwarded to us as the controller.
         return self.broker.link.create_topics(
             body["topics"], body["validate_only"], forwarded=session.principal is not None
+        )
+
+    def delete_topics(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse:
+        # As create_topics: a broker's forward (authenticated) is answered here or refused.
+        return self.broker.link.delete_topics(
+            body["topic_names"], forwarded=session.principal is not None
         )
 
     def alter_partition(self, body: dict) -> dict:

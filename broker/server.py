@@ -222,13 +222,14 @@ class Broker:
         """Take the roles a metadata snapshot gives this broker; start/stop replica fetchers."""
         self.metadata = md
         rm = self.replica_manager
+        rm.drop_deleted(md.topics, caught_up=self.metadata_ready.is_set())
         follow: list[tuple[Partition, BrokerInfo]] = []
         for name, topic in md.topics.items():
             rm.topic_configs[name] = topic.configs
             for index, state in enumerate(topic.partitions):
                 if self.broker_id not in state.replicas:
                     continue
-                partition = rm.host_partition(name, index, state)
+                partition = rm.host_partition(name, index, state, topic.topic_id)
                 if not partition.is_leader and state.leader in md.brokers:
                     follow.append((partition, md.brokers[state.leader]))
         self.fetchers.follow(follow)

@@ -253,6 +253,10 @@ class SyncAdmin(_SyncBase):
     def create_topics(self, topics: Iterable[NewTopic], **options: Any) -> dict[str, Any]:
         return self._loop.call(self._loop.client.create_topics, list(topics), **options)
 
+    def delete_topics(self, names: Iterable[str], **options: Any) -> dict[str, Any]:
+        """Delete topics; see ``Admin.delete_topics``."""
+        return self._loop.call(self._loop.client.delete_topics, list(names), **options)
+
     def list_topics(self) -> list[str]:
         return self._loop.call(self._loop.client.list_topics)
 

@@ -46,6 +46,7 @@ class ErrorCode(IntEnum):
     PRODUCER_FENCED = 90
     KAFKA_STORAGE_ERROR = 56
     SASL_AUTHENTICATION_FAILED = 58
+    TOPIC_DELETION_DISABLED = 73
     FENCED_LEADER_EPOCH = 74
     UNKNOWN_LEADER_EPOCH = 75
     OFFSET_NOT_AVAILABLE = 78
@@ -168,6 +169,7 @@ NotEnoughReplicasAfterAppend = _BY_CODE[ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPE
 InvalidRequiredAcks = _BY_CODE[ErrorCode.INVALID_REQUIRED_ACKS]
 UnsupportedVersion = _BY_CODE[ErrorCode.UNSUPPORTED_VERSION]
 TopicAlreadyExists = _BY_CODE[ErrorCode.TOPIC_ALREADY_EXISTS]
+TopicDeletionDisabled = _BY_CODE[ErrorCode.TOPIC_DELETION_DISABLED]
 InvalidPartitions = _BY_CODE[ErrorCode.INVALID_PARTITIONS]
 InvalidReplicationFactor = _BY_CODE[ErrorCode.INVALID_REPLICATION_FACTOR]
 InvalidRequest = _BY_CODE[ErrorCode.INVALID_REQUEST]
