@@ -22,6 +22,7 @@ from minibroker.deploy.bench import (
     purgatory,
     requests,
     spark_read,
+    startup,
 )
 from minibroker.deploy.broker_cli import CommandError
 
@@ -37,6 +38,7 @@ BENCHMARKS: dict[str, tuple[ModuleType, str]] = {
     "longpoll": (longpoll, "thousands of connections each holding a long-poll fetch"),
     "requests": (requests, "plain request rate, pipelined (ApiVersions or an empty fetch)"),
     "spark-read": (spark_read, "records/s read into a Spark DataFrame and written back"),
+    "startup": (startup, "cluster cold start, its phases, and the pytest fixture's setup/teardown"),
 }
 
 

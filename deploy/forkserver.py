@@ -112,6 +112,16 @@ def spawn(argv: list[str], log_path: Path, cwd: Path | None = None) -> int:
         return fork_server().spawn(argv, log_path, cwd or Path.cwd())
 
 
+def shutdown() -> None:
+    """Stop this launcher's fork server (brokers keep running); the next spawn starts a
+    fresh one, importing the broker again (what a cold start measures)."""
+    global _server
+    with _server_lock:
+        if _server is not None:
+            _server.close()
+            _server = None
+
+
 # --- the server's side ----------------------------------------------------------------------
 
 

@@ -17,11 +17,26 @@ import trio
 from minibroker.broker.network.cluster_auth import ClusterCredentials
 from minibroker.broker.network.peer import PeerConnection, log_peer_failure
 from minibroker.protocol import ApiKey
-from minibroker.protocol.errors import ErrorCode, KafkaError
+from minibroker.protocol.errors import ErrorCode, KafkaError, error_class
 
 if TYPE_CHECKING:
     from minibroker.broker.metadata.image import BrokerInfo
     from minibroker.broker.replication.partition import Partition
+
+
+# Answers that mean "the leader has not applied the metadata we act on yet": every broker
+# applies each commit on its own, so a follower of a new topic (or a new leader epoch)
+# often asks a moment before its leader knows. Retried after a short pause that doubles
+# up to replica.fetch.backoff.ms, not after the whole backoff: a new topic's first acks=all
+# write would otherwise wait up to a second for it.
+LEADER_NOT_CAUGHT_UP = frozenset(
+    {
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+    }
+)
+FIRST_RETRY_S = 0.01
 
 
 class ReplicaFetcher:
@@ -141,6 +156,7 @@ class ReplicaFetcher:
             except Exception:
                 self.logger.exception("truncation_error")
                 await trio.sleep(backoff)
+        retry = FIRST_RETRY_S
         while True:
             try:
                 delay_ms, _ = self.faults.replication(self.partition.key)
@@ -153,9 +169,14 @@ class ReplicaFetcher:
                     await trio.sleep(backoff)
                     continue
                 self._process(body["topics"][0]["partitions"][0])
+                retry = FIRST_RETRY_S
             except KafkaError as exc:
                 log_peer_failure(self.logger, "replica_fetch_failed", exc)
-                await trio.sleep(backoff)
+                if exc.code in LEADER_NOT_CAUGHT_UP:
+                    await trio.sleep(min(retry, backoff))
+                    retry *= 2
+                else:
+                    await trio.sleep(backoff)
             except Exception:
                 # A bug or a bad answer must cost this partition a retry, not the broker.
                 self.logger.exception("replica_fetch_error")
@@ -168,7 +189,7 @@ class ReplicaFetcher:
             self._handle_out_of_range(data)
             return
         if error is not ErrorCode.NONE:
-            raise KafkaError(f"{error.name} from leader {self.leader.node_id}")
+            raise error_class(error)(f"from leader {self.leader.node_id}")
         records = data["records"]
         if records:
             p.append_records_to_follower(records)
