@@ -22,6 +22,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -64,7 +65,15 @@ class ForkServer:
 
     def spawn(self, argv: list[str], log_path: Path, cwd: Path) -> int:
         """Fork a broker running ``broker_cli.main(argv)``; its pid."""
-        request = {"argv": argv, "log": str(log_path), "cwd": str(cwd)}
+        # What a child of the launcher would inherit and the server's fork would not:
+        # the launcher's environment and file-descriptor limit as they are now.
+        request = {
+            "argv": argv,
+            "log": str(log_path),
+            "cwd": str(cwd),
+            "env": dict(os.environ),
+            "nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
+        }
         with self.lock:
             try:
                 self.file.write(json.dumps(request).encode() + b"\n")
@@ -148,6 +157,12 @@ def _child(request: dict, server_sock: socket.socket) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.setsid()
         os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, tuple(request["nofile"]))
+        except (ValueError, OSError) as exc:  # a hard limit above the server's, unprivileged
+            print(f"fork server: keeping the file limit: {exc}", file=sys.stderr)
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)

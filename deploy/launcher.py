@@ -9,6 +9,7 @@ time (psutil), so a reused pid is never taken for it.
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import socket
@@ -57,10 +58,23 @@ def _bind_all(host: str, ports: range) -> bool:
             s.close()
 
 
+def worker_ports() -> tuple[int, int]:
+    """TEST_PORTS, or this pytest-xdist worker's own share of them: a port one worker
+    checked free is never the one another worker's broker binds a moment later."""
+    low, high = TEST_PORTS
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if count <= 1 or not worker[2:].isdigit():
+        return low, high
+    size = (high - low + 1) // count
+    start = low + (int(worker[2:]) % count) * size
+    return start, start + size - 1
+
+
 def free_port_range(count: int, host: str = "127.0.0.1") -> int:
     """The first of ``count`` consecutive free ports below the ephemeral range, at random
     (a cluster listens on base..base+count-1; random, so parallel tests rarely meet)."""
-    low, high = TEST_PORTS
+    low, high = worker_ports()
     for _ in range(200):
         base = random.randint(low, high - count + 1)
         if _bind_all(host, range(base, base + count)):
