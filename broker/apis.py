@@ -50,6 +50,7 @@ WAIT_FOR_METADATA = frozenset(
     {
         ApiKey.METADATA,
         ApiKey.CREATE_TOPICS,
+        ApiKey.DELETE_TOPICS,
         ApiKey.PRODUCE,
         ApiKey.FETCH,
         ApiKey.LIST_OFFSETS,
@@ -104,6 +105,7 @@ class RequestHandler:
             ApiKey.METADATA: self.metadata,
             ApiKey.CREATE_TOPICS: self.create_topics,
             ApiKey.ELECT_LEADERS: self.elect_leaders,
+            ApiKey.DELETE_TOPICS: self.delete_topics,
             ApiKey.PRODUCE: self.produce,
             ApiKey.FETCH: self.fetch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
@@ -350,6 +352,12 @@ class RequestHandler:
             ],
             False,
         )
+
+    def delete_topics(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse:
+        # As create_topics: a broker's forward (authenticated) is answered here or refused.
+        return self.link.delete_topics(body["topic_names"], forwarded=session.principal is not None)
 
     def offset_for_leader_epoch(
         self, header: RequestHeader, body: dict, session: ConnectionSession

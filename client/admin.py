@@ -1,4 +1,5 @@
-"""The admin client: create, list and describe topics, elect leaders, read a broker's stats."""
+"""The admin client: create, delete, list and describe topics, elect leaders, read a broker's
+stats."""
 
 from __future__ import annotations
 
@@ -38,6 +39,21 @@ class NewTopic:
 class TopicDescription:
     name: str
     partitions: list[PartitionInfo]
+
+
+def _outcome(results: list[dict], raise_errors: bool) -> dict[str, KafkaError | None]:
+    """Per topic: None, or the error the controller named (raised first if asked)."""
+    outcome: dict[str, KafkaError | None] = {}
+    for t in results:
+        code = t["error_code"]
+        outcome[t["name"]] = (
+            error_class(code)(t.get("error_message") or t["name"]) if code else None
+        )
+    if raise_errors:
+        for error in outcome.values():
+            if error is not None:
+                raise error
+    return outcome
 
 
 class Admin(ClusterClient):
@@ -82,20 +98,54 @@ class Admin(ClusterClient):
             "validate_only": validate_only,
         }
         response = await self._controller_request(ApiKey.CREATE_TOPICS, body, timeout_ms / 1000 + 5)
-        outcome: dict[str, KafkaError | None] = {}
-        for t in response["topics"]:
-            code = t["error_code"]
-            outcome[t["name"]] = (
-                error_class(code)(t.get("error_message") or t["name"]) if code else None
-            )
-        if raise_errors:
-            for error in outcome.values():
-                if error is not None:
-                    raise error
+        outcome = _outcome(response["topics"], raise_errors)
         created = [name for name, error in outcome.items() if error is None]
         if wait_for_leaders and created and not validate_only:
             await self._wait_for_leaders(created, timeout_ms / 1000)
         return outcome
+
+    async def delete_topics(
+        self,
+        names: Iterable[str],
+        *,
+        timeout_ms: int = 30000,
+        wait_for_removal: bool = True,
+        raise_errors: bool = True,
+    ) -> dict[str, KafkaError | None]:
+        """Delete topics through the controller (Kafka's DeleteTopics); per-topic outcome
+        (None: deleted). A missing topic is UnknownTopicOrPartition; a cluster with
+        ``delete.topic.enable=false`` answers TopicDeletionDisabled.
+
+        With ``wait_for_removal`` it returns once every broker it can reach has dropped the
+        topics (their replicas and files), so the name can be created again at once.
+        """
+        names = list(names)
+        body = {"topic_names": names, "timeout_ms": timeout_ms}
+        response = await self._controller_request(ApiKey.DELETE_TOPICS, body, timeout_ms / 1000 + 5)
+        outcome = _outcome(response["responses"], raise_errors)
+        deleted = [name for name, error in outcome.items() if error is None]
+        if wait_for_removal and deleted:
+            await self._wait_for_removal(deleted, timeout_ms / 1000)
+        return outcome
+
+    async def _wait_for_removal(self, names: list[str], timeout: float) -> None:
+        """Until no reachable broker's metadata names the topics: each applies the removal
+        (and deletes the files) on its own, as it reads the committed metadata log."""
+        cluster = self._open()
+        await cluster.refresh(())
+        pending = set(cluster.brokers)
+        with trio.move_on_after(timeout):
+            while pending:
+                for broker in sorted(pending):
+                    try:
+                        body = await cluster.request(broker, ApiKey.METADATA, {"topics": names})
+                    except KafkaError:
+                        pending.discard(broker)  # down: it drops them when it catches up
+                        continue
+                    if all(t["error_code"] for t in body["topics"]):
+                        pending.discard(broker)
+                if pending:
+                    await trio.sleep(0.01)
 
     async def _controller_request(self, api_key: int, body: dict, timeout: float) -> dict:
         cluster = self._open()

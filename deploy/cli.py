@@ -34,6 +34,7 @@ from minibroker.deploy.bench import (
     purgatory,
     requests,
     spark_read,
+    startup,
 )
 from minibroker.deploy.broker_cli import CommandError
 from minibroker.deploy.pipes import run_piped
@@ -64,6 +65,7 @@ BENCHMARKS: dict[str, tuple[ModuleType, str]] = {
     ),
     "spark-read": (spark_read, "records/s read into a Spark DataFrame and written back"),
     "compare": (compare, "the working tree against a git revision: medians and ratios"),
+    "startup": (startup, "cluster cold start, its phases, and the pytest fixture's setup/teardown"),
 }
 
 

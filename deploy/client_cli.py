@@ -56,7 +56,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     """Add `topics`, `produce` and `consume` to the `minibroker` command."""
-    topics = subparsers.add_parser("topics", help="create, list and describe topics")
+    topics = subparsers.add_parser("topics", help="create, delete, list and describe topics")
     tsub = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
     create = tsub.add_parser("create", help="create a topic")
     create.add_argument("topic")
@@ -90,7 +90,10 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     describe = tsub.add_parser("describe", help="partitions, leaders, replicas and ISR")
     describe.add_argument("topic", nargs="*", help="topics to describe (default: all)")
     describe.set_defaults(func=_cmd(_topics_describe))
-    for p in (create, lst, describe):
+    delete = tsub.add_parser("delete", help="delete topics, their partitions and files")
+    delete.add_argument("topics", nargs="+", metavar="TOPIC")
+    delete.set_defaults(func=_cmd(_topics_delete))
+    for p in (create, lst, describe, delete):
         _common(p)
 
     produce = subparsers.add_parser("produce", help="send stdin lines as records, one per line")
@@ -202,6 +205,14 @@ async def _topics_create(args: argparse.Namespace) -> int:
         )
         desc = (await admin.describe_topics([args.topic]))[args.topic]
     print(f"Created topic {args.topic} with {len(desc.partitions)} partition(s).")
+    return 0
+
+
+async def _topics_delete(args: argparse.Namespace) -> int:
+    async with Admin(config=_settings(args)) as admin:
+        await admin.delete_topics(args.topics)
+    for name in args.topics:
+        print(f"Deleted topic {name}.")
     return 0
 
 

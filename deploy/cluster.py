@@ -5,9 +5,12 @@ drive a running cluster. Broker ``i`` listens on ``base_port + i`` and keeps its
 data in ``DATA_DIR/broker-i``.
 
 A pid in ``cluster.json`` is signalled only once it is proven to be *this* cluster's
-broker: the process started when we recorded it (pids are reused), and its command
-line names this cluster's data dir as an absolute path and this broker's port (a
-relative dir would match another cluster's broker with the same layout).
+broker: the process started when we recorded it (pids are reused), and it holds this
+broker's data dir (its ``.lock`` names the pid and is open in the process), the absolute
+path a copied cluster.json or another cluster's broker with the same layout never
+matches. Brokers forked from the warm parent (deploy/forkserver.py) carry the parent's
+command line, so the data dir is the proof; a broker started as a command of its own
+(an older minibroker) is also recognised by its command line naming the data dir and port.
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ import psutil
 
 from minibroker.broker.common.atomic_file import write_atomic
 from minibroker.deploy.cluster_secret import ensure_cluster_secret
-from minibroker.deploy.launcher import BrokerProcess, ping, port_holder, port_in_use
+from minibroker.deploy.launcher import (
+    BrokerProcess,
+    holds_lock,
+    ping,
+    port_holder,
+    port_in_use,
+)
 
 STATE_FILE = "cluster.json"
 _BROKER_MODULES = frozenset(
@@ -139,8 +148,9 @@ class ClusterState:
             self.host,
         )
 
-    def process(self, broker_id: int) -> psutil.Process | None:
-        """The live OS process of a broker, proven to be this cluster's broker (see above)."""
+    def _launched(self, broker_id: int) -> psutil.Process | None:
+        """The live process with the pid and start time recorded at launch (not yet
+        proven to be the broker: see ``process``)."""
         pid = self.pids.get(broker_id)
         started = self.started.get(broker_id)
         if pid is None or started is None:
@@ -149,15 +159,25 @@ class ClusterState:
             proc = psutil.Process(pid)
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return None
-            cmdline = proc.cmdline()
             create_time = proc.create_time()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return None
         if abs(create_time - started) > 0.05:
             return None
-        if not self._is_our_command(broker_id, cmdline):
-            return None
         return proc
+
+    def process(self, broker_id: int) -> psutil.Process | None:
+        """The live OS process of a broker, proven to be this cluster's broker (see above)."""
+        proc = self._launched(broker_id)
+        if proc is None:
+            return None
+        if holds_lock(proc, self.root / f"broker-{broker_id}" / ".lock"):
+            return proc
+        try:
+            cmdline = proc.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+        return proc if self._is_our_command(broker_id, cmdline) else None
 
     def _is_our_command(self, broker_id: int, cmdline: list[str]) -> bool:
         def option(name: str) -> str | None:
@@ -205,8 +225,8 @@ class ClusterState:
         bp.start()
         self.pids[broker_id] = bp.pid
         try:
-            self.started[broker_id] = psutil.Process(bp.pid).create_time()
-        except psutil.NoSuchProcess:
+            self.started[broker_id] = bp.process.create_time()
+        except (AttributeError, psutil.NoSuchProcess):
             self.started.pop(broker_id, None)  # exited at once: wait_ready reports its log
         return bp
 
@@ -300,7 +320,7 @@ class ClusterState:
                     f"brokers {pending} did not answer within {timeout}s; see their broker.log"
                 )
             for bid in list(pending):
-                if self.process(bid) is None:
+                if self._launched(bid) is None:
                     log = self.broker_process(bid).tail_log()
                     raise ClusterError(f"broker {bid} exited during start: {log}")
                 if ping(self.host, self.port(bid), timeout=0.2):

@@ -1,7 +1,10 @@
 """Start, stop, pause and kill broker *processes*: used by `minibroker cluster` and by the tests.
 
-A broker is `python -m deploy.broker_cli ...` in its own process with its own data
-directory; readiness means it answered an ApiVersions request on its port.
+A broker is `broker_cli.main(args)` in its own process with its own data directory,
+forked from a warm parent that imported the broker once (deploy/forkserver.py), as if
+started as `python -m minibroker.deploy.broker_cli args`; readiness means it answered an
+ApiVersions request on its port. It is not our child: it is watched by pid and start
+time (psutil), so a reused pid is never taken for it.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ import os
 import random
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import psutil
 
+from minibroker.deploy.forkserver import spawn
 from minibroker.protocol import ApiKey, FrameDecoder, decode_response_envelope, encode_request
 
 
@@ -55,10 +58,23 @@ def _bind_all(host: str, ports: range) -> bool:
             s.close()
 
 
+def worker_ports() -> tuple[int, int]:
+    """TEST_PORTS, or this pytest-xdist worker's own share of them: a port one worker
+    checked free is never the one another worker's broker binds a moment later."""
+    low, high = TEST_PORTS
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if count <= 1 or not worker[2:].isdigit():
+        return low, high
+    size = (high - low + 1) // count
+    start = low + (int(worker[2:]) % count) * size
+    return start, start + size - 1
+
+
 def free_port_range(count: int, host: str = "127.0.0.1") -> int:
     """The first of ``count`` consecutive free ports below the ephemeral range, at random
     (a cluster listens on base..base+count-1; random, so parallel tests rarely meet)."""
-    low, high = TEST_PORTS
+    low, high = worker_ports()
     for _ in range(200):
         base = random.randint(low, high - count + 1)
         if _bind_all(host, range(base, base + count)):
@@ -122,6 +138,20 @@ def ping(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+BROKER_MODULE = "minibroker.deploy.broker_cli"
+
+
+def holds_lock(proc: psutil.Process, lock_path: Path) -> bool:
+    """True if ``proc`` is the broker holding this data dir: the lock file names its pid
+    (server.lock_data_dir writes it) and the process has the file open."""
+    try:
+        if lock_path.read_text().strip() != str(proc.pid):
+            return False
+        return any(f.path == str(lock_path) for f in proc.open_files())
+    except (OSError, psutil.Error):
+        return False
+
+
 class BrokerProcess:
     def __init__(
         self,
@@ -136,7 +166,10 @@ class BrokerProcess:
         self.port = port
         self.data_dir = Path(data_dir)
         self.config = dict(config or {})
-        self.proc: subprocess.Popen | None = None
+        # The forked broker (psutil checks its start time before every signal); None when
+        # not started, or it exited before we could look at it.
+        self.process: psutil.Process | None = None
+        self._pid: int | None = None
 
     @property
     def address(self) -> str:
@@ -147,52 +180,56 @@ class BrokerProcess:
         return self.data_dir / "broker.log"
 
     @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
+    def lock_path(self) -> Path:
+        return self.data_dir.resolve() / ".lock"
 
-    def command(self) -> list[str]:
-        cmd = [
-            sys.executable,
-            "-m",
-            "minibroker.deploy.broker_cli",
-            "--id",
-            str(self.broker_id),
-            "--listen",
-            self.address,
-            "--data-dir",
-            str(self.data_dir),
-        ]
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    def arguments(self) -> list[str]:
+        """The broker's command-line arguments (``broker_cli``'s)."""
+        args = ["--id", str(self.broker_id), "--listen", self.address]
+        args += ["--data-dir", str(self.data_dir)]
         for key, value in self.config.items():
             if isinstance(value, bool):
                 value = "true" if value else "false"
-            cmd += ["--set", f"{key}={value}"]
-        return cmd
+            args += ["--set", f"{key}={value}"]
+        return args
+
+    def command(self) -> list[str]:
+        """The same broker as a command line of its own (what the fork stands for)."""
+        return [sys.executable, "-m", BROKER_MODULE, *self.arguments()]
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            # Own session: a Ctrl-C at the launcher's terminal does not reach the brokers.
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        self._pid = spawn(self.arguments(), self.log_path.resolve())
+        try:
+            self.process = psutil.Process(self._pid)
+        except psutil.NoSuchProcess:
+            self.process = None  # exited at once: wait_ready reports its log
 
     def wait_ready(self, timeout: float = 15.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise BrokerStartError(
-                    f"broker {self.broker_id} exited with code {self.proc.returncode}: {self.tail_log()}"
-                )
+            if not self.alive():
+                raise BrokerStartError(f"broker {self.broker_id} exited: {self.tail_log()}")
             if ping(self.host, self.port, timeout=0.5):
                 return
             time.sleep(0.01)
         raise BrokerStartError(
             f"broker {self.broker_id} did not answer on {self.address} within {timeout}s"
         )
+
+    def wait_locked(self, timeout: float = 15.0) -> bool:
+        """Wait until the broker holds its data dir (what proves a pid is this broker);
+        False if it exited first or did not in time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.alive():
+            if holds_lock(self.process, self.lock_path):
+                return True
+            time.sleep(0.002)
+        return False
 
     def tail_log(self, lines: int = 5) -> str:
         try:
@@ -203,11 +240,28 @@ class BrokerProcess:
             return "(no log)"
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        try:
+            return (
+                self.process is not None
+                and self.process.is_running()
+                and self.process.status() != psutil.STATUS_ZOMBIE
+            )
+        except psutil.NoSuchProcess:
+            return False
 
     def _signal(self, sig: signal.Signals) -> None:
         if self.alive():
-            os.kill(self.proc.pid, sig)
+            try:
+                self.process.send_signal(sig)  # psutil: only if the start time still matches
+            except psutil.NoSuchProcess:
+                pass
+
+    def _wait(self, timeout: float) -> bool:
+        try:
+            self.process.wait(timeout)
+        except psutil.TimeoutExpired:
+            return False
+        return True
 
     def pause(self) -> None:
         self._signal(signal.SIGSTOP)
@@ -219,17 +273,15 @@ class BrokerProcess:
         """SIGKILL: no flush, no goodbye — what a crash looks like."""
         if self.alive():
             self._signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(10)
+            self._signal(signal.SIGKILL)
+            self._wait(10)
 
-    def stop(self, timeout: float = 15.0) -> int | None:
+    def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM and wait for a clean shutdown; SIGKILL if it does not come."""
         if not self.alive():
-            return self.proc.returncode if self.proc else None
+            return
         self._signal(signal.SIGCONT)
-        self.proc.terminate()
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
+        self._signal(signal.SIGTERM)
+        if not self._wait(timeout):
+            self._signal(signal.SIGKILL)
+            self._wait(10)

@@ -12,12 +12,14 @@ if ! command -v kcat >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get
 fi
 ruff check .
 ruff format --check .
+# Tests in parallel, one worker per CPU: the suite mostly waits (on elections, timeouts,
+# long polls), and each worker has its own share of the test ports (launcher.worker_ports).
 if [ $# -gt 0 ]; then
-    exec python -m pytest "$@"
+    exec python -m pytest -n auto "$@"
 fi
-python -m pytest || exit $?
+python -m pytest -n auto || exit $?
 cd "$ROOT"
-MINIBROKER_POLLER=poll exec python -m pytest -q \
+MINIBROKER_POLLER=poll exec python -m pytest -n auto -q \
     tests/unit/test_poller.py tests/unit/test_network_limits.py \
     tests/integration/test_network_limits.py tests/integration/test_long_poll.py \
     tests/integration/test_broker_robustness.py tests/integration/test_bench_longpoll.py

@@ -1,12 +1,16 @@
 """pytest plugin: a real local minibroker cluster per test, with faults in one line.
 
 Installed with the package (entry point ``pytest11``), so a project that depends on
-minibroker gets two fixtures without a conftest:
+minibroker gets these fixtures without a conftest:
 
 - ``minibroker_cluster``: a running cluster (3 brokers, ``faults.enable=true``) for the
   test, stopped afterwards. Shape it with ``@pytest.mark.minibroker(brokers=..., config={...})``.
 - ``minibroker_cluster_factory``: ``start(brokers=3, config=None)`` for tests that want
   several clusters or to start one midway.
+- ``minibroker_shared_cluster``: one cluster (3 brokers, ``faults.enable=true``) for the
+  whole session, put back after each test with :meth:`LocalCluster.reset` (faults
+  cleared, paused brokers resumed, stopped or killed ones restarted, the test's topics
+  deleted): for suites that prefer speed over isolation.
 
 Both hand out a :class:`LocalCluster`: the bootstrap address for your clients, process
 control (pause/resume/kill/restart), the fault-injection API (network partitions
@@ -33,8 +37,8 @@ import trio
 from minibroker.client import Admin, NewTopic, PartitionInfo
 from minibroker.deploy import isolation
 from minibroker.deploy.cluster import ClusterState
-from minibroker.deploy.cluster_ops import acks_all_write
-from minibroker.deploy.launcher import free_port_range
+from minibroker.deploy.cluster_ops import HEALTH_TOPIC, acks_all_write
+from minibroker.deploy.launcher import free_port_range, port_in_use
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import ErrorCode, KafkaError
 
@@ -130,9 +134,13 @@ class LocalCluster:
     # --- processes ---------------------------------------------------------------------
 
     def pause(self, broker_id: int) -> None:
-        """SIGSTOP: the broker holds its sockets but answers nothing (a stalled JVM, a GC)."""
+        """SIGSTOP: the broker holds its sockets but answers nothing (a stalled JVM, a GC).
+        Returns once it shows as paused (every thread of a busy process stops a bit later)."""
         self.state.signal(broker_id, signal.SIGSTOP)
         self.impaired.add(broker_id)
+        deadline = time.monotonic() + 10
+        while self.state.status_of(broker_id) == "alive" and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def resume(self, broker_id: int) -> None:
         self.state.signal(broker_id, signal.SIGCONT)
@@ -158,6 +166,47 @@ class LocalCluster:
 
     def close(self) -> None:
         self.state.stop_all()
+
+    def reset(self, keep: Iterable[str] = ()) -> None:
+        """Back to a fresh cluster for the next test: paused brokers resumed, stopped or
+        killed ones restarted, every fault cleared, every topic deleted but ``keep`` (and
+        minibroker's own), every broker back in sync. What a shared cluster runs between
+        tests (``minibroker_shared_cluster``)."""
+        statuses = {b: self.state.status_of(b) for b in range(self.brokers)}
+        for broker_id, status in statuses.items():
+            if status != "dead":
+                # Paused or not: a SIGSTOP just sent may not show in the status yet.
+                self.state.signal(broker_id, signal.SIGCONT)
+        for broker_id, status in statuses.items():
+            if status == "dead":
+                self._wait_port_free(broker_id)
+                self.state.restart(broker_id)
+        self.impaired.clear()
+        kept = {HEALTH_TOPIC, *keep}
+
+        async def clean(admin: Admin) -> None:
+            _, errors = await isolation.clear(admin, None, range(self.brokers))
+            if errors:
+                raise next(iter(errors.values()))
+            doomed = [t for t in await admin.list_topics() if t not in kept]
+            if doomed:
+                # A broker that was down may still list a topic the controller deleted.
+                outcome = await admin.delete_topics(doomed, raise_errors=False)
+                for error in outcome.values():
+                    if error is not None and error.code != ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                        raise error
+
+        self._admin(clean)
+        # A restarted broker is back once it is in sync on the health topic again.
+        self.wait_for_isr(HEALTH_TOPIC, timeout=30)
+
+    def _wait_port_free(self, broker_id: int, timeout: float = 30) -> None:
+        """A killed broker's connections to a peer that was paused stay bound to its port
+        (FIN_WAIT) until that peer, resumed, closes them: wait for it, then restart."""
+        port = self.state.port(broker_id)
+        deadline = time.monotonic() + timeout
+        while port_in_use(self.state.host, port) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     # --- topics and metadata -----------------------------------------------------------
 
@@ -361,6 +410,26 @@ def minibroker_cluster_factory(
     yield start
     for cluster in started:
         cluster.close()
+
+
+@pytest.fixture(scope="session")
+def minibroker_session_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterable[LocalCluster]:
+    """One cluster for the session (3 brokers, faults enabled); ``minibroker_shared_cluster``
+    hands it to tests and resets it after each."""
+    cluster = start_cluster(tmp_path_factory.mktemp("minibroker-shared"), 3, DEFAULT_CONFIG)
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def minibroker_shared_cluster(minibroker_session_cluster: LocalCluster) -> Iterable[LocalCluster]:
+    """The session's cluster for this test, reset afterwards (``LocalCluster.reset``): a
+    test costs its own work, not a cluster start. Tests share it one after another, so
+    one must not depend on another's topics, faults or broker states."""
+    yield minibroker_session_cluster
+    minibroker_session_cluster.reset()
 
 
 @pytest.fixture

@@ -51,6 +51,7 @@ class ApiKey(IntEnum):
     SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     DELETE_GROUPS = 42
@@ -203,6 +204,20 @@ ELECT_LEADERS_RESP = struct(
     {"error_message": ERROR_MESSAGE, "throttle_time_ms": (INT32, 0)},
 )
 
+# --- DeleteTopics (Kafka's v0-v5 shape: names in, one result per name out) ----------------
+
+DELETE_TOPICS_REQ = struct(
+    {"topic_names": array(TOPIC_NAME)}, {"timeout_ms": (integer("int32", min=0), 30000)}
+)
+DELETE_TOPICS_RESP = struct(
+    {
+        "responses": array(
+            struct({"name": TOPIC_NAME, "error_code": ERROR}, {"error_message": ERROR_MESSAGE})
+        )
+    },
+    {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
+)
+
 # --- Produce -------------------------------------------------------------------------------
 
 PRODUCE_REQ = struct(
@@ -338,7 +353,9 @@ METADATA_SNAPSHOT = struct(
         "topics": array(
             struct(
                 {"name": TOPIC_NAME, "partitions": array(_PARTITION_STATE)},
-                {"configs": (mapping(STRING, STRING), {})},
+                # topic_id: Kafka's topic id, which tells a topic from an earlier one of the
+                # same name (deleted, then created again); "" for topics from before it.
+                {"configs": (mapping(STRING, STRING), {}), "topic_id": (string(max_len=64), "")},
             )
         ),
     },
@@ -522,6 +539,7 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.METADATA: {0: (METADATA_REQ, METADATA_RESP)},
     ApiKey.CREATE_TOPICS: {0: (CREATE_TOPICS_REQ, CREATE_TOPICS_RESP)},
     ApiKey.ELECT_LEADERS: {0: (ELECT_LEADERS_REQ, ELECT_LEADERS_RESP)},
+    ApiKey.DELETE_TOPICS: {0: (DELETE_TOPICS_REQ, DELETE_TOPICS_RESP)},
     ApiKey.PRODUCE: {0: (PRODUCE_REQ, PRODUCE_RESP)},
     ApiKey.FETCH: {0: (FETCH_REQ, FETCH_RESP)},
     ApiKey.LIST_OFFSETS: {0: (LIST_OFFSETS_REQ, LIST_OFFSETS_RESP)},

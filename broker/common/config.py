@@ -130,6 +130,9 @@ DEFS: dict[str, ConfigDef] = {
         False,
         "Create a topic on first produce/metadata request (off: UNKNOWN_TOPIC_OR_PARTITION).",
     ),
+    "delete.topic.enable": ConfigDef(
+        bool, True, "Allow DeleteTopics (off: TOPIC_DELETION_DISABLED), as Kafka."
+    ),
     # replication
     "min.insync.replicas": ConfigDef(
         int, 1, "acks=all needs at least this many in-sync replicas.", 1

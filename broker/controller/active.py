@@ -106,6 +106,9 @@ class ControllerRole:
     def create_topics(self, body: dict) -> dict | PendingResponse:
         return self.controller.create_topics(body["topics"], body["validate_only"])
 
+    def delete_topics(self, body: dict) -> dict | PendingResponse:
+        return self.controller.delete_topics(body["topic_names"])
+
     # --- fencing ------------------------------------------------------------------------------
 
     async def fence_silent_brokers(self) -> None:

@@ -10,6 +10,7 @@ names a state a new controller could forget.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -301,9 +302,38 @@ class Controller:
             )
             for replicas in assignment
         ]
-        self.metadata.topics[name] = TopicState(name, partitions, dict(request["configs"]))
-        self.log.info("topic_created", topic=name, partitions=num_partitions, replication_factor=rf)
+        topic_id = uuid.uuid4().hex
+        self.metadata.topics[name] = TopicState(
+            name, partitions, dict(request["configs"]), topic_id
+        )
+        self.log.info(
+            "topic_created",
+            topic=name,
+            topic_id=topic_id,
+            partitions=num_partitions,
+            replication_factor=rf,
+        )
         return result
+
+    def delete_topics(self, names: list[str]) -> dict | PendingResponse:
+        """``{"responses": results}``, sent once the RemoveTopic records commit (Kafka's
+        DeleteTopics): every broker then drops its replicas of the topics and their files."""
+        results: list[dict] = []
+        with self._change() as md:
+            for name in names:
+                code, message = ErrorCode.NONE, None
+                if name not in md.topics:
+                    code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    message = f"topic '{name}' does not exist"
+                elif not self.config["delete.topic.enable"]:
+                    code = ErrorCode.TOPIC_DELETION_DISABLED
+                    message = "topic deletion is disabled (delete.topic.enable=false)"
+                else:
+                    topic = md.topics.pop(name)
+                    self.log.info("topic_deleted", topic=name, topic_id=topic.topic_id)
+                    self.commit()
+                results.append({"name": name, "error_code": int(code), "error_message": message})
+        return self._reply({"responses": results})
 
     # --- producer ids -------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """How a broker finds and follows the active controller, whichever voter that is.
 
 Register with each new active controller (retrying until it answers), then heartbeat;
-send it what only the controller decides (CreateTopics, ISR changes), here when this
+send it what only the controller decides (CreateTopics, DeleteTopics, ISR changes), here when this
 broker is the controller, else over the link, and again to the next one after
 NOT_CONTROLLER. Metadata itself comes from the quorum's committed log, on every broker.
 """
@@ -104,7 +104,7 @@ class ControllerLink:
         """One request to voter ``target`` (ISR changes on their own connection)."""
         if api_key == ApiKey.ALTER_PARTITION:
             return await self._conn(target, "isr").request(api_key, body, timeout=10)
-        timeout = 30 if api_key == ApiKey.CREATE_TOPICS else 5
+        timeout = 30 if api_key in (ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS) else 5
         return await self._conn(target, "main").request(api_key, body, timeout=timeout)
 
     async def run(self) -> None:
@@ -138,45 +138,74 @@ class ControllerLink:
     def create_topics(
         self, topics: list[dict], validate_only: bool, *, forwarded: bool = False
     ) -> dict | PendingResponse:
-        """``{"topics": results}``. A client's request goes to the active controller (here or
-        forwarded), retried on the next one after NOT_CONTROLLER; a forwarded one is answered
-        here or refused, never forwarded again (no loops while the brokers disagree)."""
+        """``{"topics": results}``; see ``_topic_change``."""
         body = {"topics": topics, "validate_only": validate_only}
+        return self._topic_change(
+            ApiKey.CREATE_TOPICS,
+            body,
+            self.role.create_topics,
+            forwarded,
+            lambda error: {
+                "topics": [
+                    {
+                        "name": t["name"],
+                        **error,
+                        "num_partitions": t["num_partitions"],
+                        "replication_factor": t["replication_factor"],
+                    }
+                    for t in topics
+                ]
+            },
+        )
+
+    def delete_topics(self, names: list[str], *, forwarded: bool = False) -> dict | PendingResponse:
+        """``{"responses": results}`` (DeleteTopics); see ``_topic_change``."""
+        return self._topic_change(
+            ApiKey.DELETE_TOPICS,
+            {"topic_names": names},
+            self.role.delete_topics,
+            forwarded,
+            lambda error: {"responses": [{"name": n, **error} for n in names]},
+        )
+
+    def _topic_change(
+        self,
+        api_key: int,
+        body: dict,
+        local: Callable[[dict], Any],
+        forwarded: bool,
+        refused: Callable[[dict], dict],
+    ) -> dict | PendingResponse:
+        """A client's request goes to the active controller (here or forwarded), retried on
+        the next one after NOT_CONTROLLER; a forwarded one is answered here or refused, never
+        forwarded again (no loops while the brokers disagree). ``refused(error)`` is the
+        answer naming one error for every topic."""
         if forwarded:
-            controller = self.role.controller
-            if controller is None:
-                return self._not_controller_topics(topics)
-            return controller.create_topics(topics, validate_only)
+            if self.role.controller is None:
+                return refused(self._not_controller())
+            return local(body)
         pending = PendingResponse()
 
         async def call() -> None:
-            answer = await self.controller_call(
-                ApiKey.CREATE_TOPICS, body, self.role.create_topics, timeout=30, idempotent=False
-            )
-            if "topics" not in answer:
-                answer = self._not_controller_topics(topics, answer)
+            # Not idempotent: re-sent only where no controller can have acted on it.
+            answer = await self.controller_call(api_key, body, local, timeout=30, idempotent=False)
+            if "topics" not in answer and "responses" not in answer:
+                answer = refused(
+                    {
+                        "error_code": answer["error_code"],
+                        "error_message": answer.get("error_message"),
+                    }
+                )
             pending.set(answer)
 
         self.tasks.start_soon(call)
         return pending
 
-    def _not_controller_topics(self, topics: list[dict], error: dict | None = None) -> dict:
-        error = error or {
+    def _not_controller(self) -> dict:
+        return {
             "error_code": int(ErrorCode.NOT_CONTROLLER),
             "error_message": f"broker {self.me.node_id} is not the controller "
             f"(the controller is {self.cache.controller_id})",
-        }
-        return {
-            "topics": [
-                {
-                    "name": t["name"],
-                    "error_code": error["error_code"],
-                    "error_message": error.get("error_message"),
-                    "num_partitions": t["num_partitions"],
-                    "replication_factor": t["replication_factor"],
-                }
-                for t in topics
-            ]
         }
 
     async def controller_call(
@@ -224,7 +253,9 @@ class ControllerLink:
                         return answer
                     unreachable = True
                 code = answer.get("error_code", 0)
-                topic_codes = {t["error_code"] for t in answer.get("topics", [])}
+                topic_codes = {
+                    t["error_code"] for t in answer.get("topics", answer.get("responses", []))
+                }
                 if not (
                     unreachable
                     or code == ErrorCode.NOT_CONTROLLER

@@ -33,6 +33,9 @@ class TopicState:
     name: str
     partitions: list[PartitionState]
     configs: dict[str, str] = field(default_factory=dict)
+    # Kafka's topic id: a topic deleted and created again under its name gets a new one,
+    # so a replica of the old topic is never taken for the new one. "" before ids existed.
+    topic_id: str = ""
 
 
 @dataclass(slots=True)
@@ -69,6 +72,7 @@ class ClusterMetadata:
                 {
                     "name": t.name,
                     "configs": t.configs,
+                    "topic_id": t.topic_id,
                     "partitions": [p.to_json() for p in t.partitions],
                 }
                 for t in self.topics.values()
@@ -101,6 +105,7 @@ class ClusterMetadata:
                         for p in t.partitions
                     ],
                     dict(t.configs),
+                    t.topic_id,
                 )
                 for name, t in self.topics.items()
             },
@@ -125,7 +130,9 @@ class ClusterMetadata:
             )
         for t in data.get("topics", []):
             parts = [PartitionState(**p) for p in t["partitions"]]
-            md.topics[t["name"]] = TopicState(t["name"], parts, dict(t.get("configs", {})))
+            md.topics[t["name"]] = TopicState(
+                t["name"], parts, dict(t.get("configs", {})), t.get("topic_id", "")
+            )
         return md
 
 

@@ -10,7 +10,9 @@ Record types, after Kafka's (metadata/src/main/resources/common/metadata/*.json)
     RegisterBroker   RegisterBrokerRecord  (id, host, port)
     FenceBroker      FenceBrokerRecord
     UnfenceBroker    UnfenceBrokerRecord
-    Topic            TopicRecord           (name, configs; ConfigRecord folded in)
+    Topic            TopicRecord           (name, topic_id, configs; ConfigRecord folded in)
+    RemoveTopic      RemoveTopicRecord     (name, topic_id): DeleteTopics; every broker
+                     drops its replicas of the topic and their files
     Partition        PartitionRecord / PartitionChangeRecord: the partition's whole new
                      state (leader, epochs, replicas, ISR), so applying one twice is harmless
                      and no record depends on the exact state before it.
@@ -80,8 +82,8 @@ def records_for_change(old: ClusterMetadata, new: ClusterMetadata) -> list[dict]
     """The records that take ``old`` to ``new`` (brokers, fencing, topics, partitions).
 
     Registrations come first and fencing before partitions, so a replay never sees a
-    partition led by a broker it does not know yet. Topics are never deleted (no
-    DeleteTopics yet).
+    partition led by a broker it does not know yet. Removals come before creations: a
+    topic deleted and created again in one change (a new topic id) is removed, then made.
     """
     out: list[dict] = []
     for node_id, info in sorted(new.brokers.items()):
@@ -100,10 +102,23 @@ def records_for_change(old: ClusterMetadata, new: ClusterMetadata) -> list[dict]
         out.append({"type": "FenceBroker", "broker_id": node_id})
     for node_id in sorted(new.live - old.live):
         out.append({"type": "UnfenceBroker", "broker_id": node_id})
+    for name, before in old.topics.items():
+        topic = new.topics.get(name)
+        if topic is None or topic.topic_id != before.topic_id:
+            out.append({"type": "RemoveTopic", "name": name, "topic_id": before.topic_id})
     for name, topic in new.topics.items():
         before = old.topics.get(name)
+        if before is not None and before.topic_id != topic.topic_id:
+            before = None  # removed above: this is a new topic
         if before is None or before.configs != topic.configs:
-            out.append({"type": "Topic", "name": name, "configs": dict(topic.configs)})
+            out.append(
+                {
+                    "type": "Topic",
+                    "name": name,
+                    "topic_id": topic.topic_id,
+                    "configs": dict(topic.configs),
+                }
+            )
         for index, p in enumerate(topic.partitions):
             was = before.partitions[index] if before and index < len(before.partitions) else None
             if was != p:
@@ -156,10 +171,18 @@ def _unfence(md: ClusterMetadata, r: dict) -> None:
 
 def _topic(md: ClusterMetadata, r: dict) -> None:
     topic = md.topics.get(r["name"])
-    if topic is None:
-        md.topics[r["name"]] = TopicState(r["name"], [], dict(r["configs"]))
+    topic_id = r.get("topic_id", "")  # records from before topic ids have none
+    if topic is None or topic.topic_id != topic_id:
+        md.topics[r["name"]] = TopicState(r["name"], [], dict(r["configs"]), topic_id)
     else:
         topic.configs = dict(r["configs"])
+
+
+def _remove_topic(md: ClusterMetadata, r: dict) -> None:
+    # Only the topic the record names: applied twice, it never removes a newer namesake.
+    topic = md.topics.get(r["name"])
+    if topic is not None and topic.topic_id == r["topic_id"]:
+        del md.topics[r["name"]]
 
 
 def _partition(md: ClusterMetadata, r: dict) -> None:
@@ -187,5 +210,6 @@ _APPLY = {
     "FenceBroker": _fence,
     "UnfenceBroker": _unfence,
     "Topic": _topic,
+    "RemoveTopic": _remove_topic,
     "Partition": _partition,
 }

@@ -92,6 +92,10 @@ class MetadataPublisher:
     async def _take_roles(self, md: ClusterMetadata) -> bool:
         """Host every partition ``md`` gives this broker; False if a newer one arrived."""
         rm = self.replica_manager
+        # Deleted topics (or deleted and created again: another topic id) go first, files
+        # and all; a directory of a topic deleted while this broker was down goes once the
+        # metadata has caught up (before that, its topic may just not be read back yet).
+        rm.drop_deleted(md.topics, caught_up=self.cache.ready.is_set())
         mine: list[tuple[str, int, PartitionState]] = []
         new: list[tuple[str, int, PartitionState]] = []
         for name, topic in md.topics.items():
@@ -109,12 +113,12 @@ class MetadataPublisher:
             # which costs them replica.fetch.backoff.ms).
             new = [item for item in new if not rm.partition_dir(item[0], item[1]).exists()]
             for at in range(0, len(new), OPEN_CHUNK):
-                await self._create(new[at : at + OPEN_CHUNK])
+                await self._create(new[at : at + OPEN_CHUNK], md)
                 if self._latest is not None:
                     return False
         deadline = time.perf_counter() + SLICE_S
         for name, index, state in mine:
-            partition = self._host(name, index, state)
+            partition = self._host(name, index, state, md.topics[name].topic_id)
             if partition is None:
                 continue
             if not partition.is_leader and state.leader in md.brokers:
@@ -130,10 +134,12 @@ class MetadataPublisher:
         self._on_published(md)
         return True
 
-    def _host(self, name: str, index: int, state: PartitionState) -> Partition | None:
+    def _host(
+        self, name: str, index: int, state: PartitionState, topic_id: str
+    ) -> Partition | None:
         """The replica in its role, or None when its files cannot be opened or written."""
         try:
-            return self.replica_manager.host_partition(name, index, state)
+            return self.replica_manager.host_partition(name, index, state, topic_id)
         except OSError as exc:
             self._opening_failed(name, index, exc)
             return None
@@ -144,24 +150,32 @@ class MetadataPublisher:
         else:  # disk full (the leader-epoch checkpoint), I/O error, read-only
             self.replica_manager.storage_failed(exc, f"taking the role of {name}-{index}")
 
-    async def _create(self, new: list[tuple[str, int, PartitionState]]) -> None:
+    async def _create(
+        self, new: list[tuple[str, int, PartitionState]], md: ClusterMetadata
+    ) -> None:
         """Create brand-new replicas' files in worker threads (nothing shared: a new
         directory has no sealed segments), then adopt them on the loop, roleless until
         the pass gives each its role."""
-        opened: list[Partition] = []
+        opened: list[tuple[Partition, str]] = []
 
-        async def create(name: str, index: int, state: PartitionState) -> None:
+        async def create(name: str, index: int, state: PartitionState, topic_id: str) -> None:
             try:
                 partition = await trio.to_thread.run_sync(
-                    self.replica_manager.open_replica, name, index, state, limiter=self._openers
+                    self.replica_manager.open_replica,
+                    name,
+                    index,
+                    state,
+                    topic_id,
+                    limiter=self._openers,
                 )
             except OSError as exc:
                 self._opening_failed(name, index, exc)
                 return
-            opened.append(partition)
+            opened.append((partition, topic_id))
 
+        topics = md.topics
         async with trio.open_nursery() as nursery:
-            for item in new:
-                nursery.start_soon(create, *item)
-        for partition in opened:
-            self.replica_manager.adopt(partition)
+            for name, index, state in new:
+                nursery.start_soon(create, name, index, state, topics[name].topic_id)
+        for partition, topic_id in opened:
+            self.replica_manager.adopt(partition, topic_id)

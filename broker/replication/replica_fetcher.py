@@ -20,11 +20,26 @@ import trio
 from minibroker.broker.network.peer import log_peer_failure
 from minibroker.broker.replication.leader_link import LeaderLink
 from minibroker.protocol import ApiKey
-from minibroker.protocol.errors import ErrorCode, KafkaError
+from minibroker.protocol.errors import ErrorCode, KafkaError, error_class
 
 if TYPE_CHECKING:
     from minibroker.broker.metadata.image import BrokerInfo
     from minibroker.broker.replication.partition import Partition
+
+
+# Answers that mean "the leader has not applied the metadata we act on yet": every broker
+# applies each commit on its own, so a follower of a new topic (or a new leader epoch)
+# often asks a moment before its leader knows. Retried after a short pause that doubles
+# up to replica.fetch.backoff.ms, not after the whole backoff: a new topic's first acks=all
+# write would otherwise wait up to a second for it.
+LEADER_NOT_CAUGHT_UP = frozenset(
+    {
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+    }
+)
+FIRST_RETRY_S = 0.01
 
 
 class ReplicaFetcher:
@@ -118,6 +133,7 @@ class ReplicaFetcher:
             except Exception:
                 self.logger.exception("truncation_error")
                 await link.pause(self, backoff)
+        retry = FIRST_RETRY_S
         while True:
             try:
                 delay_ms, _ = self.faults.replication(key)
@@ -130,9 +146,14 @@ class ReplicaFetcher:
                     await link.pause(self, backoff)
                     continue
                 self._process(data)
+                retry = FIRST_RETRY_S
             except KafkaError as exc:
                 log_peer_failure(self.logger, "replica_fetch_failed", exc)
-                await link.pause(self, backoff)
+                if exc.code in LEADER_NOT_CAUGHT_UP:
+                    await link.pause(self, min(retry, backoff))
+                    retry *= 2
+                else:
+                    await link.pause(self, backoff)
             except OSError as exc:
                 # Our disk, not the leader: retrying would keep this replica in the ISR
                 # while it holds nothing new. The log dir goes offline (Kafka's
@@ -152,7 +173,7 @@ class ReplicaFetcher:
             self._handle_out_of_range(data)
             return
         if error is not ErrorCode.NONE:
-            raise KafkaError(f"{error.name} from leader {self.leader.node_id}")
+            raise error_class(error)(f"from leader {self.leader.node_id}")
         records = data["records"]
         if records:
             p.append_records_to_follower(records)

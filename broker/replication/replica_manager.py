@@ -7,15 +7,16 @@ an append checks the fetch purgatory; an HW increase checks produce and fetch.
 
 from __future__ import annotations
 
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.common.topic_config import log_config_values
 from minibroker.broker.metadata.check import topic_name_error
-from minibroker.broker.metadata.image import PartitionState
+from minibroker.broker.metadata.image import PartitionState, TopicState
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.network.session import ConnectionSession
 from minibroker.broker.purgatory import DelayedOperation, Purgatory
@@ -30,6 +31,7 @@ from minibroker.broker.replication.offset_queries import list_offsets, offsets_f
 from minibroker.broker.replication.partition import Partition
 from minibroker.broker.storage import Log, LogConfig
 from minibroker.broker.storage.epoch_cache import LeaderEpochCache
+from minibroker.broker.storage.partition_metadata import claim_partition_dir, read_topic_id
 from minibroker.protocol.errors import ErrorCode, InvalidRequest, KafkaError
 
 Key = tuple[str, int]
@@ -97,6 +99,10 @@ class ReplicaManager:
         # Parked operations by the connection that asked: they die with it.
         self._parked: dict[ConnectionSession, set[DelayedOperation]] = {}
         self.topic_configs: dict[str, dict[str, str]] = {}
+        # The topic id each hosted topic's replicas were made for: a namesake created after
+        # a DeleteTopics has another, and the old replicas go (drop_deleted).
+        self.topic_ids: dict[str, str] = {}
+        self._strays_checked = False
         # Sends a Partition's proposed ISR to the controller (cluster mode; set by the server).
         self.on_isr_change: Callable[[Partition, list[int]], None] | None = None
         # A write to the data dir failed (disk full, I/O error, read-only): the server
@@ -114,12 +120,19 @@ class ReplicaManager:
             raise ValueError(f"refusing partition directory for {topic[:64]!r}-{index!r}")
         return self.data_dir / f"{topic}-{index}"
 
-    def open_replica(self, topic: str, index: int, state: PartitionState) -> Partition:
+    def open_replica(
+        self, topic: str, index: int, state: PartitionState, topic_id: str = ""
+    ) -> Partition:
         """Open (or create) a replica's files, not yet hosted: only file work and new
         objects, so it may run in a worker thread (creating a partition is ~10 ms of
         fsyncs; MetadataPublisher opens many at once off the loop). A leader's epoch is
         checkpointed here, so ``make_leader`` finds it done and writes nothing."""
         directory = self.partition_dir(topic, index)
+        # A directory left by a deleted topic of the same name is removed first.
+        if claim_partition_dir(directory, topic_id):
+            self.logger.info(
+                "stale_replica_removed", topic=topic, partition=index, topic_id=topic_id
+            )
         log = Log.open(
             directory,
             log_config_from(self.config, self.topic_configs.get(topic)),
@@ -131,17 +144,21 @@ class ReplicaManager:
             cache.assign(state.leader_epoch, log.log_end_offset)
         return Partition(topic, index, log, self.broker_id, cache, self._propose_isr)
 
-    def adopt(self, partition: Partition) -> None:
+    def adopt(self, partition: Partition, topic_id: str = "") -> None:
         """Host a replica ``open_replica`` made, with no role until ``host_partition``
         gives it one (produce and fetch answer NOT_LEADER_OR_FOLLOWER until then)."""
+        self.topic_ids[partition.topic] = topic_id
         self.partitions.setdefault(partition.key, partition)
 
-    def host_partition(self, topic: str, index: int, state: PartitionState) -> Partition:
+    def host_partition(
+        self, topic: str, index: int, state: PartitionState, topic_id: str = ""
+    ) -> Partition:
         """Open (or create) the local replica and take the role the metadata gives it."""
         key = (topic, index)
         partition = self.partitions.get(key)
         if partition is None:
-            partition = self.partitions[key] = self.open_replica(topic, index, state)
+            partition = self.partitions[key] = self.open_replica(topic, index, state, topic_id)
+        self.topic_ids[topic] = topic_id
         partition.min_insync_replicas = self.min_insync_replicas(topic)
         if state.leader == self.broker_id:
             if partition.make_leader(state, self.now_ms()):
@@ -151,6 +168,56 @@ class ReplicaManager:
             # NOT_LEADER_OR_FOLLOWER (Kafka's completeDelayedOperationsWhenNotPartitionLeader).
             self._hw_increased(key)
         return partition
+
+    def drop_deleted(self, topics: Mapping[str, TopicState], *, caught_up: bool) -> None:
+        """Remove the replicas, files and all, of topics the metadata no longer has (or has
+        under another topic id: deleted and created again). Parked produces and fetches on
+        them answer UNKNOWN_TOPIC_OR_PARTITION now; the caller stops their fetchers.
+
+        ``caught_up``: the metadata has reached the quorum's commit point since this broker
+        started, so a partition directory whose topic it lacks was deleted while this broker
+        was down; removed once (before that, a topic may just not be read back yet).
+        """
+        for key in [
+            k
+            for k in self.partitions
+            if k[0] not in topics or topics[k[0]].topic_id != self.topic_ids.get(k[0])
+        ]:
+            self._remove_partition(key)
+        for name in [n for n in self.topic_ids if n not in topics]:
+            del self.topic_ids[name]
+            self.topic_configs.pop(name, None)
+        if caught_up and not self._strays_checked:
+            self._strays_checked = True
+            self._remove_strays(topics)
+
+    def _remove_partition(self, key: Key) -> None:
+        partition = self.partitions.pop(key)
+        try:
+            partition.log.close()
+        except Exception:
+            self.logger.exception("log_close_failed", topic=key[0], partition=key[1])
+        shutil.rmtree(self.partition_dir(*key), ignore_errors=True)
+        self._shared_answers.clear()  # none may answer for the removed replica
+        self._shared_bytes = 0
+        self._hw_increased(key)  # its parked operations find no partition and answer
+        self.logger.info("partition_deleted", topic=key[0], partition=key[1])
+
+    def _remove_strays(self, topics: Mapping[str, TopicState]) -> None:
+        """Directories of topic ids the metadata does not have: deleted while we were down."""
+        try:
+            entries = list(self.data_dir.iterdir())
+        except OSError:
+            return
+        for directory in entries:
+            topic, _, index = directory.name.rpartition("-")
+            if not index.isdigit() or (topic, int(index)) in self.partitions:
+                continue
+            topic_id = read_topic_id(directory)
+            known = topics.get(topic)
+            if topic_id and (known is None or known.topic_id != topic_id):
+                shutil.rmtree(directory, ignore_errors=True)
+                self.logger.info("stray_replica_removed", directory=directory.name)
 
     def min_insync_replicas(self, topic: str) -> int:
         value = self.topic_configs.get(topic, {}).get("min.insync.replicas")

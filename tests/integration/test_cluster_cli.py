@@ -288,3 +288,25 @@ def test_quickstart_runs_in_the_callers_directory_with_the_repositorys_data(tmp_
     ]
     # A --data-dir of the caller's own is theirs, relative to where they are.
     assert quickstart("--data-dir", "mine")[1:] == ["cluster", "up", "--demo", "--data-dir", "mine"]
+
+
+async def test_brokers_are_forks_of_one_warm_parent_proven_ours_by_their_data_dir(
+    cluster_factory,
+):
+    """Each broker is its own process forked from the fork server, so its command line is
+    the server's: what proves a pid is broker N is that it holds broker N's data dir."""
+    state = await cluster_factory(3)
+    procs = [state.process(b) for b in range(3)]
+    assert all(procs) and len({p.pid for p in procs}) == 3
+    assert all("minibroker.deploy.forkserver" in p.cmdline() for p in procs)
+    assert len({p.ppid() for p in procs}) == 1  # one parent, not the launcher
+    assert all(p.ppid() != os.getpid() for p in procs)
+    # Broker 1's pid and true start time listed as broker 0's: alive, started when
+    # recorded, but it holds broker-1's lock, not broker-0's: never ours to signal.
+    mine = state.pids[0], state.started[0]
+    state.pids[0], state.started[0] = state.pids[1], state.started[1]
+    try:
+        assert state.process(0) is None and state.status_of(0) == "dead"
+    finally:
+        state.pids[0], state.started[0] = mine  # so the fixture stops the real broker 0
+    assert state.process(0).pid == procs[0].pid

@@ -106,3 +106,41 @@ async def test_the_factory_works_inside_a_trio_test(minibroker_cluster_factory):
         with trio.fail_after(10):
             assert await consumer.poll(timeout_ms=100) == []
     assert cluster.stats(0)["partitions"]
+
+
+def test_reset_puts_a_shared_cluster_back(minibroker_shared_cluster):
+    """Everything a test may leave behind, undone by reset(): the next test starts clean."""
+    cluster = minibroker_shared_cluster
+    cluster.create_topic("shared-t", partitions=2)
+    with SyncProducer(cluster.bootstrap, acks="all") as producer:
+        producer.send("shared-t", b"x", partition=0)
+    killed = next(b for b in range(3) if b != cluster.controller)
+    paused = next(b for b in range(3) if b not in (killed, cluster.controller))
+    isolated = cluster.controller
+    cluster.isolate(isolated, from_=[paused])
+    cluster.delay_api(isolated, "produce", 60000)
+    cluster.kill(killed)
+    cluster.pause(paused)
+
+    cluster.reset()
+
+    assert [cluster.status(b) for b in range(3)] == ["alive"] * 3
+    assert cluster.bootstrap.count(",") == 2  # nobody is impaired any more
+    assert cluster.isr("__minibroker_health") == [0, 1, 2]
+    assert not list(cluster.data_dir.glob("broker-*/shared-t-*"))
+    # No produce delay left: it would outlast the 20 s delivery timeout.
+    within_20s = {"request.timeout.ms": 19000, "delivery.timeout.ms": 20000, "retries": 0}
+    with SyncProducer(cluster.bootstrap, acks="all", **within_20s) as producer:
+        cluster.create_topic("shared-t", partitions=1)
+        assert producer.send("shared-t", b"again").offset == 0
+
+
+def test_a_shared_cluster_is_shared_and_clean(
+    minibroker_shared_cluster, minibroker_session_cluster
+):
+    """The session's one cluster, with none of the test before's topics."""
+    cluster = minibroker_shared_cluster
+    assert cluster is minibroker_session_cluster
+    assert [cluster.status(b) for b in range(3)] == ["alive"] * 3
+    cluster.create_topic("shared-t")  # TopicAlreadyExists if a test's topic were left
+    assert cluster.isr("shared-t") == sorted(cluster.partition("shared-t").replicas)

@@ -26,6 +26,7 @@ from minibroker.broker.metadata.records import (
 )
 from minibroker.broker.raft import Entry
 from minibroker.broker.raft.driver import QuorumDriver
+from minibroker.protocol.errors import ErrorCode
 
 LOG = structlog.get_logger("test")
 
@@ -61,6 +62,10 @@ def changes(tmp_path) -> list[ClusterMetadata]:
     )
     ctl.broker_alive(1, {})
     ctl.register_broker(BrokerInfo(2, "127.0.0.1", 9999), {})  # moved
+    ctl.delete_topics(["logs"])
+    ctl.create_topics(  # the name again: a new topic (another topic id)
+        [{"name": "logs", "num_partitions": 2, "replication_factor": 1, "configs": {}}]
+    )
     return states
 
 
@@ -74,7 +79,7 @@ def same(a: ClusterMetadata, b: ClusterMetadata) -> bool:
 
 def test_records_of_each_change_rebuild_the_next_state(tmp_path):
     states = changes(tmp_path)
-    assert len(states) >= 7
+    assert len(states) >= 9
     image = MetadataImage()
     for offset, (old, new) in enumerate(itertools.pairwise(states)):
         records = records_for_change(old, new)
@@ -83,6 +88,52 @@ def test_records_of_each_change_rebuild_the_next_state(tmp_path):
         assert same(image.metadata, new)
         assert image.metadata.epoch == offset + 1  # the epoch names the applied log prefix
     assert records_for_change(states[-1], states[-1]) == []
+
+
+def test_delete_topics_commits_removal_and_a_namesake_is_another_topic(tmp_path):
+    states = changes(tmp_path)
+    deleted = next(
+        i
+        for i, (a, b) in enumerate(itertools.pairwise(states))
+        if "logs" in a.topics and "logs" not in b.topics
+    )
+    before, after, recreated = states[deleted], states[deleted + 1], states[deleted + 2]
+    old_id = before.topics["logs"].topic_id
+    assert records_for_change(before, after) == [
+        {"type": "RemoveTopic", "name": "logs", "topic_id": old_id}
+    ]
+    new_id = recreated.topics["logs"].topic_id
+    assert new_id and new_id != old_id
+    assert len(recreated.topics["logs"].partitions) == 2
+    # Deleted and created again in one change: removed first, then made, as a new topic.
+    for i, record in enumerate(records_for_change(before, recreated)):
+        assert i or record["type"] == "RemoveTopic"
+    image = MetadataImage()
+    # One entry per change (records.py): each applied whole.
+    image.apply(Entry(0, 1, encode_change(records_for_change(ClusterMetadata(), before))))
+    image.apply(Entry(1, 1, encode_change(records_for_change(before, recreated))))
+    assert same(image.metadata, recreated)
+    # A RemoveTopic applied again (replayed) never removes the newer namesake.
+    image.apply(Entry(2, 1, encode_change(records_for_change(before, after))))
+    assert image.metadata.topics["logs"].topic_id == new_id
+
+
+def test_delete_topics_errors_are_kafkas():
+    answers = []
+    config = BrokerConfig({"delete.topic.enable": False})
+    for cfg in (BrokerConfig(), config):
+        ctl = Controller(0, cfg, LOG, ClusterMetadata(), lambda records, answer, lost=None: answer)
+        ctl.register_broker(BrokerInfo(0, "127.0.0.1", 9092), {})
+        ctl.create_topics(
+            [{"name": "t", "num_partitions": 1, "replication_factor": 1, "configs": {}}]
+        )
+        answers.append(ctl.delete_topics(["t", "missing"])["responses"])
+        assert ("t" in ctl.metadata.topics) == (cfg is config)
+    codes = [[r["error_code"] for r in answer] for answer in answers]
+    assert codes == [
+        [0, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION],
+        [ErrorCode.TOPIC_DELETION_DISABLED, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION],
+    ]
 
 
 def test_a_snapshot_restores_the_same_metadata(tmp_path):
