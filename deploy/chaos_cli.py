@@ -35,11 +35,7 @@ def fault_kinds(value: str) -> tuple[str, ...]:
     return kinds
 
 
-def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "chaos",
-        help="acks=all producers and a consumer under a seeded nemesis; check Kafka's promises",
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=30, help="seconds of chaos (default 30)")
     p.add_argument("--brokers", type=int, default=3, help="brokers, at least 2 (default 3)")
     p.add_argument("--seed", type=int, default=0, help="nemesis seed (default 0)")

@@ -2,99 +2,169 @@
 
 Every failure a user can cause ends as one line on stderr that says what to do and a
 non-zero exit, never a traceback.
+
+Commands are registered by module name and only the one being run is imported: a
+`minibroker topics list` must not pay for the chaos runner, the broker's coordinator or
+Spark (importing every command module cost ~0.37 s of CPU per command, and a bigger
+heap that every full garbage collection of a consuming process walks again).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
-from types import ModuleType
 
-# Every command is imported by name: a module that fails to import stops the CLI with
-# its traceback instead of quietly vanishing from --help.
-from minibroker.deploy import (
-    broker_cli,
-    chaos_cli,
-    client_cli,
-    cluster_cli,
-    faults_cli,
-    groups_cli,
-    leaders_cli,
-    stats_cli,
-)
-from minibroker.deploy.bench import (
-    compare,
-    consume,
-    failover,
-    groups,
-    kafka_clients,
-    longpoll,
-    produce,
-    purgatory,
-    requests,
-    spark_read,
-    startup,
-)
 from minibroker.deploy.broker_cli import CommandError
 from minibroker.deploy.pipes import run_piped
 
-# Each adds its subcommands with add_subcommands(sub).
-COMMAND_GROUPS: Sequence[ModuleType] = (
-    client_cli,
-    groups_cli,
-    leaders_cli,
-    cluster_cli,
-    faults_cli,
-    chaos_cli,
-    stats_cli,
-)
+# command -> (module, its function that adds the command's arguments, help line). The
+# module is imported only when the command is run or its own --help asked for; a module
+# that fails to import then fails with its traceback, and --help, which lists this table,
+# cannot lose a command (tests/unit/test_cli_registry.py imports every entry).
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "broker": ("minibroker.deploy.broker_cli", "add_arguments", "run one broker in the foreground"),
+    "topics": (
+        "minibroker.deploy.client_cli",
+        "add_topics_arguments",
+        "create, delete, list and describe topics",
+    ),
+    "produce": (
+        "minibroker.deploy.client_cli",
+        "add_produce_arguments",
+        "send stdin lines as records, one per line",
+    ),
+    "consume": (
+        "minibroker.deploy.client_cli",
+        "add_consume_arguments",
+        "print records, one value per line",
+    ),
+    "groups": (
+        "minibroker.deploy.groups_cli",
+        "add_arguments",
+        "list, describe, delete consumer groups",
+    ),
+    "leaders": (
+        "minibroker.deploy.leaders_cli",
+        "add_arguments",
+        "elect partition leaders (preferred, unclean)",
+    ),
+    "cluster": (
+        "minibroker.deploy.cluster_cli",
+        "add_arguments",
+        "run and control a local multi-process cluster",
+    ),
+    "faults": (
+        "minibroker.deploy.faults_cli",
+        "add_arguments",
+        "inject faults into a broker started with faults.enable=true",
+    ),
+    "chaos": (
+        "minibroker.deploy.chaos_cli",
+        "add_arguments",
+        "acks=all producers and a consumer under a seeded nemesis; check Kafka's promises",
+    ),
+    "stats": (
+        "minibroker.deploy.stats_cli",
+        "add_arguments",
+        "a broker's purgatory metrics and partition states",
+    ),
+}
 
-# name -> (module with add_arguments(parser) and run(args), help line)
-BENCHMARKS: dict[str, tuple[ModuleType, str]] = {
-    "purgatory": (purgatory, "the seed's purgatory experiment (wheel vs heap vs trio tasks)"),
-    "produce": (produce, "producer throughput and ack latency against a running broker"),
-    "consume": (consume, "consumer throughput against a running broker"),
-    "failover": (failover, "kill -9 the active controller: time until a topic can be created"),
-    "longpoll": (longpoll, "thousands of connections each holding a long-poll fetch"),
-    "groups": (groups, "consumer groups: rebalance after a leave; 10k members' heartbeats"),
-    "requests": (requests, "plain request rate, pipelined (ApiVersions or an empty fetch)"),
+# bench name -> (module with add_arguments(parser) and run(args), help line); loaded as above.
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "purgatory": (
+        "minibroker.deploy.bench.purgatory",
+        "the seed's purgatory experiment (wheel vs heap vs trio tasks)",
+    ),
+    "produce": (
+        "minibroker.deploy.bench.produce",
+        "producer throughput and ack latency against a running broker",
+    ),
+    "consume": ("minibroker.deploy.bench.consume", "consumer throughput against a running broker"),
+    "failover": (
+        "minibroker.deploy.bench.failover",
+        "kill -9 the active controller: time until a topic can be created",
+    ),
+    "longpoll": (
+        "minibroker.deploy.bench.longpoll",
+        "thousands of connections each holding a long-poll fetch",
+    ),
+    "groups": (
+        "minibroker.deploy.bench.groups",
+        "consumer groups: rebalance after a leave; 10k members' heartbeats",
+    ),
+    "requests": (
+        "minibroker.deploy.bench.requests",
+        "plain request rate, pipelined (ApiVersions or an empty fetch)",
+    ),
+    "spark-read": (
+        "minibroker.deploy.bench.spark_read",
+        "records/s read into a Spark DataFrame and written back",
+    ),
+    "compare": (
+        "minibroker.deploy.bench.compare",
+        "the working tree against a git revision: medians and ratios",
+    ),
     "kafka-clients": (
-        kafka_clients,
+        "minibroker.deploy.bench.kafka_clients",
         "confluent-kafka, kafka-python or aiokafka through the Kafka listener (or librdkafka's mock)",
     ),
-    "spark-read": (spark_read, "records/s read into a Spark DataFrame and written back"),
-    "compare": (compare, "the working tree against a git revision: medians and ratios"),
-    "startup": (startup, "cluster cold start, its phases, and the pytest fixture's setup/teardown"),
+    "startup": (
+        "minibroker.deploy.bench.startup",
+        "cluster cold start, its phases, and the pytest fixture's setup/teardown",
+    ),
 }
 
 
-def _add_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks; each prints one JSON line of figures")
+def _first_word(argv: Sequence[str]) -> str | None:
+    """The subcommand a parser with no options of its own (only -h) will pick."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def add_benchmarks(p: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """The benchmarks as subcommands of ``p``; only the one ``argv`` names is loaded."""
     benches = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
-    p.set_defaults(bench_parser=p)  # bench compare checks the benches it is to run with it
+    chosen = _first_word(argv)
     for name, (module, doc) in BENCHMARKS.items():
         bp = benches.add_parser(name, help=doc)
-        module.add_arguments(bp)
-        bp.set_defaults(func=module.run)
+        if name == chosen:
+            loaded = importlib.import_module(module)
+            loaded.add_arguments(bp)
+            bp.set_defaults(func=loaded.run)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def bench_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """A `minibroker bench` parser for one bench's arguments (bench compare checks the
+    benches it is to run with it before it builds or starts anything)."""
+    p = argparse.ArgumentParser(prog="minibroker bench")
+    add_benchmarks(p, argv)
+    return p
+
+
+def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser for ``argv``: every command listed, the one ``argv`` names loaded."""
     parser = argparse.ArgumentParser(prog="minibroker", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    broker_cli.add_arguments(sub.add_parser("broker", help="run one broker in the foreground"))
-    for module in COMMAND_GROUPS:
-        module.add_subcommands(sub)
-    _add_bench(sub)
+    chosen = _first_word(argv)
+    for name, (module, adder, doc) in COMMANDS.items():
+        p = sub.add_parser(name, help=doc)
+        if name == chosen:
+            getattr(importlib.import_module(module), adder)(p)
+    bench = sub.add_parser("bench", help="benchmarks; each prints one JSON line of figures")
+    if chosen == "bench":
+        add_benchmarks(bench, argv[argv.index("bench") + 1 :])
+        bench.set_defaults(bench_parser=bench_parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_piped(lambda: _run(argv))
+    return run_piped(lambda: _run(sys.argv[1:] if argv is None else argv))
 
 
-def _run(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+def _run(argv: Sequence[str]) -> int:
+    args = build_parser(argv).parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args) or 0

@@ -30,8 +30,7 @@ from minibroker.deploy.forkserver import fork_server
 from minibroker.protocol.errors import KafkaError
 
 
-def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("cluster", help="run and control a local multi-process cluster")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     ops = p.add_subparsers(dest="op", required=True, metavar="OP")
 
     def common(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -45,8 +45,7 @@ def error_code(value: str) -> int:
         ) from None
 
 
-def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("faults", help="inject faults into a broker started with faults.enable=true")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     ops = p.add_subparsers(dest="fault", required=True, metavar="FAULT")
 
     def common(

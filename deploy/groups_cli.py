@@ -12,8 +12,7 @@ from minibroker.deploy.client_cli import CliError, _cmd, _common, _settings
 from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 
 
-def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
-    groups = subparsers.add_parser("groups", help="list, describe, delete consumer groups")
+def add_arguments(groups: argparse.ArgumentParser) -> None:
     sub = groups.add_subparsers(dest="groups_command", required=True, metavar="ACTION")
     lst = sub.add_parser("list", help="every group with its state")
     lst.set_defaults(func=_cmd(_list))

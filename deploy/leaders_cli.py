@@ -16,9 +16,8 @@ from minibroker.deploy.client_cli import EXIT_ERROR, CliError, _cmd, _common, _s
 from minibroker.protocol.errors import ElectionNotNeeded
 
 
-def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
-    """Add `leaders elect` to the `minibroker` command."""
-    leaders = subparsers.add_parser("leaders", help="elect partition leaders (preferred, unclean)")
+def add_arguments(leaders: argparse.ArgumentParser) -> None:
+    """`minibroker leaders elect` (the `leaders` parser is made by deploy/cli.py)."""
     lsub = leaders.add_subparsers(dest="leaders_command", required=True, metavar="ACTION")
     elect = lsub.add_parser(
         "elect", help="move leadership to the preferred replica (like kafka-leader-election)"

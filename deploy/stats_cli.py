@@ -16,8 +16,7 @@ from minibroker.protocol.errors import KafkaError
 PURGATORY_FIELDS = ("pending", "watched", "completed", "expired", "purges")
 
 
-def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("stats", help="a broker's purgatory metrics and partition states")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bootstrap",
         default=os.environ.get("MINIBROKER_BOOTSTRAP", "127.0.0.1:9092"),

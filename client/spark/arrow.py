@@ -9,11 +9,10 @@ INT, ``timestamp[us, UTC]`` for TIMESTAMP), which is why it is spelled out here.
 
 from __future__ import annotations
 
-import msgpack
 import pyarrow as pa
 
 from minibroker.client.spark.fetch import Chunk
-from minibroker.protocol import BatchHeader, CorruptBatch
+from minibroker.protocol import decode_rows
 
 SOURCE_DDL = (
     "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, "
@@ -48,18 +47,6 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _rows(chunk: Chunk, pos: int, header: BatchHeader) -> list:
-    base = header.base_offset
-    view = memoryview(chunk.buf)[pos + header.records_at : pos + header.size]
-    try:
-        rows = msgpack.unpackb(view, raw=False, use_list=False)
-    except Exception as exc:  # msgpack raises many types on hostile bytes
-        raise CorruptBatch(f"records of batch at offset {base}: {exc}") from None
-    if not isinstance(rows, tuple):
-        raise CorruptBatch(f"batch at offset {base}: records are not an array")
-    return rows
-
-
 def to_record_batch(
     topic: str, partition: int, chunk: Chunk, include_headers: bool
 ) -> pa.RecordBatch | None:
@@ -71,9 +58,7 @@ def to_record_batch(
     headers: list = []
     for pos, header in chunk.batches:
         base = header.base_offset
-        rows = _rows(chunk, pos, header)
-        if len(rows) != header.record_count:
-            raise CorruptBatch(f"batch at offset {base}: records do not match count")
+        rows = decode_rows(chunk.buf, pos, header)
         lo = max(chunk.low - base, 0)
         hi = min(chunk.high - base, len(rows))
         if lo or hi < len(rows):
@@ -81,8 +66,6 @@ def to_record_batch(
         if not rows:
             continue
         fields = list(zip(*rows, strict=False))  # columns: ts delta, key, value(, headers)
-        if len(fields) < 3:
-            raise CorruptBatch(f"batch at offset {base}: a record has fewer than 3 fields")
         keys += fields[1]
         values += fields[2]
         stamps += map(header.first_timestamp.__add__, fields[0])

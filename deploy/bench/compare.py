@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,13 +123,16 @@ def parse_steps(words: Sequence[str]) -> list[Step]:
     return steps
 
 
-def check_arguments(steps: Sequence[Step], bench_parser: argparse.ArgumentParser) -> None:
+def check_arguments(
+    steps: Sequence[Step], bench_parser: Callable[[Sequence[str]], argparse.ArgumentParser]
+) -> None:
     """Parse each bench's arguments with the working tree's ``bench`` parser now, not after
     the baseline was built and a cluster started: a typo should cost nothing. (The CLI
-    hands its parser over in the arguments: it imports this module, so this module
-    cannot import it.)"""
+    hands over its function that builds the parser for one bench's arguments: it imports
+    this module, so this module cannot import it.)"""
     for step in steps:
-        _, extra = bench_parser.parse_known_args([*step.argv, "--bootstrap", "127.0.0.1:1"])
+        argv = [*step.argv, "--bootstrap", "127.0.0.1:1"]
+        _, extra = bench_parser(argv).parse_known_args(argv)
         if "--bootstrap" in extra:
             raise CommandError(f"bench {step.argv[0]} measures no running cluster: nothing to run")
         if extra:

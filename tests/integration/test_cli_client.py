@@ -25,7 +25,7 @@ def cli(*args: str, stdin: str = "", timeout: float = 60) -> subprocess.Complete
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MINIBROKER_BOOTSTRAP", None)
     return subprocess.run(
-        [sys.executable, "-m", "minibroker.deploy.client_cli", *args],
+        [sys.executable, "-m", "minibroker.deploy.cli", *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -123,7 +123,7 @@ def test_produce_then_consume_with_keys_and_options(broker):
 
 def test_bootstrap_from_environment(broker):
     env_result = subprocess.run(
-        [sys.executable, "-m", "minibroker.deploy.client_cli", "topics", "list"],
+        [sys.executable, "-m", "minibroker.deploy.cli", "topics", "list"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -69,7 +69,7 @@ async def test_round_trip_keeps_keys_headers_and_timestamps(broker):
     (first, second) = await consume_all(broker, [("rt", meta.partition)], 2)
     assert first.key == b"user-1" and first.value == b"v1"
     assert first.timestamp == 1_700_000_000_123
-    assert first.headers == [("trace", b"abc"), ("n", None)]
+    assert first.headers == (("trace", b"abc"), ("n", None))
     assert (first.topic, first.partition, first.offset) == ("rt", meta.partition, 0)
     assert second.value == b"text value" and second.offset == 1
 

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_options_after_the_double_dash_belong_to_the_bench_not_to_compare():
     own = ["bench", "compare", "--baseline", "e90d03f", "--rounds", "5", "--"]
     chain = ["produce", "--records", "10", "--then", "consume", "--records", "10"]
-    args = build_parser().parse_args([*own, *chain])
+    args = build_parser([*own, *chain]).parse_args([*own, *chain])
     assert (args.baseline, args.rounds, args.brokers) == ("e90d03f", 5, 3)
     assert parse_steps(args.chain) == [
         Step("produce", ("produce", "--records", "10")),
@@ -60,7 +60,8 @@ def test_a_chain_compare_cannot_run_is_refused(words):
 
 
 def test_bench_arguments_are_checked_by_the_working_trees_parser_before_anything_runs():
-    args = build_parser().parse_args(["bench", "compare", "--baseline", "HEAD", "--", "consume"])
+    argv = ["bench", "compare", "--baseline", "HEAD", "--", "consume"]
+    args = build_parser(argv).parse_args(argv)
     check_arguments(
         parse_steps(["produce", "--acks", "all", "--then", "consume"]), args.bench_parser
     )

@@ -1,5 +1,10 @@
 """Turning fetched bytes into ConsumerRecords and fetch answers into partition state."""
 
+import gc
+import struct
+import zlib
+
+import msgpack
 import pytest
 
 from minibroker.client.fetcher import (
@@ -9,7 +14,7 @@ from minibroker.client.fetcher import (
     to_consumer_records,
 )
 from minibroker.client.records import ConsumerRecord, TopicPartition, normalize_headers, to_bytes
-from minibroker.protocol import encode_batch, patch_base_offset
+from minibroker.protocol import CorruptBatch, encode_batch, patch_base_offset, read_records
 from minibroker.protocol.errors import ErrorCode, InvalidRecord
 
 TP = TopicPartition("t", 3)
@@ -25,8 +30,53 @@ def test_records_carry_topic_partition_and_all_fields():
     buf = bytearray(encode_batch([(5, b"k", b"v", [("h", b"1"), ("n", None)])]))
     patch_base_offset(buf, 0, 7)
     (r,) = to_consumer_records("t", 3, bytes(buf), 0)
-    assert r == ConsumerRecord("t", 3, 7, 5, b"k", b"v", [("h", b"1"), ("n", None)])
-    assert r.headers == [("h", b"1"), ("n", None)]
+    assert r == ConsumerRecord("t", 3, 7, 5, b"k", b"v", (("h", b"1"), ("n", None)))
+    assert r.headers == (("h", b"1"), ("n", None))
+
+
+def test_a_record_without_headers_has_an_empty_tuple_and_records_are_values():
+    (r,) = to_consumer_records("t", 0, batch_at(0, [b"v"]), 0)
+    assert r.headers == () and hash(r) == hash(ConsumerRecord("t", 0, 0, 1000, None, b"v", ()))
+
+
+def test_a_consumed_record_is_the_only_object_of_it_the_collector_tracks():
+    """What makes holding many records cheaper: everything inside a record is a str,
+    bytes, int, None or a plain tuple of them, which CPython's collector stops tracking
+    once it has seen them; only the record (a tuple subclass, never untracked) is walked by
+    later collections. With a list for headers, and a Record decoded in between, a
+    record cost the collector two or three objects."""
+    buf = bytearray(encode_batch([(5, b"k", b"v", [("h", b"1")]), (6, None, b"w", [])]))
+    records = to_consumer_records("t", 0, bytes(buf), 0)
+    gc.collect()
+    gc.collect()  # a tuple holding a tracked tuple is untracked on the pass after it
+    inside = [x for r in records for x in gc.get_referents(r) if x is not ConsumerRecord]
+    assert inside and not any(gc.is_tracked(x) for x in inside)
+
+
+def forged(rows: list) -> bytes:
+    """A batch whose records array is ``rows`` as given, with a valid header and CRC."""
+    payload = msgpack.packb(rows, use_bin_type=True)
+    tail = struct.pack(">hiqqi", 0, len(rows) - 1, 1000, 1000, len(rows)) + payload
+    return struct.pack(">qiiI", 0, len(tail) + 8, -1, zlib.crc32(tail)) + tail
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [[0, None, b"a"], 7],  # a record that is not an array
+        [[0, None]],  # too few fields
+        [[0, None, b"a", [], b"extra"]],  # too many
+        [[0, None, b"a", [["h"]]]],  # a header that is not a pair
+        [[0, None, b"a", 5]],  # headers that are not an array
+    ],
+)
+def test_a_record_of_the_wrong_shape_is_a_corrupt_batch(rows):
+    buf = forged(rows)
+    assert to_consumer_records("t", 0, forged([[0, None, b"ok"]]), 0)[0].value == b"ok"
+    with pytest.raises(CorruptBatch):
+        to_consumer_records("t", 0, buf, 0)
+    with pytest.raises(CorruptBatch):
+        read_records(buf)
 
 
 def test_min_offset_skips_the_start_of_a_batch():
