@@ -34,10 +34,10 @@ import trio
 
 from minibroker.deploy import forkserver
 from minibroker.deploy.bench.common import report
+from minibroker.deploy.broker_cli import CommandError
 from minibroker.deploy.cluster import ClusterState
 from minibroker.deploy.cluster_ops import acks_all_write
 from minibroker.deploy.launcher import free_port_range
-from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
 
 # The phases, in order, and the log event that ends each (None: measured here).
 PHASES = {
@@ -98,6 +98,14 @@ def cold_start(root: Path, brokers: int) -> dict[str, float]:
 
 def fixture_round(root: Path, brokers: int) -> tuple[float, float, float]:
     """(setup, teardown, shared reset) seconds, the fork server warm."""
+    try:
+        # The pytest plugin's own code, so its figures are the fixture's: it needs pytest.
+        from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
+    except ModuleNotFoundError as exc:
+        raise CommandError(
+            f"bench startup times the pytest fixture and needs {exc.name}: "
+            "pip install 'minibroker[test]'"
+        ) from None
     t0 = time.monotonic()
     cluster = start_cluster(root / "per-test", brokers, DEFAULT_CONFIG)
     setup = time.monotonic() - t0
