@@ -87,7 +87,8 @@ async def _rebalance(bootstrap: str, members: int) -> dict[str, Any]:
             await end.wait()  # stopped polling (the leaver): stay open, never rejoin
 
     def rebalanced(c: Consumer) -> bool:
-        return c._group.generation > generation and not c._group.rejoin_needed
+        # Joined, and poll() has taken the new assignment (a join runs in the background).
+        return c._group.generation > generation and not c._group.rejoin_needed and not c._join
 
     async with trio.open_nursery() as nursery:
         for _ in range(members):

@@ -100,6 +100,43 @@ async def _async(value):
     return value
 
 
+async def test_polls_of_several_consumers_from_one_task_get_through_rebalances(
+    minibroker_cluster_factory,
+):
+    """Kafka's poll(timeout): a join the timeout cuts short goes on in the background and
+    the next poll picks it up, so one task polling its consumers in turn is never stuck
+    in one consumer's join while that join waits for the others to poll."""
+    cluster = minibroker_cluster_factory(3, GROUP_CONFIG)
+    bootstrap = cluster.bootstrap
+    await setup_topic(bootstrap, "tq", 6, 10)
+    seen: set[tuple[int, int]] = set()
+    slowest = 0.0
+    async with (
+        Consumer(bootstrap, group_id="gq", **FAST) as a,
+        Consumer(bootstrap, group_id="gq", **FAST) as b,
+        Consumer(bootstrap, group_id="gq", **FAST) as c,
+    ):
+        consumers = (a, b, c)
+        for consumer in consumers:
+            consumer.subscribe(["tq"])
+
+        def settled() -> bool:
+            owned = [consumer.assignment() for consumer in consumers]
+            return all(len(o) == 2 for o in owned) and len(set().union(*owned)) == 6
+
+        # max.poll.interval.ms (the rebalance timeout) is Kafka's 300 s: a poll that waited
+        # for its join to end would hold this loop for minutes, not for one timeout.
+        with trio.fail_after(60):
+            while not (settled() and len(seen) == 60):
+                for consumer in consumers:
+                    started = trio.current_time()
+                    records = await consumer.poll(timeout_ms=200)
+                    slowest = max(slowest, trio.current_time() - started)
+                    seen.update((r.partition, r.offset) for r in records)
+    assert seen == {(p, o) for p in range(6) for o in range(10)}
+    assert slowest < 5.0  # the timeout, plus a revoke's commit and slack for a busy machine
+
+
 class CliConsumer:
     """`minibroker consume --group` as its own process; lines read by a thread."""
 
