@@ -177,7 +177,7 @@ class GroupMetadataManager:
             ],
         }
         # No connection: a commit whose client went away still completes (and is cached).
-        result = self.replica_manager.produce(body, None)
+        result = self.replica_manager.produce(body, None, internal_topics_allowed=True)
 
         def answered(response: dict) -> None:
             code = ErrorCode.parse(response["topics"][0]["partitions"][0]["error_code"])

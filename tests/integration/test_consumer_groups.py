@@ -17,7 +17,8 @@ import pytest
 import trio
 
 from minibroker.client import Admin, Consumer, NewTopic, Producer, TopicPartition
-from minibroker.protocol import ApiKey
+from minibroker.protocol import ADMIN_CLIENT_ID, GROUP_METADATA_TOPIC, ApiKey
+from minibroker.protocol.errors import InvalidTopic
 
 pytestmark = pytest.mark.integration
 
@@ -297,6 +298,25 @@ async def test_commits_and_joins_survive_the_coordinator_s_death(minibroker_clus
                 **{TopicPartition("tf", p): p + 1 for p in (1, 2, 3)},
             }
             assert all(positions[tp] >= expected[tp] for tp in positions)
+
+
+async def test_clients_may_not_produce_to_the_offsets_topic(minibroker_cluster_factory):
+    """Kafka refuses a Produce to an internal topic (INVALID_TOPIC_EXCEPTION) unless its
+    client.id is the admin client's; the group's offsets are untouched either way."""
+    cluster = minibroker_cluster_factory(3, GROUP_CONFIG)
+    bootstrap = cluster.bootstrap
+    await setup_topic(bootstrap, "ti", 1, 1)
+    async with Consumer(bootstrap, group_id="gi", **FAST) as consumer:
+        consumer.subscribe(["ti"])
+        await wait_for(lambda: _polled(consumer, 1))  # __consumer_offsets exists from here
+        await consumer.commit({("ti", 0): 1})
+    async with Producer(bootstrap) as producer:
+        with pytest.raises(InvalidTopic, match="Cannot append to internal topic"):
+            await producer.send(GROUP_METADATA_TOPIC, b"forged", partition=0)
+    async with Producer(bootstrap, **{"client.id": ADMIN_CLIENT_ID}) as producer:
+        await producer.send(GROUP_METADATA_TOPIC, b"the admin client id may", partition=0)
+    async with Admin(bootstrap) as admin:
+        assert await admin.list_consumer_group_offsets("gi") == {TopicPartition("ti", 0): 1}
 
 
 async def _polled(consumer: Consumer, partitions: int) -> bool:
