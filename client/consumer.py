@@ -20,7 +20,12 @@ from minibroker.client.background import ClusterClient
 from minibroker.client.cluster import Cluster
 from minibroker.client.fetcher import PartitionState, apply_partition_result, fetch_body
 from minibroker.client.group import GroupMembership
-from minibroker.client.offsets import OffsetAndTimestamp, list_offsets, refine_by_time
+from minibroker.client.offsets import (
+    OffsetAndTimestamp,
+    list_offsets,
+    lookup_retries,
+    refine_by_time,
+)
 from minibroker.client.records import ConsumerRecord, TopicPartition
 from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey
 from minibroker.protocol.errors import KafkaError, OffsetOutOfRange
@@ -67,11 +72,7 @@ class Consumer(ClusterClient):
         self._metadata_running = False
         self._metadata_at = 0.0
         self._backoff = self.config["retry.backoff.ms"] / 1000
-        # Offset lookups wait out a leader's failover for up to request.timeout.ms.
-        self._lookup_retries = {
-            "backoff": self._backoff,
-            "patience": self.config["request.timeout.ms"] / 1000,
-        }
+        self._lookup_retries = lookup_retries(self.config)
 
     def _open(self) -> Cluster:
         if self._cluster is None or self._background.nursery is None:
