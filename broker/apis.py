@@ -37,7 +37,13 @@ from minibroker.broker.raft.driver import QuorumDriver
 from minibroker.broker.raft.wire import QUORUM_APIS, SENDER_FIELDS
 from minibroker.broker.replication.fetch_request import FetchRequest
 from minibroker.broker.replication.replica_manager import ReplicaManager
-from minibroker.protocol import ApiKey, RequestHeader, api_name, supported_versions
+from minibroker.protocol import (
+    ADMIN_CLIENT_ID,
+    ApiKey,
+    RequestHeader,
+    api_name,
+    supported_versions,
+)
 from minibroker.protocol.errors import ErrorCode
 
 Handler = Callable[[RequestHeader, dict, ConnectionSession], "dict | PendingResponse | None"]
@@ -400,7 +406,9 @@ class RequestHandler:
             missing = [t["name"] for t in body["topics"] if t["name"] not in topics]
             if missing:
                 self._auto_create(missing)
-        return self.replica_manager.produce(body, session)
+        # Kafka's rule: only the admin client id may write internal topics from outside.
+        allowed = header.client_id == ADMIN_CLIENT_ID
+        return self.replica_manager.produce(body, session, internal_topics_allowed=allowed)
 
     def fetch(
         self, header: RequestHeader, fetch: FetchRequest, session: ConnectionSession

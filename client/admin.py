@@ -3,7 +3,7 @@ stats."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +13,7 @@ from minibroker.client import group_admin
 from minibroker.client.background import ClusterClient
 from minibroker.client.cluster import BrokerInfo, Cluster, PartitionInfo
 from minibroker.client.group_admin import GroupDescription, GroupListing
+from minibroker.client.offsets import OffsetAndTimestamp, list_offsets, lookup_retries
 from minibroker.client.records import TopicPartition
 from minibroker.protocol import ApiKey
 from minibroker.protocol.api import ELECTION_PREFERRED, ELECTION_UNCLEAN
@@ -304,6 +305,16 @@ class Admin(ClusterClient):
         body = await cluster.request(node_id, ApiKey.FAULTS, {"action": action, **spec})
         raise_for(body["error_code"], body.get("error_message") or "")
         return body["faults"]
+
+    # --- offsets ----------------------------------------------------------------------------
+
+    async def list_offsets(
+        self, timestamps: Mapping[tuple[str, int], int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp]:
+        """Kafka's Admin.listOffsets: ``{tp: timestamp}`` (-2 earliest, -1 latest, else the
+        first offset at or after it) -> ``{tp: (offset, timestamp)}``, from each leader."""
+        wanted = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
+        return await list_offsets(self._open(), wanted, **lookup_retries(self.config))
 
     # --- consumer groups (client/group_admin.py) ----------------------------------------------
 

@@ -20,7 +20,12 @@ from minibroker.client.background import ClusterClient
 from minibroker.client.cluster import Cluster
 from minibroker.client.fetcher import PartitionState, apply_partition_result, fetch_body
 from minibroker.client.group import GroupMembership
-from minibroker.client.offsets import OffsetAndTimestamp, list_offsets, refine_by_time
+from minibroker.client.offsets import (
+    OffsetAndTimestamp,
+    list_offsets,
+    lookup_retries,
+    refine_by_time,
+)
 from minibroker.client.records import ConsumerRecord, TopicPartition
 from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey
 from minibroker.protocol.errors import KafkaError, OffsetOutOfRange
@@ -58,6 +63,7 @@ class Consumer(ClusterClient):
         self._subscription: list[str] | None = None
         self._listener: RebalanceListener | None = None
         self._next_auto_commit = 0.0
+        self._join: _Join | None = None  # a join poll() started and has not seen end
         self.group_events: deque[tuple[str, dict]] = deque(maxlen=100)
         self._states: dict[TopicPartition, PartitionState] = {}
         self._data = trio.Event()
@@ -66,11 +72,7 @@ class Consumer(ClusterClient):
         self._metadata_running = False
         self._metadata_at = 0.0
         self._backoff = self.config["retry.backoff.ms"] / 1000
-        # Offset lookups wait out a leader's failover for up to request.timeout.ms.
-        self._lookup_retries = {
-            "backoff": self._backoff,
-            "patience": self.config["request.timeout.ms"] / 1000,
-        }
+        self._lookup_retries = lookup_retries(self.config)
 
     def _open(self) -> Cluster:
         if self._cluster is None or self._background.nursery is None:
@@ -189,24 +191,28 @@ class Consumer(ClusterClient):
         """Records after each partition's position: at most ``max.poll.records``, possibly none.
 
         Returns as soon as any record is there, or after ``timeout_ms`` with an empty list.
+        In a group, a rebalance that outlasts ``timeout_ms`` goes on in the background and
+        this returns empty; the next poll picks it up where it is (Kafka's poll(timeout)).
         """
         self._open()
         limit = max_records or self.config["max.poll.records"]
-        await self._poll_group()
+        deadline = trio.current_time() + max(timeout_ms, 0) / 1000
+        await self._poll_group(deadline)
         records = self._drain(limit)
-        if not records:
-            with trio.move_on_after(max(timeout_ms, 0) / 1000):
-                while not records:
-                    self._raise_errors()
-                    if self._group is not None and self._group.rejoin_needed:
-                        await self._poll_group()
-                    await self._resolve_positions()
-                    data = self._data
-                    self._start_fetches()
+        while not records and trio.current_time() < deadline:
+            self._raise_errors()
+            if self._group_needs_poll():
+                await self._poll_group(deadline)
+                records = self._drain(limit)
+                continue
+            with trio.move_on_at(deadline):
+                await self._resolve_positions()
+                data = self._data
+                self._start_fetches()
+                records = self._drain(limit)
+                if not records:
+                    await data.wait()
                     records = self._drain(limit)
-                    if not records:
-                        await data.wait()
-                        records = self._drain(limit)
         self._raise_errors()
         self._start_fetches()  # prefetch while the caller works on these
         return records
@@ -359,37 +365,62 @@ class Consumer(ClusterClient):
     def subscription(self) -> list[str]:
         return list(self._subscription or [])
 
-    async def _poll_group(self) -> None:
+    def _group_needs_poll(self) -> bool:
+        group = self._group
+        return (
+            group is not None
+            and self._subscription is not None
+            and (group.rejoin_needed or self._join is not None)
+        )
+
+    async def _poll_group(self, deadline: float) -> None:
         """What Kafka's poll does for the group first: rejoin if needed, auto-commit."""
         group = self._group
         if group is None or self._subscription is None:
             return
         group.last_poll = time.monotonic()
-        if group.rejoin_needed:
-            await self._rejoin(group)
+        if group.rejoin_needed or self._join is not None:
+            await self._rejoin(group, deadline)
         if self.config["enable.auto.commit"] and time.monotonic() >= self._next_auto_commit:
             self._next_auto_commit = (
                 time.monotonic() + self.config["auto.commit.interval.ms"] / 1000
             )
             self.commit_async()
 
-    async def _rejoin(self, group: GroupMembership) -> None:
-        revoked = set(self._states)
-        if revoked:
-            if self.config["enable.auto.commit"] and group.generation >= 0:
-                try:
-                    await group.commit(self._positions())
-                except KafkaError:
-                    pass  # the group moved on: the next owner starts from the last commit
-            await self._notify("on_partitions_revoked", revoked)
-            self.assign([])
-        assigned = await group.join(self._subscription or [])
-        self.assign(assigned)
-        committed = await group.committed(assigned) if assigned else {}
-        for tp, offset in committed.items():
+    async def _rejoin(self, group: GroupMembership, deadline: float) -> None:
+        """Revoke, join in the background, and once joined assign: the listeners run here,
+        in the caller's task, and only the wait for the join is cut short by ``deadline``.
+        A join that is not done by then stays in flight (its JoinGroup is parked at the
+        coordinator until the whole group has joined) for the next poll to wait on, as
+        Kafka's does: several consumers polled one after another from one task can all
+        get through a rebalance that needs every one of them."""
+        if self._join is None:
+            revoked = set(self._states)
+            if revoked:
+                if self.config["enable.auto.commit"] and group.generation >= 0:
+                    try:
+                        await group.commit(self._positions())
+                    except KafkaError:
+                        pass  # the group moved on: the next owner starts from the last commit
+                await self._notify("on_partitions_revoked", revoked)
+                self.assign([])
+            self._join = _Join(list(self._subscription or []))
+            self._background.nursery.start_soon(self._join.run, group)
+        join = self._join
+        with trio.move_on_at(deadline):
+            await join.done.wait()
+        if not join.done.is_set():
+            return
+        self._join = None
+        if join.error is not None:
+            raise join.error
+        self.assign(join.assigned)
+        for tp, offset in join.committed.items():
             if offset >= 0 and tp in self._states:
                 self._states[tp].seek(offset)
-        await self._notify("on_partitions_assigned", set(assigned))
+        if join.topics != self._subscription:
+            group.rejoin_needed = True  # subscribe() changed the topics meanwhile
+        await self._notify("on_partitions_assigned", set(join.assigned))
 
     async def _notify(self, method: str, partitions: set[TopicPartition]) -> None:
         if self._listener is None:
@@ -434,6 +465,9 @@ class Consumer(ClusterClient):
         """A member commits (with enable.auto.commit) and leaves its group before closing, so
         the others take its partitions at once rather than after session.timeout.ms."""
         group = self._group
+        if self._join is not None:
+            self._join.cancel_scope.cancel()  # never rejoin while leaving
+            self._join = None
         if group is not None and self._cluster is not None and group.member_id:
             with trio.move_on_after(self.config["request.timeout.ms"] / 1000):
                 if self.config["enable.auto.commit"] and self._states:
@@ -443,3 +477,26 @@ class Consumer(ClusterClient):
                         pass
                 await group.leave()
         await super().aclose()
+
+
+class _Join:
+    """One rebalance from this member's side, run in the consumer's background: JoinGroup,
+    SyncGroup, then the committed offsets of what it was given."""
+
+    def __init__(self, topics: list[str]) -> None:
+        self.topics = topics
+        self.done = trio.Event()
+        self.cancel_scope = trio.CancelScope()
+        self.assigned: list[TopicPartition] = []
+        self.committed: dict[TopicPartition, int] = {}
+        self.error: BaseException | None = None
+
+    async def run(self, group: GroupMembership) -> None:
+        with self.cancel_scope:
+            try:
+                self.assigned = await group.join(self.topics)
+                if self.assigned:
+                    self.committed = await group.committed(self.assigned)
+            except Exception as exc:  # handed to the poll that waits for it
+                self.error = exc
+            self.done.set()

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import trio
 
@@ -23,6 +24,7 @@ __all__ = [
     "LATEST_TIMESTAMP",
     "OffsetAndTimestamp",
     "list_offsets",
+    "lookup_retries",
     "refine_by_time",
 ]
 
@@ -30,6 +32,15 @@ __all__ = [
 class OffsetAndTimestamp(NamedTuple):
     offset: int
     timestamp: int
+
+
+def lookup_retries(config: Mapping[str, Any]) -> dict[str, float]:
+    """``list_offsets``'s retry settings for a client: ``retry.backoff.ms`` apart, for up
+    to ``request.timeout.ms``, so a lookup waits out a leader's failover."""
+    return {
+        "backoff": config["retry.backoff.ms"] / 1000,
+        "patience": config["request.timeout.ms"] / 1000,
+    }
 
 
 async def list_offsets(

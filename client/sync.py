@@ -258,6 +258,7 @@ class SyncAdmin(_SyncBase):
     describe_cluster = blocking(Admin.describe_cluster)
     broker_stats = blocking(Admin.broker_stats)
     faults = blocking(Admin.faults)
+    list_offsets = blocking(Admin.list_offsets)
     list_consumer_groups = blocking(Admin.list_consumer_groups)
     describe_consumer_group = blocking(Admin.describe_consumer_group)
     delete_consumer_groups = blocking(Admin.delete_consumer_groups)

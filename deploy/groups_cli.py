@@ -6,7 +6,6 @@ import argparse
 from typing import Any
 
 from minibroker.client import Admin
-from minibroker.client.offsets import list_offsets
 from minibroker.client.records import TopicPartition
 from minibroker.deploy.client_cli import CliError, _cmd, _common, _settings
 from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
@@ -117,7 +116,7 @@ async def _delete(args: argparse.Namespace) -> int:
 async def _offsets(admin: Admin, partitions: list[TopicPartition], ts: int) -> dict:
     if not partitions:
         return {}
-    found = await list_offsets(admin._open(), {tp: ts for tp in partitions})
+    found = await admin.list_offsets({tp: ts for tp in partitions})
     return {tp: r.offset for tp, r in found.items()}
 
 

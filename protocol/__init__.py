@@ -5,7 +5,10 @@ No sockets, no trio, no files, no clocks: bytes in, values out.
 
 from minibroker.protocol import errors
 from minibroker.protocol.api import (
+    ADMIN_CLIENT_ID,
     EARLIEST_TIMESTAMP,
+    GROUP_METADATA_TOPIC,
+    INTERNAL_TOPICS,
     LATEST_TIMESTAMP,
     ApiKey,
     api_name,
@@ -57,9 +60,12 @@ from minibroker.protocol.errors import (
 from minibroker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 
 __all__ = [
+    "ADMIN_CLIENT_ID",
     "DEFAULT_MAX_FRAME_BYTES",
     "EARLIEST_TIMESTAMP",
+    "GROUP_METADATA_TOPIC",
     "HEADER_SIZE",
+    "INTERNAL_TOPICS",
     "LATEST_TIMESTAMP",
     "LOG_OVERHEAD",
     "ApiKey",

@@ -220,6 +220,14 @@ DELETE_TOPICS_RESP = struct(
 
 # --- Produce -------------------------------------------------------------------------------
 
+# Kafka's internal topics (Topic.isInternal): anyone may read them, but a Produce to one is
+# refused with INVALID_TOPIC_EXCEPTION unless its client.id is ADMIN_CLIENT_ID (Kafka's
+# AdminUtils.ADMIN_CLIENT_ID, the one exception KafkaApis makes); the broker's own writers
+# (the group coordinator) append to them directly.
+GROUP_METADATA_TOPIC = "__consumer_offsets"
+INTERNAL_TOPICS = frozenset({GROUP_METADATA_TOPIC})
+ADMIN_CLIENT_ID = "__admin_client"
+
 PRODUCE_REQ = struct(
     {
         "acks": INT16,  # validated by the broker: INVALID_REQUIRED_ACKS, as Kafka does

@@ -24,7 +24,7 @@ from minibroker.broker.coordinator.group import GroupMetadata, GroupState, Membe
 from minibroker.broker.coordinator.manager import GroupMetadataManager
 from minibroker.broker.coordinator.records import PartitionContents, group_key, group_value
 from minibroker.broker.network.pending import PendingResponse
-from minibroker.broker.purgatory import Purgatory
+from minibroker.broker.purgatory import DeadlinePurgatory, Purgatory
 from minibroker.protocol.errors import ErrorCode
 
 EMPTY = GroupState.EMPTY
@@ -79,7 +79,7 @@ class GroupCoordinator:
         manager: GroupMetadataManager,
         *,
         join_purgatory: Purgatory,
-        heartbeat_purgatory: Purgatory,
+        heartbeat_purgatory: DeadlinePurgatory,
         sync_purgatory: Purgatory,
         now_ms: Callable[[], int],
     ) -> None:
@@ -400,34 +400,46 @@ class GroupCoordinator:
     # --- Heartbeat ------------------------------------------------------------------------
 
     def heartbeat(self, body: dict) -> dict:
+        # The hot path of a coordinator (every member, every heartbeat.interval.ms): plain
+        # state comparisons and a deadline store, no operation made (complete_and_...).
         group_id = body["group_id"]
-        error = self.group_error(group_id)
-        if error is not None:
-            return error_only(error)
         group = self.groups.get(group_id)
-        if group is None:
-            return error_only(ErrorCode.UNKNOWN_MEMBER_ID)
-        if group.is_in(DEAD):
+        # A group held here is of a partition loaded here (resign drops its groups), so
+        # while that partition is owned, group_error has nothing to say: skip it.
+        if group is None or group.partition not in self.manager.owned:
+            error = self.group_error(group_id)
+            if error is not None:
+                return error_only(error)
+            if group is None:
+                return error_only(ErrorCode.UNKNOWN_MEMBER_ID)
+        state = group.state
+        if state is DEAD:
             return error_only(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         member = group.members.get(body["member_id"])
-        if member is None or group.is_in(EMPTY):
+        if member is None or state is EMPTY:
             return error_only(ErrorCode.UNKNOWN_MEMBER_ID)
         if body["generation_id"] != group.generation_id:
             return error_only(ErrorCode.ILLEGAL_GENERATION)
         self.complete_and_schedule_heartbeat(group, member)
-        if group.is_in(PREPARING):
+        if state is PREPARING:
             return error_only(ErrorCode.REBALANCE_IN_PROGRESS)
         return error_only(ErrorCode.NONE)
 
     def complete_and_schedule_heartbeat(
         self, group: GroupMetadata, member: MemberMetadata, timeout_ms: int | None = None
     ) -> None:
-        """Kafka's completeAndScheduleNextHeartbeatExpiration: the member's current
-        DelayedHeartbeat completes (it heartbeat in time) and a new one starts."""
+        """Kafka's completeAndScheduleNextHeartbeatExpiration, lazily: the member's live
+        DelayedHeartbeat has its deadline moved on (one store, the common case); only when
+        that cannot be done (the deadline comes earlier, or the op is over) does the
+        current one complete, as it heartbeat in time, and a new one start."""
+        delay = member.session_timeout_ms if timeout_ms is None else timeout_ms
+        op = member.heartbeat
+        if op is not None and self.heartbeat_purgatory.extend(op, self.now_ms() + delay):
+            return
         member.heartbeat_satisfied = True
         self.heartbeat_purgatory.check_and_complete((group.group_id, member.member_id))
         member.heartbeat_satisfied = False
-        self._schedule_heartbeat(group, member, timeout_ms)
+        self._schedule_heartbeat(group, member, delay)
 
     def _schedule_heartbeat(
         self, group: GroupMetadata, member: MemberMetadata, timeout_ms: int | None = None

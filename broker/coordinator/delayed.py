@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from minibroker.broker.coordinator.group import GroupMetadata, MemberMetadata
-from minibroker.broker.purgatory import DelayedOperation
+from minibroker.broker.purgatory import DeadlineOperation, DelayedOperation
 
 
 class GroupCoordinator(Protocol):
@@ -79,9 +79,11 @@ class InitialDelayedJoin(DelayedJoin):
             self.coordinator.on_complete_join(group)
 
 
-class DelayedHeartbeat(DelayedOperation):
-    """One per member, replaced by each heartbeat; expiring after the member's session
-    timeout removes the member (unless a rebalance is vouching for it)."""
+class DelayedHeartbeat(DeadlineOperation):
+    """One per member; each heartbeat moves its deadline on (a lazy deadline: see
+    purgatory/deadline.py), and expiring after the member's session timeout removes the
+    member (unless a rebalance is vouching for it). Replaced only when its deadline must
+    come earlier (a new member's first join done) or it completed."""
 
     __slots__ = ("coordinator", "group", "member")
 

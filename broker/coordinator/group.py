@@ -132,6 +132,24 @@ class MemberMetadata:
 class GroupMetadata:
     """A group: state, generation, members, the agreed protocol, committed offsets."""
 
+    # Every heartbeat reads it: slots keep its fields in the object, one cache line fewer.
+    __slots__ = (
+        "_protocol_votes",
+        "generation_id",
+        "group_id",
+        "leader_id",
+        "members",
+        "new_member_added",
+        "offsets",
+        "partition",
+        "pending_members",
+        "pending_sync_members",
+        "protocol_name",
+        "protocol_type",
+        "state",
+        "state_timestamp",
+    )
+
     def __init__(self, group_id: str, partition: int, now_ms: int = 0) -> None:
         self.group_id = group_id
         self.partition = partition  # its __consumer_offsets partition

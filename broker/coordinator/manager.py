@@ -10,6 +10,7 @@ manager and its purgatory: acknowledged only once the in-sync replicas have it.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +49,9 @@ def java_string_hash(text: str) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+# Every group request asks it (is this broker the group's coordinator?): Java caches a
+# String's hash, we cache the answer; bounded, as clients choose the group ids.
+@functools.lru_cache(maxsize=1 << 16)
 def partition_for(group_id: str, partitions: int) -> int:
     # Kafka's Utils.abs: Integer.MIN_VALUE maps to 0, not to itself.
     return (java_string_hash(group_id) & 0x7FFFFFFF) % partitions
@@ -84,7 +88,7 @@ class GroupMetadataManager:
 
     def ownership_error(self, group_id: str) -> ErrorCode | None:
         """None when this broker serves ``group_id`` now; else why not."""
-        partition = self.partition_for(group_id)
+        partition = partition_for(group_id, self.num_partitions)
         if partition in self.owned:
             return None
         if partition in self.loading:
@@ -173,7 +177,7 @@ class GroupMetadataManager:
             ],
         }
         # No connection: a commit whose client went away still completes (and is cached).
-        result = self.replica_manager.produce(body, None)
+        result = self.replica_manager.produce(body, None, internal_topics_allowed=True)
 
         def answered(response: dict) -> None:
             code = ErrorCode.parse(response["topics"][0]["partitions"][0]["error_code"])

@@ -19,10 +19,10 @@ from typing import Any
 
 import msgpack
 
-from minibroker.protocol import encode_batch, iter_batches
+from minibroker.protocol import GROUP_METADATA_TOPIC, encode_batch, iter_batches
 from minibroker.protocol.batch import decode_records
 
-OFFSETS_TOPIC = "__consumer_offsets"
+OFFSETS_TOPIC = GROUP_METADATA_TOPIC
 OFFSET_KEY = 1
 GROUP_KEY = 2
 

@@ -17,7 +17,7 @@ from minibroker.broker.coordinator.manager import GroupMetadataManager
 from minibroker.broker.coordinator.records import OFFSETS_TOPIC
 from minibroker.broker.metadata.image import ClusterMetadata
 from minibroker.broker.network.pending import PendingResponse
-from minibroker.broker.purgatory import Purgatory, Timer
+from minibroker.broker.purgatory import DeadlinePurgatory, Purgatory, Timer
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.protocol.errors import ErrorCode
 
@@ -47,7 +47,7 @@ class CoordinatorService:
         # [DelayedHeartbeat], ...), all on the broker's one timer thread.
         self.purgatories = {
             "join": Purgatory("Rebalance", timer),
-            "heartbeat": Purgatory("Heartbeat", timer),
+            "heartbeat": DeadlinePurgatory("Heartbeat", timer),
             "sync": Purgatory("Sync", timer),
         }
         self.manager = GroupMetadataManager(
@@ -63,6 +63,8 @@ class CoordinatorService:
             sync_purgatory=self.purgatories["sync"],
             now_ms=now_ms,
         )
+        # Every member calls it every heartbeat.interval.ms: no call in between.
+        self.heartbeat: Callable[[dict], dict] = self.coordinator.heartbeat
 
     # --- the APIs -----------------------------------------------------------------------------
 
@@ -100,9 +102,6 @@ class CoordinatorService:
 
     def sync_group(self, body: dict) -> dict | PendingResponse:
         return self.coordinator.sync_group(body)
-
-    def heartbeat(self, body: dict) -> dict:
-        return self.coordinator.heartbeat(body)
 
     def leave_group(self, body: dict) -> dict:
         return self.coordinator.leave_group(body)

@@ -36,11 +36,14 @@ here                                   Kafka (server/util/timer, DelayedOperatio
                                        ``check_and_complete``, ``cancel_for_key``,
                                        the estimated-count purge (its expiration
                                        reaper is the timer's hand-off, ``expire_batch``)
+``DeadlinePurgatory``,                 (ours) an op whose deadline keeps moving later:
+``DeadlineOperation`` (deadline.py)    ``extend`` is a store, expiry re-arms it
 =====================================  ==============================================
 """
 
 from minibroker.broker.common.clock import Clock, ManualClock, MonotonicClock
 from minibroker.broker.purgatory.bucket import Bucket, TimerTask
+from minibroker.broker.purgatory.deadline import DeadlineOperation, DeadlinePurgatory
 from minibroker.broker.purgatory.delivery import run_inline
 from minibroker.broker.purgatory.manual_timer import ManualTimer
 from minibroker.broker.purgatory.operation import DelayedOperation
@@ -53,6 +56,8 @@ from minibroker.broker.purgatory.wheel import TimingWheel
 __all__ = [
     "Bucket",
     "Clock",
+    "DeadlineOperation",
+    "DeadlinePurgatory",
     "DelayedOperation",
     "ManualClock",
     "ManualTimer",

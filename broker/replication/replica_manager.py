@@ -32,6 +32,7 @@ from minibroker.broker.replication.partition import Partition
 from minibroker.broker.storage import Log, LogConfig
 from minibroker.broker.storage.epoch_cache import LeaderEpochCache
 from minibroker.broker.storage.partition_metadata import claim_partition_dir, read_topic_id
+from minibroker.protocol import INTERNAL_TOPICS
 from minibroker.protocol.errors import ErrorCode, InvalidRequest, KafkaError
 
 Key = tuple[str, int]
@@ -292,8 +293,13 @@ class ReplicaManager:
     # --- produce --------------------------------------------------------------------------
 
     def produce(
-        self, body: dict, session: ConnectionSession | None = None
+        self,
+        body: dict,
+        session: ConnectionSession | None = None,
+        internal_topics_allowed: bool = False,
     ) -> dict | PendingResponse | None:
+        """Kafka's appendRecords; an internal topic (``__consumer_offsets``) takes appends
+        only from a caller that says ``internal_topics_allowed`` (its own coordinator)."""
         duplicate = duplicate_partition(body["topics"])
         if duplicate is not None:
             # Before anything is appended. acks=0 expects no answer: log it instead.
@@ -314,8 +320,17 @@ class ReplicaManager:
         appended = []
         for t in body["topics"]:
             topic = t["name"]
+            refused = topic in INTERNAL_TOPICS and not internal_topics_allowed
             for p in t["partitions"]:
                 key = (topic, p["partition"])
+                if refused:
+                    statuses[key] = ProducePartitionStatus(
+                        ErrorCode.INVALID_TOPIC_EXCEPTION,
+                        -1,
+                        -1,
+                        f"Cannot append to internal topic {topic}",
+                    )
+                    continue
                 statuses[key] = self._append(key, p["records"], acks)
                 if statuses[key].acks_pending:
                     appended.append(key)

@@ -2,7 +2,10 @@
 
 The rule (issue 17): every Kafka client key is accepted. One the minibroker client
 implements is passed to it and honoured (client/config.py checks its value). One with no
-meaning here is accepted with a one-line warning in the driver log saying why. A *value*
+meaning here is accepted with a one-line warning in the driver log saying why, even when
+the plain client has it (a consumer's group settings: the source never joins a group).
+``group.id`` is the exception that means something: a streaming query records its
+progress into that group's committed offsets (source.py). A *value*
 that cannot be honoured (TLS, SASL, a compression codec) fails with a message that says
 so, and key/value (de)serializers stay refused, as spark-sql-kafka refuses them.
 """
@@ -16,9 +19,7 @@ log = logging.getLogger("minibroker.spark")
 
 # key -> why it changes nothing here (the warning's text).
 _NO_MEANING_HERE = {
-    "group.id": "no consumer groups: the query's checkpoint tracks its offsets, as "
-    "spark-sql-kafka does",
-    "group.instance.id": "no consumer groups",
+    "group.instance.id": "the source never joins a group (no static membership either)",
     "client.rack": "no racks: one machine",
     "client.dns.lookup": "brokers are addressed as given",
     "reconnect.backoff.ms": "reconnects follow retry.backoff.ms",
@@ -37,15 +38,15 @@ _NO_MEANING_HERE = {
     "metrics.recording.level": "client metrics are not collected",
     "auto.include.jmx.reporter": "no JMX",
     "enable.metrics.push": "client metrics are not collected",
-    "enable.auto.commit": "no consumer groups, so nothing to commit (spark-sql-kafka sets "
-    "it false itself)",
-    "auto.commit.interval.ms": "no consumer groups, so nothing to commit",
-    "session.timeout.ms": "no consumer groups",
-    "heartbeat.interval.ms": "no consumer groups",
-    "max.poll.interval.ms": "no consumer groups",
+    "enable.auto.commit": "the source never joins a group; with kafka.group.id a streaming "
+    "query commits its progress after each micro-batch (spark-sql-kafka sets it false)",
+    "auto.commit.interval.ms": "progress is committed after each micro-batch, if at all",
+    "session.timeout.ms": "the source never joins a group",
+    "heartbeat.interval.ms": "the source never joins a group",
+    "max.poll.interval.ms": "the source never joins a group",
     "partition.assignment.strategy": "partitions are assigned by the query, not a group",
-    "group.protocol": "no consumer groups",
-    "group.remote.assignor": "no consumer groups",
+    "group.protocol": "the source never joins a group",
+    "group.remote.assignor": "the source never joins a group",
     "exclude.internal.topics": "subscriptions never include __minibroker_health",
     "allow.auto.create.topics": "the broker's auto.create.topics.enable decides",
     "check.crcs": "every batch's CRC is always checked",
@@ -102,10 +103,10 @@ def screen(
         allowed = _HONOURABLE_VALUES.get(name)
         if allowed is not None and str(value).strip().lower() not in allowed:
             raise ValueError(f"option 'kafka.{key}={value}' cannot be honoured: {_WHY_NOT[name]}")
-        if name in honoured:
-            passed[key] = value
-        elif name in _NO_MEANING_HERE:
+        if name in _NO_MEANING_HERE:  # first: the client may have it, the source ignores it
             warn(f"option 'kafka.{key}' is accepted and ignored: {_NO_MEANING_HERE[name]}")
+        elif name in honoured:
+            passed[key] = value
         elif name == "compression.type":
             pass  # "none" (the only value let through above): what minibroker does anyway
         elif _is_ssl_or_sasl(name):

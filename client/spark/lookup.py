@@ -1,4 +1,5 @@
-"""Driver-side questions to the cluster: which partitions a subscription covers, and their offsets.
+"""Driver-side calls to the cluster: which partitions a subscription covers, their offsets,
+and a streaming query's progress committed to a group.
 
 Each call is one private ``trio.run`` with its own short-lived connections, closed on
 return. Spark's planner processes and the streaming source's driver-side runner call
@@ -14,7 +15,8 @@ from typing import Any
 import trio
 
 from minibroker.client.cluster import Cluster
-from minibroker.client.offsets import list_offsets, refine_by_time
+from minibroker.client.group_admin import alter_group_offsets
+from minibroker.client.offsets import list_offsets, lookup_retries, refine_by_time
 from minibroker.client.records import TopicPartition
 from minibroker.client.spark.options import Subscription
 from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
@@ -56,11 +58,17 @@ def offsets_for_times(
     return trio.run(_times, config, wanted)
 
 
+def commit_progress(config: dict[str, Any], offsets: dict[TopicPartition, int]) -> None:
+    """Commit ``offsets`` to the group ``config["group.id"]`` from outside it (generation
+    -1, no member id): the coordinator takes it while the group has no members."""
+    trio.run(_with_cluster, config, alter_group_offsets, config["group.id"], offsets, config)
+
+
 async def _times(config: dict[str, Any], wanted: dict[TopicPartition, int]) -> dict:
     async def ask(cluster: Cluster) -> dict:
         if not wanted:
             return {}
-        found = await list_offsets(cluster, dict(wanted), **_retries(config))
+        found = await list_offsets(cluster, dict(wanted), **lookup_retries(config))
         out = {}
         for tp, hit in found.items():
             if hit.offset >= 0:  # the broker names the batch; the record is found in it
@@ -85,7 +93,7 @@ async def _offsets(config: dict[str, Any], tps: list[TopicPartition], which: int
     async def ask(cluster: Cluster) -> dict:
         if not tps:
             return {}
-        found = await list_offsets(cluster, dict.fromkeys(tps, which), **_retries(config))
+        found = await list_offsets(cluster, dict.fromkeys(tps, which), **lookup_retries(config))
         return {tp: r.offset for tp, r in found.items()}
 
     return await _with_cluster(config, ask)
@@ -96,7 +104,7 @@ async def _snapshot(config: dict[str, Any], subscription: Subscription, strict: 
         tps = await _partitions(cluster, subscription, strict)
         if not tps:
             return Snapshot({}, {})
-        retries = _retries(config)
+        retries = lookup_retries(config)
         early = await list_offsets(cluster, dict.fromkeys(tps, EARLIEST_TIMESTAMP), **retries)
         late = await list_offsets(cluster, dict.fromkeys(tps, LATEST_TIMESTAMP), **retries)
         return Snapshot(
@@ -137,12 +145,3 @@ async def _partitions(cluster: Cluster, sub: Subscription, strict: bool) -> list
                 f"option 'assign': partition {tp.topic}-{tp.partition} does not exist"
             )
     return out
-
-
-def _retries(config: dict[str, Any]) -> dict[str, float]:
-    """Retry a lookup for up to request.timeout.ms, so a query waits out a leader's
-    failover (a new one within seconds) instead of failing on the dead one."""
-    return {
-        "backoff": config["retry.backoff.ms"] / 1000,
-        "patience": config["request.timeout.ms"] / 1000,
-    }

@@ -351,8 +351,14 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         )
     limit = ours.get("maxoffsetspertrigger")
     min_parts = ours.get("minpartitions")
+    client_config = _client_config("consumer", ours["bootstrap.servers"], client)
+    if client_config["group.id"] and not streaming:
+        kafka_keys.log.warning(
+            "option 'kafka.group.id' is accepted and ignored in a batch read: only a "
+            "streaming query commits its progress to the group"
+        )
     return ReadOptions(
-        client_config=_client_config("consumer", ours["bootstrap.servers"], client),
+        client_config=client_config,
         subscription=parse_subscription(ours),
         starting=starting,
         ending=ending,

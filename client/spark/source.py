@@ -8,6 +8,7 @@ processes, so they hold only parsed options and never a connection.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 
@@ -55,8 +56,10 @@ from minibroker.client.spark.ranges import (
     to_json,
 )
 from minibroker.client.spark.sink import check_sink_schema, produce_batches
+from minibroker.protocol.errors import KafkaError
 
 NAME = "minibroker"
+log = logging.getLogger("minibroker.spark")
 
 
 class RangePartition(InputPartition):
@@ -262,6 +265,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # ../shared/reference/pyspark-datasource.md), so the last trigger's time carries over;
         # 0: the first trigger is never held, as in Kafka's source.
         self._last_trigger_ms = 0
+        self._reported: dict | None = None  # the offsets last committed to kafka.group.id
 
     def _snapshot(self) -> lookup.Snapshot:
         return lookup.snapshot(self.options.client_config, self.options.subscription, strict=False)
@@ -290,6 +294,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         latest = dict(snap.latest)
         if start is None:  # Spark < 4.2 asks without a start: only the true latest is safe
             return to_json(latest)
+        self._report(start)  # every batch up to start has run (see _report)
         begin = from_json(start)
         self._check_loss(begin, snap)
         if self._target is not None:
@@ -348,7 +353,32 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         yield from read_range(self.options, partition)
 
     def commit(self, end: dict) -> None:
-        """Nothing to do: progress lives in Spark's checkpoint, as with Kafka's source."""
+        """Progress lives in Spark's checkpoint, as with Kafka's source; see _report."""
+        self._report(end)
+
+    def _report(self, done: dict) -> None:
+        """With ``kafka.group.id``, commit ``done`` (offsets this query has processed) to
+        that group, for ``groups describe`` to show the query's lag: reporting only, the
+        query never reads it back (a restart resumes from the checkpoint, a new query from
+        startingOffsets). A group with live members refuses such a commit; that is logged
+        and the query goes on.
+
+        Spark calls ``commit(end)`` for a batch only once the next batch with new data is
+        planned, so the last batch of a run would never be reported; but the ``start``
+        that ``latestOffset`` gets is the end of a batch Spark has already run and written
+        to its commit log (MicroBatchExecution plans a batch only after the one before is
+        committed), so it is reported from there as well, once per new value."""
+        config = self.options.client_config
+        if not config.get("group.id") or done == self._reported:
+            return
+        try:
+            lookup.commit_progress(config, from_json(done))
+        except KafkaError as exc:
+            log.warning(
+                "progress of this query not recorded into group %r: %s", config["group.id"], exc
+            )
+            return
+        self._reported = done
 
 
 class ProduceCommit(WriterCommitMessage):

@@ -17,7 +17,8 @@ import pytest
 import trio
 
 from minibroker.client import Admin, Consumer, NewTopic, Producer, TopicPartition
-from minibroker.protocol import ApiKey
+from minibroker.protocol import ADMIN_CLIENT_ID, GROUP_METADATA_TOPIC, ApiKey
+from minibroker.protocol.errors import InvalidTopic
 
 pytestmark = pytest.mark.integration
 
@@ -98,6 +99,43 @@ async def test_three_consumers_share_six_partitions_without_overlap_or_gap(
 
 async def _async(value):
     return value
+
+
+async def test_polls_of_several_consumers_from_one_task_get_through_rebalances(
+    minibroker_cluster_factory,
+):
+    """Kafka's poll(timeout): a join the timeout cuts short goes on in the background and
+    the next poll picks it up, so one task polling its consumers in turn is never stuck
+    in one consumer's join while that join waits for the others to poll."""
+    cluster = minibroker_cluster_factory(3, GROUP_CONFIG)
+    bootstrap = cluster.bootstrap
+    await setup_topic(bootstrap, "tq", 6, 10)
+    seen: set[tuple[int, int]] = set()
+    slowest = 0.0
+    async with (
+        Consumer(bootstrap, group_id="gq", **FAST) as a,
+        Consumer(bootstrap, group_id="gq", **FAST) as b,
+        Consumer(bootstrap, group_id="gq", **FAST) as c,
+    ):
+        consumers = (a, b, c)
+        for consumer in consumers:
+            consumer.subscribe(["tq"])
+
+        def settled() -> bool:
+            owned = [consumer.assignment() for consumer in consumers]
+            return all(len(o) == 2 for o in owned) and len(set().union(*owned)) == 6
+
+        # max.poll.interval.ms (the rebalance timeout) is Kafka's 300 s: a poll that waited
+        # for its join to end would hold this loop for minutes, not for one timeout.
+        with trio.fail_after(60):
+            while not (settled() and len(seen) == 60):
+                for consumer in consumers:
+                    started = trio.current_time()
+                    records = await consumer.poll(timeout_ms=200)
+                    slowest = max(slowest, trio.current_time() - started)
+                    seen.update((r.partition, r.offset) for r in records)
+    assert seen == {(p, o) for p in range(6) for o in range(10)}
+    assert slowest < 5.0  # the timeout, plus a revoke's commit and slack for a busy machine
 
 
 class CliConsumer:
@@ -260,6 +298,25 @@ async def test_commits_and_joins_survive_the_coordinator_s_death(minibroker_clus
                 **{TopicPartition("tf", p): p + 1 for p in (1, 2, 3)},
             }
             assert all(positions[tp] >= expected[tp] for tp in positions)
+
+
+async def test_clients_may_not_produce_to_the_offsets_topic(minibroker_cluster_factory):
+    """Kafka refuses a Produce to an internal topic (INVALID_TOPIC_EXCEPTION) unless its
+    client.id is the admin client's; the group's offsets are untouched either way."""
+    cluster = minibroker_cluster_factory(3, GROUP_CONFIG)
+    bootstrap = cluster.bootstrap
+    await setup_topic(bootstrap, "ti", 1, 1)
+    async with Consumer(bootstrap, group_id="gi", **FAST) as consumer:
+        consumer.subscribe(["ti"])
+        await wait_for(lambda: _polled(consumer, 1))  # __consumer_offsets exists from here
+        await consumer.commit({("ti", 0): 1})
+    async with Producer(bootstrap) as producer:
+        with pytest.raises(InvalidTopic, match="Cannot append to internal topic"):
+            await producer.send(GROUP_METADATA_TOPIC, b"forged", partition=0)
+    async with Producer(bootstrap, **{"client.id": ADMIN_CLIENT_ID}) as producer:
+        await producer.send(GROUP_METADATA_TOPIC, b"the admin client id may", partition=0)
+    async with Admin(bootstrap) as admin:
+        assert await admin.list_consumer_group_offsets("gi") == {TopicPartition("ti", 0): 1}
 
 
 async def _polled(consumer: Consumer, partitions: int) -> bool:

@@ -129,6 +129,15 @@ def test_every_kafka_key_is_accepted_honoured_or_ignored_with_a_warning(caplog):
     for key in ("security.protocol", "isolation.level", "group.id", "linger.ms", "ssl."):
         assert f"kafka.{key}" in warned
     assert "read the same" in warned  # it says what the setting means here
+    assert "only a streaming query commits its progress" in warned  # group.id in a batch read
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="minibroker.spark"):
+        stream = parse_read_options({**options, "kafka.session.timeout.ms": "6000"}, streaming=True)
+    # A streaming query reports its progress to kafka.group.id; the group settings of a
+    # member the client has mean nothing to the source, which never joins: said so.
+    assert stream.client_config["group.id"] == "ported-job"
+    assert "kafka.group.id" not in caplog.text
+    assert "'kafka.session.timeout.ms' is accepted and ignored" in caplog.text
     write = parse_write_options(
         {
             "kafka.bootstrap.servers": "h:1",

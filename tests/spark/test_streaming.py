@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
 
-from minibroker.client import SyncConsumer
+from minibroker.client import SyncAdmin, SyncConsumer, TopicPartition
 
 from .streaming_wait import wait_until_collected
 
@@ -42,6 +44,43 @@ def run_available_now(spark, broker, checkpoint, **options) -> list[list[tuple]]
     if query.exception() is not None:
         raise query.exception()
     return [batches[k] for k in sorted(batches)]
+
+
+def test_kafka_group_id_reports_progress_to_groups_describe_without_driving(
+    spark, broker, new_topic, produce, tmp_path
+):
+    """spark-sql-kafka's kafka.group.id, as issue 28 wants it: each finished micro-batch's
+    end offsets are committed to the group (so `groups describe` shows the query's lag),
+    and nothing is read back from it."""
+    topic = new_topic(2)
+    produce(topic, [(i % 2, None, f"v{i}".encode(), T0 + i) for i in range(10)])
+    group = f"spark-progress-{time.monotonic_ns()}"
+    options = {
+        "subscribe": topic,
+        "startingOffsets": "earliest",
+        "maxOffsetsPerTrigger": "6",
+        "kafka.group.id": group,
+    }
+    assert sum(map(len, run_available_now(spark, broker, tmp_path / "cp", **options))) == 10
+    with SyncAdmin(broker) as admin:
+        committed = admin.list_consumer_group_offsets(group)
+    assert committed == {TopicPartition(topic, 0): 5, TopicPartition(topic, 1): 5}
+
+    produce(topic, [(0, None, b"unread", T0 + 99)] * 3)
+    cli = [sys.executable, "-m", "minibroker.deploy.cli", "groups", "describe", group]
+    describe = subprocess.run(
+        [*cli, "--bootstrap", broker],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    rows = [line.split()[:5] for line in describe.splitlines()[2:]]
+    assert rows == [[topic, "0", "5", "8", "3"], [topic, "1", "5", "5", "0"]]
+
+    # Reporting, not driving: a new query on the same group starts at startingOffsets.
+    again = run_available_now(spark, broker, tmp_path / "cp2", **options)
+    assert sum(map(len, again)) == 13
 
 
 def test_available_now_rate_limit_restart_and_new_partitions(

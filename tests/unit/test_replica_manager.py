@@ -201,3 +201,26 @@ def test_a_prepared_fetch_reads_afresh_each_time_and_a_refused_one_is_refused_ag
     for _ in range(2):
         with pytest.raises(InvalidRequest, match="more than once"):
             manager.fetch_request(twice)
+
+
+def test_internal_topics_take_appends_only_from_internal_callers(manager):
+    """Kafka's appendRecords(internalTopicsAllowed): __consumer_offsets is the coordinator's."""
+    manager.host_partition(p.GROUP_METADATA_TOPIC, 0, PartitionState(0, 1, [0], [0], 1))
+    raw = {
+        "acks": 1,
+        "timeout_ms": 30_000,
+        "topics": [
+            {
+                "name": p.GROUP_METADATA_TOPIC,
+                "partitions": [{"partition": 0, "records": encode_batch([(1, None, b"v", [])])}],
+            }
+        ],
+    }
+    body = p.validate_request(p.RequestHeader(p.ApiKey.PRODUCE, 0, 1, None), raw)
+    refused = only_partition(manager.produce(body))
+    assert refused["error_code"] == ErrorCode.INVALID_TOPIC_EXCEPTION
+    assert refused["error_message"] == "Cannot append to internal topic __consumer_offsets"
+    log = manager.partitions[(p.GROUP_METADATA_TOPIC, 0)].log
+    assert log.log_end_offset == 0
+    accepted = only_partition(manager.produce(body, internal_topics_allowed=True))
+    assert accepted["error_code"] == ErrorCode.NONE and log.log_end_offset == 1

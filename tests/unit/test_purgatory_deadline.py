@@ -1,0 +1,99 @@
+"""Lazy deadlines (purgatory/deadline.py) on the manual clock: a moved deadline is kept
+exactly, a real expiry is never early or late, and the timer is re-armed, not refilled."""
+
+from __future__ import annotations
+
+import pytest
+
+from minibroker.broker.purgatory import (
+    DeadlineOperation,
+    DeadlinePurgatory,
+    ManualClock,
+    ManualTimer,
+)
+from minibroker.broker.purgatory.deadline import REARM_GRID_MS
+
+
+class Session(DeadlineOperation):
+    __slots__ = ("clock", "expired_at")
+
+    def __init__(self, delay_ms: int, clock: ManualClock) -> None:
+        super().__init__(delay_ms)
+        self.clock = clock
+        self.expired_at: int | None = None
+
+    def on_expiration(self) -> None:
+        self.expired_at = self.clock.now_ms()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(0)
+
+
+@pytest.fixture
+def purgatory(clock: ManualClock) -> DeadlinePurgatory:
+    return DeadlinePurgatory("Heartbeat", ManualTimer(clock))
+
+
+def watch(purgatory: DeadlinePurgatory, clock: ManualClock, delay_ms: int) -> Session:
+    op = Session(delay_ms, clock)
+    assert purgatory.try_complete_else_watch(op, ["member"]) is False
+    return op
+
+
+def test_an_op_never_extended_expires_at_its_delay(purgatory, clock):
+    op = watch(purgatory, clock, 6000)
+    clock.advance(5999)
+    assert op.expired_at is None
+    clock.advance(1)
+    assert op.expired_at == 6000
+
+
+def test_each_extension_moves_the_expiry_to_the_last_deadline(purgatory, clock):
+    op = watch(purgatory, clock, 6000)
+    for _ in range(20):  # a heartbeat a second for 20 s
+        clock.advance(1000)
+        assert purgatory.extend(op, clock.now_ms() + 6000)
+    last = clock.now_ms()
+    clock.advance(6000 - 1)
+    assert op.expired_at is None and not op.is_completed
+    clock.advance(1)
+    assert op.expired_at == last + 6000
+    stats = purgatory.stats()
+    assert stats["expired"] == 1 and stats["pending"] == 0
+
+
+def test_re_arms_gather_on_the_grid_until_the_deadline_is_near(purgatory, clock):
+    op = watch(purgatory, clock, 1000)
+    deadline = 30 * REARM_GRID_MS + 37
+    assert purgatory.extend(op, deadline)
+    clock.advance(1000)  # the original expiration: re-armed for the grid instant
+    assert op.expiration_ms == deadline - 37
+    clock.advance(op.expiration_ms - clock.now_ms())  # then for the deadline itself
+    assert op.expiration_ms == deadline and op.expired_at is None
+    clock.advance(37)
+    assert op.expired_at == deadline
+
+
+def test_an_earlier_deadline_or_a_completed_op_cannot_be_extended(purgatory, clock):
+    op = watch(purgatory, clock, 300_000)
+    assert not purgatory.extend(op, 6000)  # the timer would fire 294 s late: replace it
+    assert op.force_complete()
+    assert not purgatory.extend(op, 400_000)
+    clock.advance(400_000)
+    assert op.expired_at is None
+
+
+def test_a_completion_between_expiry_and_re_arm_wins(clock):
+    """The timer hands the op over; it completes before the owner thread gets to it."""
+    batches: list[list] = []
+    purgatory = DeadlinePurgatory("Heartbeat", ManualTimer(clock), expiry_handoff=batches.append)
+    op = watch(purgatory, clock, 1000)
+    assert purgatory.extend(op, 5000)
+    clock.advance(1000)
+    assert batches == [[op]]
+    assert op.force_complete()
+    assert purgatory.expire_batch(batches.pop()) == 0
+    clock.advance(10_000)
+    assert batches == [] and op.expired_at is None
