@@ -358,16 +358,24 @@ def unwrap_kafka_batch(buf: bytes | bytearray | memoryview, pos: int, header: Ba
     return kafka_records.PREFIX.pack(header.base_offset, len(tail) + 4, header.leader_epoch) + tail
 
 
+def kafka_rows(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
+) -> list[kafka_records.KafkaRecord]:
+    """A KAFKA_FLAG batch's records as the stock client wrote them, at the offsets the
+    leader gave: the one decoder for every reader of such batches (our consumer, Spark)."""
+    try:
+        _, rows = kafka_records.decode_records(unwrap_kafka_batch(buf, pos, header))
+    except ProtocolError as exc:
+        raise CorruptBatch(str(exc)) from None
+    return rows
+
+
 def decode_records(
     buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
 ) -> list[Record]:
     """Decode one batch's records (client side: this is the only per-record decode)."""
     if header.attributes & KAFKA_FLAG:
-        try:
-            _, rows = kafka_records.decode_records(unwrap_kafka_batch(buf, pos, header))
-        except ProtocolError as exc:
-            raise CorruptBatch(str(exc)) from None
-        return [Record(*row) for row in rows]
+        return [Record(*row) for row in kafka_rows(buf, pos, header)]
     start = pos + header.records_at
     try:
         rows = msgpack.unpackb(memoryview(buf)[start : pos + header.size], raw=False, use_list=True)

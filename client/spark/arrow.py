@@ -3,7 +3,8 @@
 Spark moves Python data-source rows to the JVM as Arrow anyway, so ``read()`` yields
 ``pyarrow.RecordBatch``es built column by column from each fetch response: one
 msgpack decode per broker batch and a few C-level list operations per column, no
-Python object per row. The Arrow schema must equal Spark's exactly (``int32`` for
+Python object per row. A batch a stock Kafka client produced (stored as its v2 bytes,
+KAFKA_FLAG) is read by the same decoder our consumer uses (protocol.batch.kafka_rows). The Arrow schema must equal Spark's exactly (``int32`` for
 INT, ``timestamp[us, UTC]`` for TIMESTAMP), which is why it is spelled out here.
 """
 
@@ -14,6 +15,7 @@ import pyarrow as pa
 
 from minibroker.client.spark.fetch import Chunk
 from minibroker.protocol import BatchHeader, CorruptBatch
+from minibroker.protocol.batch import KAFKA_FLAG, kafka_rows
 
 SOURCE_DDL = (
     "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, "
@@ -60,6 +62,32 @@ def _rows(chunk: Chunk, pos: int, header: BatchHeader) -> list:
     return rows
 
 
+def _add_kafka_rows(
+    chunk: Chunk,
+    pos: int,
+    header: BatchHeader,
+    include_headers: bool,
+    keys: list,
+    values: list,
+    stamps: list,
+    offsets: list,
+    headers: list,
+) -> None:
+    """A stock client's batch into the columns. Its records carry their own offsets (a v2
+    batch may have gaps after compaction), so the chunk's range is cut by offset."""
+    low, high = chunk.low, chunk.high
+    rows = [r for r in kafka_rows(chunk.buf, pos, header) if low <= r.offset < high]
+    if not rows:
+        return
+    offsets_, stamps_, keys_, values_, headers_ = zip(*rows, strict=True)
+    keys += keys_
+    values += values_
+    stamps += stamps_
+    offsets += offsets_
+    if include_headers:
+        headers += [hs or None for hs in headers_]
+
+
 def to_record_batch(
     topic: str, partition: int, chunk: Chunk, include_headers: bool
 ) -> pa.RecordBatch | None:
@@ -70,6 +98,11 @@ def to_record_batch(
     offsets: list = []
     headers: list = []
     for pos, header in chunk.batches:
+        if header.attributes & KAFKA_FLAG:
+            _add_kafka_rows(
+                chunk, pos, header, include_headers, keys, values, stamps, offsets, headers
+            )
+            continue
         base = header.base_offset
         rows = _rows(chunk, pos, header)
         if len(rows) != header.record_count:
