@@ -79,7 +79,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # otherwise subscribe() waits forever without an error. The maxima stop before the
     # versions that carry group.instance.id (static membership, KIP-345: JoinGroup v5,
     # SyncGroup/Heartbeat/LeaveGroup v3, OffsetCommit v7), which the coordinator does not
-    # implement: a client configured with it is refused by its own version check.
+    # implement: a client configured with it joins as a dynamic member (librdkafka and
+    # kafka-python checked), never with an identity the coordinator would ignore.
     KafkaApi.FIND_COORDINATOR: (0, 2),
     ApiKey.JOIN_GROUP: (0, 4),
     ApiKey.SYNC_GROUP: (0, 2),
