@@ -2,41 +2,43 @@
 
 The broker never reads these: a group's leader gets every member's subscription in its
 JoinGroup answer, runs the assignor the group agreed on, and hands each member its
-partitions through SyncGroup. Subscriptions and assignments are msgpack here, where
-Kafka's are its own binary struct; the shapes are Kafka's.
+partitions through SyncGroup. The bytes are Kafka's own (protocol/kafka/consumer_protocol),
+so a group may mix our consumers with stock Kafka clients.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-import msgpack
-
 from minibroker.client.records import TopicPartition
+from minibroker.protocol.kafka import consumer_protocol
+from minibroker.protocol.kafka.consumer_protocol import ASSIGNMENT, SUBSCRIPTION
 
 
 def encode_subscription(topics: list[str]) -> bytes:
-    return msgpack.packb({"version": 0, "topics": sorted(topics), "user_data": None})
+    return consumer_protocol.encode_subscription(sorted(topics))
 
 
 def decode_subscription(data: bytes) -> list[str]:
-    return list(msgpack.unpackb(data, raw=False)["topics"])
+    return list(consumer_protocol.decode(SUBSCRIPTION, data)["topics"])
 
 
 def encode_assignment(partitions: list[TopicPartition]) -> bytes:
     by_topic: dict[str, list[int]] = {}
     for tp in partitions:
         by_topic.setdefault(tp.topic, []).append(tp.partition)
-    return msgpack.packb(
-        {"version": 0, "partitions": [[t, sorted(ps)] for t, ps in sorted(by_topic.items())]}
+    return consumer_protocol.encode_assignment(
+        {t: sorted(ps) for t, ps in sorted(by_topic.items())}
     )
 
 
 def decode_assignment(data: bytes) -> list[TopicPartition]:
     if not data:
         return []
-    body = msgpack.unpackb(data, raw=False)
-    return [TopicPartition(t, p) for t, ps in body["partitions"] for p in ps]
+    body = consumer_protocol.decode(ASSIGNMENT, data)
+    return [
+        TopicPartition(a["topic"], p) for a in body["assigned_partitions"] for p in a["partitions"]
+    ]
 
 
 Subscriptions = Mapping[str, list[str]]  # member id -> topics

@@ -16,6 +16,8 @@ from typing import Any
 from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.common.topic_config import TOPIC_CONFIGS
 from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
+from minibroker.broker.kafka.groups import GroupApis
+from minibroker.broker.kafka.translate import then
 from minibroker.broker.metadata.cache import MetadataCache
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.network.session import ConnectionSession
@@ -31,23 +33,12 @@ _TRANSACTIONS = (
 _RESOURCE_TOPIC = 2
 
 
-def then(result: Any, translate: Callable[[dict], dict]) -> Any:
-    """``translate`` the native answer now, or when its parked request completes."""
-    if isinstance(result, PendingResponse):
-        out = PendingResponse(result.max_bytes)
-        result.add_done_callback(lambda body: out.set(translate(body)))
-        return out
-    if result is None:
-        return None
-    return translate(result)
-
-
 def _failed(body: dict) -> int:
     """A top-level native error (a bare error body: fault injected, refused) or 0."""
     return body.get("error_code", 0) if "topics" not in body else 0
 
 
-class KafkaRequestHandler:
+class KafkaRequestHandler(GroupApis):
     """Kafka's KafkaApis for stock clients, built on the native handler."""
 
     def __init__(self, native: Any, cache: MetadataCache, config: BrokerConfig) -> None:
@@ -68,6 +59,7 @@ class KafkaRequestHandler:
             KafkaApi.INIT_PRODUCER_ID: self.init_producer_id,
             KafkaApi.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             KafkaApi.DESCRIBE_CONFIGS: self.describe_configs,
+            **self.group_handlers(),
         }
 
     def handle(

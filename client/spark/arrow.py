@@ -3,7 +3,9 @@
 Spark moves Python data-source rows to the JVM as Arrow anyway, so ``read()`` yields
 ``pyarrow.RecordBatch``es built column by column from each fetch response: one
 msgpack decode per broker batch and a few C-level list operations per column, no
-Python object per row. The Arrow schema must equal Spark's exactly (``int32`` for
+Python object per row. A batch a stock Kafka client produced (stored as its v2 bytes,
+KAFKA_FLAG) comes out of the same decoder our consumer uses (``protocol.decode_rows``)
+in the same row shape. The Arrow schema must equal Spark's exactly (``int32`` for
 INT, ``timestamp[us, UTC]`` for TIMESTAMP), which is why it is spelled out here.
 """
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
+from minibroker.protocol.api import ApiKey
 from minibroker.protocol.errors import ErrorCode, ProtocolError
 from minibroker.protocol.framing import encode_frame_of
 from minibroker.protocol.kafka.messages import KafkaDecodeError, message_codec, read_uvarint
@@ -36,18 +37,29 @@ class KafkaApi:
     DESCRIBE_CONFIGS = 32
 
 
+# The group APIs are named by the native ApiKey: the native protocol has them under Kafka's
+# own keys and versions' meaning (protocol/group_api.py).
 # api key -> the spec's name stem (specs/<stem>Request.json, <stem>Response.json)
 SPEC_NAMES = {
     KafkaApi.PRODUCE: "Produce",
     KafkaApi.FETCH: "Fetch",
     KafkaApi.LIST_OFFSETS: "ListOffsets",
     KafkaApi.METADATA: "Metadata",
+    ApiKey.OFFSET_COMMIT: "OffsetCommit",
+    ApiKey.OFFSET_FETCH: "OffsetFetch",
     KafkaApi.FIND_COORDINATOR: "FindCoordinator",
+    ApiKey.JOIN_GROUP: "JoinGroup",
+    ApiKey.HEARTBEAT: "Heartbeat",
+    ApiKey.LEAVE_GROUP: "LeaveGroup",
+    ApiKey.SYNC_GROUP: "SyncGroup",
+    ApiKey.DESCRIBE_GROUPS: "DescribeGroups",
+    ApiKey.LIST_GROUPS: "ListGroups",
     KafkaApi.API_VERSIONS: "ApiVersions",
     KafkaApi.CREATE_TOPICS: "CreateTopics",
     KafkaApi.INIT_PRODUCER_ID: "InitProducerId",
     KafkaApi.OFFSET_FOR_LEADER_EPOCH: "OffsetForLeaderEpoch",
     KafkaApi.DESCRIBE_CONFIGS: "DescribeConfigs",
+    ApiKey.DELETE_GROUPS: "DeleteGroups",
 }
 
 # (min, max) served. Produce from v3 (v2 batches only), Fetch from v4 (isolation level).
@@ -61,9 +73,24 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     KafkaApi.INIT_PRODUCER_ID: (0, 1),
     KafkaApi.OFFSET_FOR_LEADER_EPOCH: (0, 3),
     KafkaApi.DESCRIBE_CONFIGS: (0, 3),
-    # Not FindCoordinator: a refusal there (tried: GROUP_AUTHORIZATION_FAILED) reaches
-    # every confluent-kafka consumer, since it must have a group.id even to assign();
-    # unadvertised, kafka-python's subscribe() fails naming the API and assign() is clean.
+    # The classic group protocol, from v0: librdkafka turns its balanced consumer on only
+    # when every group API's range reaches its feature table's minimum (JoinGroup, SyncGroup,
+    # Heartbeat, LeaveGroup and FindCoordinator v0, OffsetCommit v1-2, OffsetFetch v1);
+    # otherwise subscribe() waits forever without an error. The maxima stop before the
+    # versions that carry group.instance.id (static membership, KIP-345: JoinGroup v5,
+    # SyncGroup/Heartbeat/LeaveGroup v3, OffsetCommit v7), which the coordinator does not
+    # implement: a client configured with it joins as a dynamic member (librdkafka and
+    # kafka-python checked), never with an identity the coordinator would ignore.
+    KafkaApi.FIND_COORDINATOR: (0, 2),
+    ApiKey.JOIN_GROUP: (0, 4),
+    ApiKey.SYNC_GROUP: (0, 2),
+    ApiKey.HEARTBEAT: (0, 2),
+    ApiKey.LEAVE_GROUP: (0, 2),
+    ApiKey.OFFSET_COMMIT: (0, 6),
+    ApiKey.OFFSET_FETCH: (0, 5),
+    ApiKey.LIST_GROUPS: (0, 2),
+    ApiKey.DESCRIBE_GROUPS: (0, 4),
+    ApiKey.DELETE_GROUPS: (0, 1),
 }
 
 _HEAD = struct.Struct(">hhih")  # api_key, api_version, correlation_id, client_id length

@@ -380,20 +380,24 @@ class MessageCodec:
 
     def __init__(self, spec: dict, version: int) -> None:
         self.name = spec["name"]
-        self.api_key = spec["apiKey"]
+        self.api_key = spec.get("apiKey", -1)  # -1: a "data" spec (ConsumerProtocol...)
         self.version = version
         self.flexible = _in(spec.get("flexibleVersions"), version)
         common = {c["name"]: c["fields"] for c in spec.get("commonStructs", ())}
         self._struct = _compile_struct(spec["fields"], version, self.flexible, common)
 
-    def decode(self, buf: bytes, pos: int = 0) -> dict:
-        """The body at ``buf[pos:]``, which it must use up exactly."""
+    def read(self, buf: bytes, pos: int = 0) -> tuple[dict, int]:
+        """The body at ``buf[pos:]`` and where it ends (bytes after it are the caller's)."""
         try:
-            body, end = self._struct.read(buf, pos)
+            return self._struct.read(buf, pos)
         except ProtocolError:
             raise
         except Exception as exc:  # struct.error, IndexError, ValueError on hostile bytes
             raise KafkaDecodeError(f"{self.name} v{self.version}: {type(exc).__name__}") from None
+
+    def decode(self, buf: bytes, pos: int = 0) -> dict:
+        """The body at ``buf[pos:]``, which it must use up exactly."""
+        body, end = self.read(buf, pos)
         if end != len(buf):
             raise KafkaDecodeError(
                 f"{self.name} v{self.version}: {len(buf) - end} bytes left after the body"
@@ -410,7 +414,7 @@ class MessageCodec:
 
 
 def valid_versions(name: str) -> tuple[int, int]:
-    low, _, high = load_spec(name)["validVersions"].partition("-")
+    low, _, high = _spec(name)["validVersions"].partition("-")
     return int(low), int(high or low)
 
 

@@ -315,7 +315,7 @@ def test_an_unserved_api_is_answered_and_the_connection_kept(cluster):
             (size,) = struct.unpack(">i", stream.read(4))
             return stream.read(size)
 
-        assert ask(11, 5, 1) == struct.pack(">ih", 1, 35)  # JoinGroup: UNSUPPORTED_VERSION
+        assert ask(21, 0, 1) == struct.pack(">ih", 1, 35)  # DeleteRecords: UNSUPPORTED_VERSION
         answer = ask(18, 0, 2)  # ApiVersions v0 on the same connection
         assert answer[:6] == struct.pack(">ih", 2, 0)
 
@@ -334,18 +334,3 @@ def test_the_fault_api_fails_kafka_produces_too(cluster):
     finally:
         cluster.clear_faults(leader)
     assert outcome and outcome[0].code() == RdKafkaError.NOT_ENOUGH_REPLICAS
-
-
-def test_subscribe_is_refused_with_a_reason_until_groups_exist(cluster):
-    from kafka import KafkaConsumer
-    from kafka.errors import IncompatibleBrokerVersion
-
-    kp = KafkaConsumer(
-        "rd-sub", bootstrap_servers=cluster.kafka_bootstrap.split(","), group_id="g",
-        consumer_timeout_ms=10000,
-    )  # fmt: skip
-    try:
-        with pytest.raises(IncompatibleBrokerVersion, match="FindCoordinator"):
-            list(kp)
-    finally:
-        kp.close()

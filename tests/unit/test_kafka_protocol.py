@@ -82,9 +82,9 @@ def test_an_unserved_version_is_answered_not_dropped():
     answer = unsupported_response(caught.value.header)
     body = decode_response(KafkaRequestHeader(KafkaApi.API_VERSIONS, 0, 5, None), answer[4:])
     assert body["error_code"] == ErrorCode.UNSUPPORTED_VERSION and body["api_keys"]
-    join_group = struct.pack(">hhih", 11, 5, 6, -1) + b"\x00" * 8
+    delete_records = struct.pack(">hhih", 21, 0, 6, -1) + b"\x00" * 8  # no spec here
     with pytest.raises(KafkaUnsupported) as caught:
-        decode_request(join_group)
+        decode_request(delete_records)
     assert unsupported_response(caught.value.header)[4:] == struct.pack(">ih", 6, 35)
 
 
@@ -183,3 +183,32 @@ def test_damaged_real_requests_raise_only_the_protocols_error(data):
         decode_request(bytes(payload[:cut]))
     except ProtocolError:
         pass
+
+
+# --- the consumer protocol's bytes (shared by our consumers and stock clients) ----------------
+
+
+def test_consumer_protocol_round_trips_and_matches_kafka_python():
+    from kafka.protocol.old.consumer_protocol import ConsumerProtocolMemberAssignment_v0
+
+    from minibroker.client.assignors import decode_assignment, encode_assignment
+    from minibroker.client.records import TopicPartition
+
+    parts = [TopicPartition("a", 0), TopicPartition("a", 2), TopicPartition("b", 1)]
+    ours = encode_assignment(parts)
+    assert decode_assignment(ours) == parts
+    theirs = ConsumerProtocolMemberAssignment_v0(0, [("a", [0, 2]), ("b", [1])], b"").encode()
+    assert decode_assignment(theirs) == parts
+
+
+def test_a_newer_consumer_protocol_version_is_read_as_ours():
+    from minibroker.protocol.kafka import consumer_protocol as cp
+
+    # v3 subscription: topics, user data, owned partitions, generation, rack id
+    v3 = cp.encode(cp.SUBSCRIPTION, {"topics": ["t"], "generation_id": 4, "rack_id": "r"}, 3)
+    future = struct.pack(">h", 9) + v3[2:] + b"fields from later versions"
+    assert cp.decode(cp.SUBSCRIPTION, future)["topics"] == ["t"]
+    with pytest.raises(ProtocolError):
+        cp.decode(cp.SUBSCRIPTION, struct.pack(">h", -1))
+    with pytest.raises(ProtocolError):
+        cp.decode(cp.ASSIGNMENT, struct.pack(">hi", 0, 5))  # five topics promised, none there
