@@ -16,7 +16,7 @@ from __future__ import annotations
 from minibroker.protocol.batch import (
     KAFKA_FLAG,
     CorruptBatch,
-    decode_records,
+    decode_rows,
     iter_batches,
     unwrap_kafka_batch,
     wrap_kafka_batch,
@@ -76,12 +76,11 @@ def to_kafka(records: bytes) -> bytes:
 
 
 def _reencode(records: bytes, pos: int, header) -> bytes:
-    rows = decode_records(records, pos, header)
-    batch = kafka_records.encode_batch(
-        [(r.timestamp, r.key, r.value, r.headers) for r in rows],
+    # decode_rows checks the record count; offsets run from the batch's base offset.
+    first_ts = header.first_timestamp
+    rows = decode_rows(records, pos, header)
+    return kafka_records.encode_batch(
+        [(first_ts + r[0], r[1], r[2], r[3] if len(r) == 4 else ()) for r in rows],
         base_offset=header.base_offset,
         leader_epoch=header.leader_epoch,
     )
-    if len(rows) != header.record_count or rows[0].offset != header.base_offset:
-        raise CorruptBatch(f"batch at offset {header.base_offset} does not decode to its count")
-    return batch
