@@ -96,6 +96,11 @@ class PeerConnection:
                 raise NetworkException(
                     f"{api_name(api_key)} to {self.address} failed: {exc}"
                 ) from None
+            except BaseException:
+                # Cancelled midway (a fetcher stopped, a round called back): the answer is
+                # still on its way, and no later request may read it as its own.
+                await self._reset()
+                raise
         return check_error(api_key, body)
 
     async def _reset(self) -> None:

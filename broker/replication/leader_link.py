@@ -12,7 +12,12 @@ A round goes out once every member has asked, except members that said they are
 pausing (a backoff, an injected delay): a member wakes, handles its part (synchronous
 partition work) and asks again within a scheduler pass, so waiting for all of them
 costs nothing and keeps the round whole. A member that asks while a round is out
-joins the next one, as a partition added to Kafka's fetch session does.
+joins the next one, as a partition added to Kafka's fetch session does; but a member
+asking for the first time (a partition just followed: a new topic, a new leader) calls
+back a Fetch round that is out. That round may be parked at the leader for
+``replica.fetch.wait.max.ms``, and a new topic's first acks=all write waited it out
+(200-500 ms after CreateTopics, against ~10 ms before links were shared): the round's
+asks go out again at once, with the newcomer in them.
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ class LeaderLink:
         self.asks: dict[int, dict[Key, _Ask]] = {api: {} for api in request_fields}
         self.cancel_scope = trio.CancelScope()
         self._arrived = trio.lowlevel.ParkingLot()
+        self._served: set[object] = set()  # members some round has carried
+        self._fetch_out: trio.CancelScope | None = None  # the Fetch round out, if any
 
     # --- members ----------------------------------------------------------------------------
 
@@ -79,6 +86,7 @@ class LeaderLink:
     def leave(self, member: object) -> None:
         self.members.discard(member)
         self.paused.discard(member)
+        self._served.discard(member)
         for asks in self.asks.values():
             for key in [k for k, ask in asks.items() if ask.member is member]:
                 del asks[key]
@@ -90,6 +98,8 @@ class LeaderLink:
         ask = _Ask(member, part)
         asks = self.asks[api_key]
         asks[key] = ask
+        if member not in self._served and self._fetch_out is not None:
+            self._fetch_out.cancel()  # a newcomer: see the module docstring
         self._arrived.unpark_all()
         try:
             await ask.done.wait()
@@ -144,12 +154,25 @@ class LeaderLink:
             **self.request_fields[api_key],
             "topics": [{"name": name, "partitions": parts} for name, parts in topics.items()],
         }
-        try:
-            answer = await self.conn.request(api_key, body, timeout=self.timeouts[api_key])
-        except KafkaError as exc:
-            for ask in asks.values():
-                ask.error = exc
-                ask.done.set()
+        self._served.update(ask.member for ask in asks.values())
+        with trio.CancelScope() as scope:
+            if api_key == ApiKey.FETCH:
+                self._fetch_out = scope
+            try:
+                answer = await self.conn.request(api_key, body, timeout=self.timeouts[api_key])
+            except KafkaError as exc:
+                for ask in asks.values():
+                    ask.error = exc
+                    ask.done.set()
+                return
+            finally:
+                self._fetch_out = None
+        if scope.cancelled_caught:
+            # Called back for a newcomer: these asks ride the next round, which goes out
+            # at once (they are all asked already).
+            pending = self.asks[api_key]
+            for key, ask in asks.items():
+                pending.setdefault(key, ask)
             return
         parts = {
             (t["name"], part["partition"]): part

@@ -115,3 +115,49 @@ async def test_a_failed_round_fails_each_ask_and_a_missing_part_is_named():
         with pytest.raises(NetworkException, match="leader gone"):
             await link.ask(m, ApiKey.FETCH, ("a", 0), {"partition": 0})
         nursery.cancel_scope.cancel()
+
+
+class ParkingLeader(FakeLeader):
+    """A leader whose Fetch with a single partition parks (a long poll with nothing new)
+    until released; anything else is answered at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = trio.Event()
+
+    async def request(self, api_key: int, body: dict, *, timeout: float) -> dict:
+        if api_key == ApiKey.FETCH and sum(len(t["partitions"]) for t in body["topics"]) == 1:
+            self.requests.append((api_key, body))
+            await self.release.wait()
+        return await super().request(api_key, body, timeout=timeout)
+
+
+async def test_a_new_member_calls_back_a_parked_fetch_and_both_ride_the_next_round():
+    leader = ParkingLeader()
+    link = link_to(leader)
+    old, new = object(), object()
+    answers: dict[str, dict] = {}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link.run)
+        link.join(old)
+
+        async def fetch(member: object, name: str, partition: int) -> None:
+            answers[name] = await link.ask(
+                member, ApiKey.FETCH, ("t", partition), {"partition": partition}
+            )
+
+        nursery.start_soon(fetch, old, "old", 0)
+        with trio.fail_after(5):
+            while not leader.requests:  # the old member's fetch is out, parked
+                await trio.sleep(0)
+        link.join(new)
+        nursery.start_soon(fetch, new, "new", 1)
+        with trio.fail_after(5):  # answered without the parked fetch being released
+            while len(answers) < 2:
+                await trio.sleep(0.001)
+        link.cancel_scope.cancel()
+    assert not leader.release.is_set()
+    last_api, last_body = leader.requests[-1]
+    assert last_api == ApiKey.FETCH
+    assert sorted(p["partition"] for p in last_body["topics"][0]["partitions"]) == [0, 1]
+    assert answers["old"]["partition"] == 0 and answers["new"]["partition"] == 1
