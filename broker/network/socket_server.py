@@ -25,6 +25,8 @@ import errno
 import os
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 import trio
@@ -122,7 +124,7 @@ class _ParkedAnswer:
     parked request for the cyclic collector to walk; this is one.
     """
 
-    __slots__ = ("correlation_id", "log", "outbox", "packer", "reserved", "timing")
+    __slots__ = ("correlation_id", "log", "outbox", "packer", "reserved", "resume", "timing")
 
     def __init__(
         self,
@@ -132,6 +134,7 @@ class _ParkedAnswer:
         log: Any,
         timing: tuple[RequestMetrics, int, float, float, float] | None,
         packer: _SharedBodyPacker,
+        resume: Callable[[], None] | None = None,
     ) -> None:
         self.correlation_id = correlation_id
         self.outbox = outbox
@@ -139,6 +142,8 @@ class _ParkedAnswer:
         self.log = log
         self.timing = timing
         self.packer = packer
+        # An in-order connection's next request waits for this answer (see _run).
+        self.resume = resume
 
     def __call__(self, body: dict) -> None:
         outbox = self.outbox
@@ -152,6 +157,8 @@ class _ParkedAnswer:
                 error_body(ErrorCode.UNKNOWN_SERVER_ERROR, "unencodable answer"),
             )
         outbox.put(frame)
+        if self.resume is not None:
+            self.resume()
         timing = self.timing
         if timing is not None:
             metrics, api_key, received, started, parked = timing
@@ -175,6 +182,7 @@ class _Connection:
     """One client connection: what the reactor keeps per socket (no task, no scope)."""
 
     __slots__ = (
+        "awaiting",
         "backlog",
         "closed",
         "codec",
@@ -201,6 +209,9 @@ class _Connection:
         self.backlog: list | None = None  # frames read but not dispatched yet
         self.idle_sweeps = 0  # idle sweeps since the last read (see _idle_sweeper)
         self.muted = False  # not read while its answers pile up (backpressure)
+        # A coded connection answers in request order: while one of its requests is
+        # parked, the next is not dispatched (and the connection is muted).
+        self.awaiting = False
         self.closed = False
 
 
@@ -220,7 +231,10 @@ class ConnectionHandler:
     answer are the codec's. A codec has ``decode(payload)`` -> ``(header, body)`` (a
     ProtocolError closes the connection; one carrying ``answer`` bytes is answered
     instead), ``dispatcher`` (``handle`` as ours) and ``packer(header)`` ->
-    ``(correlation_id, body) -> frame``.
+    ``(correlation_id, body) -> frame``. A coded connection is answered in request
+    order, as Kafka's protocol requires (its clients check each answer's correlation id
+    against the oldest request in flight): a request that parks holds back the next one
+    until it is answered, as Kafka's Processor mutes a channel with a request in flight.
     """
 
     def __init__(
@@ -413,7 +427,9 @@ class ConnectionHandler:
         self._poller.mute(conn.fd)
 
     def _unmute(self, conn: _Connection) -> None:
-        if not conn.muted or conn.closed:
+        # Muted for two reasons (answers piling up, an in-order answer owed): read again
+        # only when neither holds.
+        if not conn.muted or conn.closed or conn.awaiting or conn.outbox.full:
             return
         conn.muted = False
         self.muted_connections -= 1
@@ -423,6 +439,10 @@ class ConnectionHandler:
             # Its socket may have nothing new to read: the reactor must run regardless.
             self._backlogged.append(conn)
             self._poller.wake()
+
+    def _answered_in_order(self, conn: _Connection) -> None:
+        conn.awaiting = False
+        self._unmute(conn)
 
     async def _write(self, conn: _Connection) -> None:
         """The writer for what the socket did not take at once (see Outbox)."""
@@ -553,9 +573,10 @@ class ConnectionHandler:
                 if not self._one(frames[n], conn, received):
                     self._close(conn)
                     return
-                if outbox.full:
+                if outbox.full or conn.awaiting:
                     # Checked after a request, so one always goes through whatever its
-                    # answer's size; the socket is not read again until there is room.
+                    # answer's size; the socket is not read again until there is room
+                    # (or, in order, until the parked answer is sent).
                     del frames[: n + 1]
                     conn.backlog = frames or None
                     self._mute(conn)
@@ -662,8 +683,12 @@ class ConnectionHandler:
             timing = None
             if metrics is not None:
                 timing = (metrics, header.api_key, received, started, _now())
+            resume = None
+            if conn.codec is not None:
+                conn.awaiting = True
+                resume = partial(self._answered_in_order, conn)
             result.add_done_callback(
-                _ParkedAnswer(header.correlation_id, outbox, reserved, log, timing, packer)
+                _ParkedAnswer(header.correlation_id, outbox, reserved, log, timing, packer, resume)
             )
             return True
         if result is not None:

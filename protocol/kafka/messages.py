@@ -253,16 +253,23 @@ def _default(field: dict, version: int) -> Any:
 class _Struct:
     """The compiled fields of one struct at one version."""
 
-    __slots__ = ("defaults", "fields", "flexible", "tagged")
+    __slots__ = ("absent", "defaults", "fields", "flexible", "tagged")
 
     def __init__(self) -> None:
         self.fields: list[tuple[str, Reader, Writer, Any]] = []
         self.tagged: dict[int, tuple[str, Reader, Writer, Any]] = {}
         self.defaults: dict[str, Any] = {}
+        # Fields this version does not carry, read as their defaults (as Kafka's generated
+        # messages have every field at every version): a handler reads a v4 Fetch's
+        # current_leader_epoch as -1, not a KeyError answered UNKNOWN_SERVER_ERROR.
+        self.absent: list[tuple[str, Any]] = []
         self.flexible = False
 
     def read(self, buf: bytes, pos: int) -> tuple[dict, int]:
         out = {}
+        for name, value in self.absent:
+            # A fresh list or dict per read: a decoded body is the caller's to keep.
+            out[name] = value.copy() if isinstance(value, list | dict) else value
         for name, read, _, _ in self.fields:
             out[name], pos = read(buf, pos)
         if self.flexible:
@@ -307,6 +314,7 @@ def _compile_struct(fields: list[dict], version: int, flexible: bool, common: di
     compiled.flexible = flexible
     for field in fields:
         if not _in(field.get("versions"), version):
+            compiled.absent.append((snake(field["name"]), _default(field, version)))
             continue
         name = snake(field["name"])
         codec = _field_codec(field, version, flexible, common)

@@ -20,6 +20,12 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from minibroker.client import SyncConsumer, SyncProducer
 from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
+from minibroker.protocol.kafka import (
+    KafkaApi,
+    KafkaRequestHeader,
+    decode_response,
+    encode_request,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -319,6 +325,35 @@ def test_an_unserved_api_is_answered_and_the_connection_kept(cluster):
         assert ask(21, 0, 1) == struct.pack(">ih", 1, 35)  # DeleteRecords: UNSUPPORTED_VERSION
         answer = ask(18, 0, 2)  # ApiVersions v0 on the same connection
         assert answer[:6] == struct.pack(">ih", 2, 0)
+
+
+def test_answers_leave_in_request_order_behind_a_parked_fetch(cluster):
+    """Kafka's protocol answers a connection in request order (kafka-python 3 drops the
+    connection on a correlation id out of turn): a Metadata sent behind a long-polling
+    Fetch is answered after it, not before."""
+    rd_create(cluster.kafka_bootstrap, "in-order")
+    leader = cluster.leader("in-order")
+    host, port = cluster.state.host, cluster.state.kafka_base_port + leader
+    fetch = KafkaRequestHeader(KafkaApi.FETCH, 4, 1, "t")
+    metadata = KafkaRequestHeader(KafkaApi.METADATA, 1, 2, "t")
+    partition = {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}
+    fetch_body = {
+        "replica_id": -1,
+        "max_wait_ms": 1500,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "topics": [{"topic": "in-order", "partitions": [partition]}],
+    }
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(encode_request(fetch, fetch_body) + encode_request(metadata, {"topics": None}))
+        stream = sock.makefile("rb")
+        answered = []
+        for header in (fetch, metadata):
+            (size,) = struct.unpack(">i", stream.read(4))
+            payload = stream.read(size)
+            answered.append(struct.unpack_from(">i", payload)[0])
+            assert decode_response(header, payload)["throttle_time_ms"] == 0
+    assert answered == [1, 2]
 
 
 def test_the_fault_api_fails_kafka_produces_too(cluster):

@@ -212,3 +212,18 @@ def test_a_newer_consumer_protocol_version_is_read_as_ours():
         cp.decode(cp.SUBSCRIPTION, struct.pack(">h", -1))
     with pytest.raises(ProtocolError):
         cp.decode(cp.ASSIGNMENT, struct.pack(">hi", 0, 5))  # five topics promised, none there
+
+
+def test_a_field_the_version_does_not_carry_reads_as_its_default():
+    """Kafka's generated messages have every field at every version: a v4 Fetch's
+    current_leader_epoch (v9+) is -1, so handlers need not know which version came."""
+    header = KafkaRequestHeader(KafkaApi.FETCH, 4, 1, None)
+    partition = {"partition": 0, "fetch_offset": 7, "partition_max_bytes": 100}
+    body = {"max_wait_ms": 5, "topics": [{"topic": "t", "partitions": [partition]}]}
+    first = decode_request(encode_request(header, body)[4:])[1]
+    decoded = first["topics"][0]["partitions"][0]
+    assert (decoded["fetch_offset"], decoded["current_leader_epoch"]) == (7, -1)
+    assert first["forgotten_topics_data"] == []
+    first["forgotten_topics_data"].append("x")  # each decoded body is its own
+    second = decode_request(encode_request(header, body)[4:])[1]
+    assert second["forgotten_topics_data"] == []
