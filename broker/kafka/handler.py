@@ -15,6 +15,7 @@ from typing import Any
 
 from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.common.topic_config import TOPIC_CONFIGS
+from minibroker.broker.kafka.admin import CLUSTER_ID, AdminApis
 from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
 from minibroker.broker.kafka.groups import GroupApis
 from minibroker.broker.kafka.translate import then
@@ -25,7 +26,6 @@ from minibroker.protocol import ApiKey, RequestHeader, validate_request
 from minibroker.protocol.errors import ErrorCode, InvalidRequest
 from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader, api_versions_body
 
-CLUSTER_ID = "minibroker"
 _TRANSACTIONS = (
     "transactions are not served by minibroker: drop transactional.id (an idempotent "
     "producer, enable.idempotence=true, is served)"
@@ -38,7 +38,7 @@ def _failed(body: dict) -> int:
     return body.get("error_code", 0) if "topics" not in body else 0
 
 
-class KafkaRequestHandler(GroupApis):
+class KafkaRequestHandler(GroupApis, AdminApis):
     """Kafka's KafkaApis for stock clients, built on the native handler."""
 
     def __init__(self, native: Any, cache: MetadataCache, config: BrokerConfig) -> None:
@@ -60,6 +60,7 @@ class KafkaRequestHandler(GroupApis):
             KafkaApi.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             KafkaApi.DESCRIBE_CONFIGS: self.describe_configs,
             **self.group_handlers(),
+            **self.admin_handlers(),
         }
 
     def handle(
@@ -89,13 +90,17 @@ class KafkaRequestHandler(GroupApis):
         result = self._native(header, ApiKey.METADATA, {"topics": names}, session)
         return then(result, lambda answer: self._metadata_answer(answer, names))
 
-    def _metadata_answer(self, answer: dict, names: list[str] | None) -> dict:
-        md = self.cache.metadata
-        brokers = [
+    def _kafka_brokers(self) -> list[dict]:
+        """Every broker's Kafka listener, as Metadata and DescribeCluster advertise them."""
+        return [
             {"node_id": b.node_id, "host": b.kafka_host or b.host, "port": b.kafka_port}
-            for b in md.brokers.values()
+            for b in self.cache.metadata.brokers.values()
             if b.kafka_port
         ]
+
+    def _metadata_answer(self, answer: dict, names: list[str] | None) -> dict:
+        md = self.cache.metadata
+        brokers = self._kafka_brokers()
         code = _failed(answer)
         if code:
             topics = [{"name": n, "error_code": code} for n in names or ()]
