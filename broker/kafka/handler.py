@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from minibroker.broker.common.clock import Clock, MonotonicClock
 from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.common.topic_config import TOPIC_CONFIGS
 from minibroker.broker.kafka.admin import CLUSTER_ID, AdminApis
 from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
+from minibroker.broker.kafka.fetch_session import FetchSessionCache
 from minibroker.broker.kafka.groups import GroupApis
 from minibroker.broker.kafka.translate import then
 from minibroker.broker.metadata.cache import MetadataCache
@@ -41,9 +43,14 @@ def _failed(body: dict) -> int:
 class KafkaRequestHandler(GroupApis, AdminApis):
     """Kafka's KafkaApis for stock clients, built on the native handler."""
 
-    def __init__(self, native: Any, cache: MetadataCache, config: BrokerConfig) -> None:
+    def __init__(
+        self, native: Any, cache: MetadataCache, config: BrokerConfig, clock: Clock | None = None
+    ) -> None:
         self.native = native
         self.cache = cache
+        self.fetch_sessions = FetchSessionCache(
+            config["max.incremental.fetch.session.cache.slots"], clock or MonotonicClock()
+        )
         # What a topic without its own setting inherits (DescribeConfigs' defaults).
         self.topic_defaults = {
             d.name: config[d.broker_key] for d in TOPIC_CONFIGS.values() if d.broker_key
@@ -190,6 +197,9 @@ class KafkaRequestHandler(GroupApis, AdminApis):
         return {"responses": responses}
 
     def fetch(self, header, body, session) -> Any:
+        context = self.fetch_sessions.new_context(body)  # KIP-227: broker/kafka/fetch_session.py
+        if context.error:
+            return context.answer({})
         native = {
             "replica_id": -1,  # a stock client is never a follower here
             "max_wait_ms": max(body["max_wait_ms"], 0),
@@ -210,11 +220,11 @@ class KafkaRequestHandler(GroupApis, AdminApis):
                         for p in t["partitions"]
                     ],
                 }
-                for t in body["topics"]
+                for t in context.topics
             ],
         }
         result = self._native(header, ApiKey.FETCH, native, session)
-        return then(result, lambda answer: self._fetch_answer(native, answer))
+        return then(result, lambda answer: context.answer(self._fetch_answer(native, answer)))
 
     @staticmethod
     def _fetch_answer(request: dict, answer: dict) -> dict:
@@ -238,7 +248,7 @@ class KafkaRequestHandler(GroupApis, AdminApis):
         else:
             topics = answer["topics"]
         return {
-            "session_id": 0,  # no fetch sessions: every fetch is a full one
+            "session_id": 0,  # the fetch context sets the session (fetch_session.py)
             "responses": [
                 {
                     "topic": t["name"],

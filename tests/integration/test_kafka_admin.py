@@ -46,6 +46,8 @@ def rd_create(cluster, *names: str, partitions: int = 1) -> None:
     futures = admin.create_topics([NewTopic(n, partitions, 3) for n in names])
     for future in futures.values():
         future.result(30)
+    for name in names:  # the answering broker knows them; the others a moment later
+        cluster.wait_for_leader(name)
 
 
 def rd_topics(cluster) -> set[str]:
