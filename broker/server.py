@@ -137,7 +137,8 @@ class Broker:
         )
         handler = self._request_handler()
         self.connections = self._socket_server(handler)
-        self.kafka_codec = KafkaCodec(KafkaRequestHandler(handler, self.cache, config))
+        self.kafka_handler = KafkaRequestHandler(handler, self.cache, config, self.clock)
+        self.kafka_codec = KafkaCodec(self.kafka_handler)
 
     # --- building -------------------------------------------------------------------------
 
@@ -398,6 +399,8 @@ class Broker:
             },
             "requests": self.request_metrics.snapshot(),
             "groups": self.coordinator.stats(),
+            # The Kafka listener's incremental fetch sessions (KIP-227).
+            "fetch_sessions": self.kafka_handler.fetch_sessions.stats(),
             "partitions": [
                 {
                     "topic": p.topic,

@@ -55,6 +55,14 @@ def render(body: dict) -> str:
             + "".join(f"{figures[f]:>11}" for f in PURGATORY_FIELDS)
             + f"  {_ms(late)}"
         )
+    sessions = stats.get("fetch_sessions")  # the Kafka listener's (KIP-227)
+    if sessions:
+        lines += [
+            "",
+            f"kafka fetch sessions {sessions['sessions']}  partitions cached "
+            f"{sessions['partitions_cached']}  created {sessions['created']}  "
+            f"evicted {sessions['evictions']}",
+        ]
     requests = stats.get("requests") or {}
     if requests:
         lines += [

@@ -74,6 +74,11 @@ class ErrorCode(IntEnum):
     GROUP_ID_NOT_FOUND = 69
     MEMBER_ID_REQUIRED = 79
     GROUP_MAX_SIZE_REACHED = 81
+    # incremental fetch sessions (KIP-227), topic ids (KIP-516), DescribeCluster (KIP-919)
+    FETCH_SESSION_ID_NOT_FOUND = 70
+    INVALID_FETCH_SESSION_EPOCH = 71
+    UNKNOWN_TOPIC_ID = 100
+    UNSUPPORTED_ENDPOINT_TYPE = 115
 
     @property
     def retriable(self) -> bool:
@@ -111,10 +116,13 @@ RETRIABLE = frozenset(
         ErrorCode.UNKNOWN_LEADER_EPOCH,
         ErrorCode.OFFSET_NOT_AVAILABLE,
         ErrorCode.THROTTLING_QUOTA_EXCEEDED,
+        ErrorCode.FETCH_SESSION_ID_NOT_FOUND,
+        ErrorCode.INVALID_FETCH_SESSION_EPOCH,
         # Kafka's InvalidMetadataException subclasses (the metadata may change).
         ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
         ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
         ErrorCode.ELECTION_NOT_NEEDED,
+        ErrorCode.UNKNOWN_TOPIC_ID,
     }
 )
 
@@ -224,3 +232,7 @@ MemberIdRequired = _BY_CODE[ErrorCode.MEMBER_ID_REQUIRED]
 PreferredLeaderNotAvailable = _BY_CODE[ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE]
 EligibleLeadersNotAvailable = _BY_CODE[ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE]
 ElectionNotNeeded = _BY_CODE[ErrorCode.ELECTION_NOT_NEEDED]
+FetchSessionIdNotFound = _BY_CODE[ErrorCode.FETCH_SESSION_ID_NOT_FOUND]
+InvalidFetchSessionEpoch = _BY_CODE[ErrorCode.INVALID_FETCH_SESSION_EPOCH]
+UnknownTopicId = _BY_CODE[ErrorCode.UNKNOWN_TOPIC_ID]
+UnsupportedEndpointType = _BY_CODE[ErrorCode.UNSUPPORTED_ENDPOINT_TYPE]

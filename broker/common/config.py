@@ -248,6 +248,13 @@ DEFS: dict[str, ConfigDef] = {
         "Purge watcher lists once this many completed ops may linger (both purgatories).",
         1,
     ),
+    "max.incremental.fetch.session.cache.slots": ConfigDef(
+        int,
+        1000,
+        "Incremental fetch sessions (KIP-227) the Kafka listener keeps for stock consumers "
+        "(0: every fetch is a full one).",
+        0,
+    ),
     "fetch.purgatory.purge.interval.requests": ConfigDef(
         int, 1000, "Purge interval of the fetch purgatory.", 1
     ),

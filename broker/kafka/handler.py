@@ -13,9 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from minibroker.broker.common.clock import Clock, MonotonicClock
 from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.common.topic_config import TOPIC_CONFIGS
+from minibroker.broker.kafka.admin import CLUSTER_ID, AdminApis
 from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
+from minibroker.broker.kafka.fetch_session import FetchSessionCache
 from minibroker.broker.kafka.groups import GroupApis
 from minibroker.broker.kafka.translate import then
 from minibroker.broker.metadata.cache import MetadataCache
@@ -25,7 +28,6 @@ from minibroker.protocol import ApiKey, RequestHeader, validate_request
 from minibroker.protocol.errors import ErrorCode, InvalidRequest
 from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader, api_versions_body
 
-CLUSTER_ID = "minibroker"
 _TRANSACTIONS = (
     "transactions are not served by minibroker: drop transactional.id (an idempotent "
     "producer, enable.idempotence=true, is served)"
@@ -38,12 +40,17 @@ def _failed(body: dict) -> int:
     return body.get("error_code", 0) if "topics" not in body else 0
 
 
-class KafkaRequestHandler(GroupApis):
+class KafkaRequestHandler(GroupApis, AdminApis):
     """Kafka's KafkaApis for stock clients, built on the native handler."""
 
-    def __init__(self, native: Any, cache: MetadataCache, config: BrokerConfig) -> None:
+    def __init__(
+        self, native: Any, cache: MetadataCache, config: BrokerConfig, clock: Clock | None = None
+    ) -> None:
         self.native = native
         self.cache = cache
+        self.fetch_sessions = FetchSessionCache(
+            config["max.incremental.fetch.session.cache.slots"], clock or MonotonicClock()
+        )
         # What a topic without its own setting inherits (DescribeConfigs' defaults).
         self.topic_defaults = {
             d.name: config[d.broker_key] for d in TOPIC_CONFIGS.values() if d.broker_key
@@ -60,6 +67,7 @@ class KafkaRequestHandler(GroupApis):
             KafkaApi.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             KafkaApi.DESCRIBE_CONFIGS: self.describe_configs,
             **self.group_handlers(),
+            **self.admin_handlers(),
         }
 
     def handle(
@@ -89,13 +97,17 @@ class KafkaRequestHandler(GroupApis):
         result = self._native(header, ApiKey.METADATA, {"topics": names}, session)
         return then(result, lambda answer: self._metadata_answer(answer, names))
 
-    def _metadata_answer(self, answer: dict, names: list[str] | None) -> dict:
-        md = self.cache.metadata
-        brokers = [
+    def _kafka_brokers(self) -> list[dict]:
+        """Every broker's Kafka listener, as Metadata and DescribeCluster advertise them."""
+        return [
             {"node_id": b.node_id, "host": b.kafka_host or b.host, "port": b.kafka_port}
-            for b in md.brokers.values()
+            for b in self.cache.metadata.brokers.values()
             if b.kafka_port
         ]
+
+    def _metadata_answer(self, answer: dict, names: list[str] | None) -> dict:
+        md = self.cache.metadata
+        brokers = self._kafka_brokers()
         code = _failed(answer)
         if code:
             topics = [{"name": n, "error_code": code} for n in names or ()]
@@ -185,6 +197,9 @@ class KafkaRequestHandler(GroupApis):
         return {"responses": responses}
 
     def fetch(self, header, body, session) -> Any:
+        context = self.fetch_sessions.new_context(body)  # KIP-227: broker/kafka/fetch_session.py
+        if context.error:
+            return context.answer({})
         native = {
             "replica_id": -1,  # a stock client is never a follower here
             "max_wait_ms": max(body["max_wait_ms"], 0),
@@ -205,11 +220,11 @@ class KafkaRequestHandler(GroupApis):
                         for p in t["partitions"]
                     ],
                 }
-                for t in body["topics"]
+                for t in context.topics
             ],
         }
         result = self._native(header, ApiKey.FETCH, native, session)
-        return then(result, lambda answer: self._fetch_answer(native, answer))
+        return then(result, lambda answer: context.answer(self._fetch_answer(native, answer)))
 
     @staticmethod
     def _fetch_answer(request: dict, answer: dict) -> dict:
@@ -233,7 +248,7 @@ class KafkaRequestHandler(GroupApis):
         else:
             topics = answer["topics"]
         return {
-            "session_id": 0,  # no fetch sessions: every fetch is a full one
+            "session_id": 0,  # the fetch context sets the session (fetch_session.py)
             "responses": [
                 {
                     "topic": t["name"],

@@ -1,10 +1,13 @@
-"""The Kafka listener's one rule for native answers that may come later."""
+"""The Kafka listener's rules for native answers that may come later."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+import trio
+
+from minibroker.broker.common.tasks import BackgroundTasks
 from minibroker.broker.network.pending import PendingResponse
 
 
@@ -17,3 +20,28 @@ def then(result: Any, translate: Callable[[dict], dict]) -> Any:
     if result is None:
         return None
     return translate(result)
+
+
+def within(
+    result: Any, timeout_ms: int, tasks: BackgroundTasks, timed_out: Callable[[], dict]
+) -> Any:
+    """The native answer if it comes within ``timeout_ms``, else ``timed_out()``: Kafka's
+    request deadline for admin APIs (a controller change still under way may yet commit,
+    as in Kafka, where the deadline ends the wait, not the change)."""
+    if not isinstance(result, PendingResponse):
+        return result
+    out = PendingResponse(result.max_bytes)
+
+    def settle(body: dict) -> None:
+        if out.body is None:  # the first of the answer and the deadline wins
+            out.set(body)
+
+    result.add_done_callback(settle)
+
+    async def deadline() -> None:
+        with trio.move_on_after(max(timeout_ms, 0) / 1000):
+            await out.wait()
+        settle(timed_out())
+
+    tasks.start_soon(deadline)
+    return out

@@ -7,10 +7,12 @@ is flexible (header v1) except for ApiVersions, whose response header is always 
 client that does not know the broker's versions yet must be able to read it: KIP-511),
 then the body. Frames are 4-byte big-endian lengths, the same as ours (protocol/framing).
 
-``SUPPORTED`` is what the Kafka listener serves: only versions implemented in full, and
-non-flexible ones except ApiVersions v3 (librdkafka sends it first). Every client this
-serves negotiates down: librdkafka (confluent-kafka, kcat) from its maxima, kafka-python
-and aiokafka likewise from their ApiVersions probe.
+``SUPPORTED`` is what the Kafka listener serves: only versions implemented in full. The
+data path and the group APIs stop before their flexible versions; ApiVersions v3
+(librdkafka sends it first) and the admin APIs whose flexible versions stock admin clients
+ask for (DeleteTopics v4+, ElectLeaders v2, DescribeCluster: every version) are flexible.
+Every client this serves negotiates down: librdkafka (confluent-kafka, kcat) from its
+maxima, kafka-python and aiokafka likewise from their ApiVersions probe.
 """
 
 from __future__ import annotations
@@ -32,9 +34,12 @@ class KafkaApi:
     FIND_COORDINATOR = 10
     API_VERSIONS = 18
     CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
+    ELECT_LEADERS = 43
+    DESCRIBE_CLUSTER = 60
 
 
 # The group APIs are named by the native ApiKey: the native protocol has them under Kafka's
@@ -56,6 +61,9 @@ SPEC_NAMES = {
     ApiKey.LIST_GROUPS: "ListGroups",
     KafkaApi.API_VERSIONS: "ApiVersions",
     KafkaApi.CREATE_TOPICS: "CreateTopics",
+    KafkaApi.DELETE_TOPICS: "DeleteTopics",
+    KafkaApi.ELECT_LEADERS: "ElectLeaders",
+    KafkaApi.DESCRIBE_CLUSTER: "DescribeCluster",
     KafkaApi.INIT_PRODUCER_ID: "InitProducerId",
     KafkaApi.OFFSET_FOR_LEADER_EPOCH: "OffsetForLeaderEpoch",
     KafkaApi.DESCRIBE_CONFIGS: "DescribeConfigs",
@@ -70,6 +78,13 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     KafkaApi.METADATA: (0, 8),
     KafkaApi.API_VERSIONS: (0, 3),
     KafkaApi.CREATE_TOPICS: (0, 4),
+    # librdkafka asks DeleteTopics up to v4 and ElectLeaders up to v2 (both flexible there),
+    # kafka-python 3 up to the broker's maxima (DeleteTopics v6: topics named by id too),
+    # aiokafka DeleteTopics up to v3. DescribeCluster is flexible from v0 (kafka-python 3's
+    # describe_cluster and the Java admin ask for it; librdkafka's uses Metadata).
+    KafkaApi.DELETE_TOPICS: (0, 6),
+    KafkaApi.ELECT_LEADERS: (0, 2),
+    KafkaApi.DESCRIBE_CLUSTER: (0, 1),
     KafkaApi.INIT_PRODUCER_ID: (0, 1),
     KafkaApi.OFFSET_FOR_LEADER_EPOCH: (0, 3),
     KafkaApi.DESCRIBE_CONFIGS: (0, 3),

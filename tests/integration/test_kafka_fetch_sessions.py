@@ -1,0 +1,123 @@
+"""Incremental fetch sessions (KIP-227) with a stock client that uses them: kafka-python
+consumes across several partitions led by different brokers, through sessions the brokers
+create (their stats say so), and gets every record once, in order."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import time
+
+import pytest
+from confluent_kafka import Producer as RdProducer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
+from minibroker.protocol.errors import ErrorCode
+from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader, decode_response, encode_request
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 6
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    cluster = start_cluster(tmp_path_factory.mktemp("fetch-sessions"), 3, dict(DEFAULT_CONFIG))
+    yield cluster
+    cluster.close()
+
+
+def create(cluster, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    for future in admin.create_topics([NewTopic(topic, PARTITIONS, 3)]).values():
+        future.result(30)
+    for p in range(PARTITIONS):  # the answering broker knows it; the others a moment later
+        cluster.wait_for_leader(topic, p)
+
+
+def produce(cluster, topic: str, per_partition: int, start: int = 0) -> None:
+    producer = RdProducer({"bootstrap.servers": cluster.kafka_bootstrap, "acks": "all"})
+    for i in range(start, start + per_partition):
+        for p in range(PARTITIONS):
+            producer.produce(topic, b"%d-%d" % (p, i), partition=p)
+    assert producer.flush(30) == 0
+
+
+def session_stats(cluster) -> list[dict]:
+    return [cluster.stats(b)["fetch_sessions"] for b in range(3)]
+
+
+def consume(consumer, wanted: int, got: dict[int, list]) -> None:
+    deadline = time.monotonic() + 60
+    while sum(map(len, got.values())) < wanted:
+        assert time.monotonic() < deadline, {p: len(v) for p, v in got.items()}
+        for tp, records in consumer.poll(timeout_ms=500).items():
+            got.setdefault(tp.partition, []).extend((r.offset, r.value) for r in records)
+
+
+def test_kafka_python_consumes_many_partitions_through_incremental_sessions(cluster, caplog):
+    from kafka import KafkaConsumer, TopicPartition
+
+    create(cluster, "sessions")
+    leaders = {cluster.leader("sessions", p) for p in range(PARTITIONS)}
+    before = session_stats(cluster)
+    produce(cluster, "sessions", 50)
+    consumer = KafkaConsumer(
+        bootstrap_servers=cluster.kafka_bootstrap.split(","),
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=512,  # a few records a fetch: many incremental rounds
+    )
+    caplog.set_level(logging.DEBUG, logger="kafka.consumer.fetcher")
+    got: dict[int, list] = {}
+    try:
+        partitions = [TopicPartition("sessions", p) for p in range(PARTITIONS)]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        consume(consumer, 50 * PARTITIONS, got)
+        # Records that arrive while the consumer is in its sessions reach it too.
+        produce(cluster, "sessions", 25, start=50)
+        consume(consumer, 75 * PARTITIONS, got)
+        during = session_stats(cluster)
+    finally:
+        consumer.close()
+    # Every record once, in order, in every partition.
+    assert {p: [o for o, _ in rows] for p, rows in got.items()} == {
+        p: list(range(75)) for p in range(PARTITIONS)
+    }
+    assert {p: [v for _, v in rows] for p, rows in got.items()} == {
+        p: [b"%d-%d" % (p, i) for i in range(75)] for p in range(PARTITIONS)
+    }
+    # One session on each leader the consumer fetched from, created once and kept: had
+    # an incremental answer been wrong, kafka-python would have dropped it and made another.
+    created = [d["created"] - b["created"] for b, d in zip(before, during, strict=True)]
+    assert [c > 0 for c in created] == [b in leaders for b in range(3)]
+    assert sum(d["sessions"] for d in during) >= len(leaders)
+    assert max(created) == 1, created
+    complaints = [r.getMessage() for r in caplog.records if "invalid" in r.getMessage()]
+    assert complaints == []
+    incremental = [r for r in caplog.records if "incremental fetch response for session" in r.getMessage()]  # fmt: skip
+    assert incremental, "kafka-python never fetched incrementally"
+
+
+def test_an_unknown_session_is_refused_on_the_wire(cluster):
+    create(cluster, "no-session")
+    leader = cluster.leader("no-session")
+    header = KafkaRequestHeader(KafkaApi.FETCH, 11, 5, "t")
+    body = {
+        "max_wait_ms": 0,
+        "min_bytes": 0,
+        "session_id": 123456,
+        "session_epoch": 3,
+        "topics": [],
+        "forgotten_topics_data": [],
+    }
+    port = cluster.state.kafka_base_port + leader
+    with socket.create_connection((cluster.state.host, port), timeout=30) as sock:
+        sock.sendall(encode_request(header, body))
+        stream = sock.makefile("rb")
+        (size,) = struct.unpack(">i", stream.read(4))
+        answer = decode_response(header, stream.read(size))
+    assert answer["error_code"] == ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+    assert (answer["session_id"], answer["responses"]) == (0, [])
