@@ -113,9 +113,11 @@ async def test_acks_zero_completes_without_an_answer(acks):
 
 
 async def test_delivery_timeout_ends_the_retries_with_the_last_error():
-    # Real time: a request timeout far above a scripted answer's latency (even on a loaded
-    # machine), so the last error is the broker's, never the client's own timeout.
-    settings = {"request.timeout.ms": 300, "delivery.timeout.ms": 900, "retry.backoff.ms": 30}
+    # Real time (the sender reads the monotonic clock): a request timeout far above a
+    # scripted answer's latency, and a delivery timeout long enough that a loaded machine
+    # (load 13 on 2 cores failed 0.9 s) still sends the first request and a retry in it,
+    # so the last error is the broker's, never the client's own timeout.
+    settings = {"request.timeout.ms": 300, "delivery.timeout.ms": 2000, "retry.backoff.ms": 50}
     config = load_config("producer", {"linger.ms": 0, **settings})
     result, cluster = await run_sender([err(19)] * 1000, **settings)
     assert result.code.name == "NOT_ENOUGH_REPLICAS"
