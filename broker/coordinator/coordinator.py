@@ -131,7 +131,10 @@ class GroupCoordinator:
                 group_id, self.manager.partition_for(group_id), self.now_ms()
             )
         args = (client_id, client_host, rebalance_ms, session_ms, body["protocol_type"], protocols)
-        if not member_id:
+        instance_id = body.get("group_instance_id")
+        if instance_id is not None:
+            answer = self._join_static_member(group, member_id, instance_id, *args)
+        elif not member_id:
             answer = self._join_unknown_member(group, *args)
         else:
             answer = self._join_known_member(group, member_id, *args)
@@ -204,6 +207,140 @@ class GroupCoordinator:
         self._maybe_prepare_rebalance(group, f"member {member_id} rejoined")
         return response
 
+    def _join_static_member(
+        self,
+        group: GroupMetadata,
+        member_id: str,
+        instance_id: str,
+        client_id: str,
+        client_host: str,
+        rebalance_ms: int,
+        session_ms: int,
+        protocol_type: str,
+        protocols: list[tuple[str, bytes]],
+    ) -> dict | PendingResponse:
+        """KIP-345: a member with a group.instance.id. Known by its instance, it gets no
+        MEMBER_ID_REQUIRED round; joining without its member id (a restart) it takes over
+        the instance's member, fencing the old id (Kafka's doStaticNewMemberJoin); with
+        its member id it is any known member, once the id is the instance's current one."""
+        if member_id:
+            error = group.static_member_error(member_id, instance_id)
+            if error is not None:
+                return join_error(member_id, error)
+            return self._join_known_member(
+                group,
+                member_id,
+                client_id,
+                client_host,
+                rebalance_ms,
+                session_ms,
+                protocol_type,
+                protocols,
+            )
+        if group.is_in(DEAD):
+            return join_error("", ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        if not group.supports_protocols(protocol_type, protocols):
+            return join_error("", ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
+        new_id = f"{instance_id}-{uuid.uuid4()}"  # Kafka's generateMemberId for statics
+        old_id = group.static_member_id(instance_id)
+        if old_id is not None:
+            self.log.info(
+                "group_static_member_replaced",
+                group=group.group_id,
+                group_instance_id=instance_id,
+                old_member=old_id,
+                member=new_id,
+                state=group.state.value,
+            )
+            return self._update_static_member_and_rebalance(
+                group, instance_id, old_id, new_id, protocols, rebalance_ms, session_ms
+            )
+        if len(group.members) + len(group.pending_members) >= self.config["group.max.size"]:
+            return join_error("", ErrorCode.GROUP_MAX_SIZE_REACHED)
+        member = MemberMetadata(
+            new_id,
+            client_id,
+            client_host,
+            rebalance_ms,
+            session_ms,
+            protocol_type,
+            protocols,
+            instance_id,
+        )
+        return self._add_member_and_rebalance(group, member)
+
+    def _replace_static_member(
+        self, group: GroupMetadata, instance_id: str, old_id: str, new_id: str
+    ) -> MemberMetadata:
+        """``new_id`` takes ``instance_id`` over; what the old id waits for is answered
+        FENCED_INSTANCE_ID and its heartbeat stops (the old process is a zombie)."""
+        old = group.replace_static_member(instance_id, old_id, new_id)
+        response, old.join_response = old.join_response, None
+        if response is not None:
+            response.set(join_error(old_id, ErrorCode.FENCED_INSTANCE_ID))
+        response, old.sync_response = old.sync_response, None
+        if response is not None:
+            response.set(sync_answer(ErrorCode.FENCED_INSTANCE_ID))
+        self._remove_heartbeat(group, old)
+        member = group.get(new_id)
+        self.complete_and_schedule_heartbeat(group, member)
+        return member
+
+    def _update_static_member_and_rebalance(
+        self,
+        group: GroupMetadata,
+        instance_id: str,
+        old_id: str,
+        new_id: str,
+        protocols: list[tuple[str, bytes]],
+        rebalance_ms: int,
+        session_ms: int,
+    ) -> PendingResponse:
+        """Kafka's updateStaticMemberAndRebalance. A Stable group whose protocol would not
+        change keeps its generation and assignment: the new id is stored (so a moved
+        coordinator knows it) and answered as a follower of the current leader, which
+        makes the restarted member sync and get its old partitions back, nobody else
+        disturbed. Otherwise the replacement is a rebalance like any rejoin."""
+        leader = group.leader_id
+        member = self._replace_static_member(group, instance_id, old_id, new_id)
+        old_protocols = member.protocols
+        old_timeouts = (member.rebalance_timeout_ms, member.session_timeout_ms)
+        response = PendingResponse()
+        group.update(member, protocols, rebalance_ms, session_ms, response)
+        if group.is_in(PREPARING):
+            return response  # it is one of the joined now; the join completes as usual
+        if group.is_in(COMPLETING) or group.select_protocol() != group.protocol_name:
+            # Mid-sync the leader may be assigning to the old id: rebalance (Kafka's).
+            self._maybe_prepare_rebalance(group, f"static member {instance_id} rejoined")
+            return response
+
+        def stored(error: ErrorCode) -> None:
+            if member.join_response is not response or group.is_in(PREPARING):
+                # Answered already (a rebalance completed, an expiry, another restart), or
+                # a rebalance began meanwhile and answers this join when it completes.
+                return
+            member.join_response = None
+            if group.is_in(DEAD):
+                response.set(join_error("", ErrorCode.NOT_COORDINATOR))
+                return
+            if error is not ErrorCode.NONE:
+                # The log still names the old id: so does the group again (Kafka's revert).
+                group.update(member, old_protocols, *old_timeouts, None)
+                self._replace_static_member(group, instance_id, new_id, old_id)
+                response.set(join_error("", error))
+                return
+            answer = self._join_answer(group, member)
+            # The current leader, not this member: the new id is not the leader's, so the
+            # member does not assign, which a Stable group would not hand out anyway.
+            answer["leader"] = leader or ""
+            answer["members"] = []
+            response.set(answer)
+
+        self.manager.append(
+            group.partition, [(group_key(group.group_id), group_value(group))], stored
+        )
+        return response
+
     def _add_member_and_rebalance(
         self, group: GroupMetadata, member: MemberMetadata
     ) -> PendingResponse:
@@ -265,6 +402,8 @@ class GroupCoordinator:
         if group.is_in(DEAD):
             return  # unloaded or deleted meanwhile; its members were answered then
         for member in group.not_yet_rejoined_members():
+            if member.is_static:
+                continue  # KIP-345: kept (it may be restarting); its session decides
             group.remove(member.member_id)
             self._remove_heartbeat(group, member)
             self.log.info(
@@ -273,6 +412,11 @@ class GroupCoordinator:
                 member=member.member_id,
                 reason="did not rejoin within the rebalance timeout",
             )
+        if group.members and not group.maybe_elect_new_joined_leader():
+            # Only static members that did not rejoin are left: wait another rebalance
+            # timeout, until they rejoin or their sessions remove them (Kafka's).
+            self.watch_join(DelayedJoin(self, group, group.rebalance_timeout_ms()))
+            return
         group.init_next_generation(self.now_ms())
         self.log.info(
             "group_generation_started",
@@ -310,6 +454,9 @@ class GroupCoordinator:
             return sync_answer(ErrorCode.UNKNOWN_MEMBER_ID)
         if group.is_in(DEAD):
             return sync_answer(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        static_error = group.static_member_error(member_id, body.get("group_instance_id"))
+        if static_error is not None:
+            return sync_answer(static_error)
         member = group.members.get(member_id)
         if member is None or group.is_in(EMPTY):
             return sync_answer(ErrorCode.UNKNOWN_MEMBER_ID)
@@ -416,6 +563,13 @@ class GroupCoordinator:
         if state is DEAD:
             return error_only(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         member = group.members.get(body["member_id"])
+        instance_id = body.get("group_instance_id")
+        if instance_id is not None and (member is None or member.group_instance_id != instance_id):
+            # A static member's zombie (its instance restarted under a new id): fenced.
+            return error_only(
+                group.static_member_error(body["member_id"], instance_id)
+                or ErrorCode.UNKNOWN_MEMBER_ID
+            )
         if member is None or state is EMPTY:
             return error_only(ErrorCode.UNKNOWN_MEMBER_ID)
         if body["generation_id"] != group.generation_id:
@@ -492,18 +646,37 @@ class GroupCoordinator:
         results = []
         for item in body["members"]:
             member_id = item["member_id"]
+            instance_id = item.get("group_instance_id")
             code = ErrorCode.NONE
-            if group is not None and member_id in group.pending_members:
+            if group is not None and instance_id is not None and not member_id:
+                # KIP-345: an admin removes a static member by its instance id alone.
+                member_id = group.static_member_id(instance_id) or ""
+            if group is None:
+                code = ErrorCode.UNKNOWN_MEMBER_ID
+            elif member_id in group.pending_members and instance_id is None:
                 group.pending_members.discard(member_id)
                 if group.is_in(PREPARING):
                     self.join_purgatory.check_and_complete(group_id)
-            elif group is None or not group.has(member_id):
-                code = ErrorCode.UNKNOWN_MEMBER_ID
             else:
+                code = group.static_member_error(member_id, instance_id) or (
+                    ErrorCode.NONE if group.has(member_id) else ErrorCode.UNKNOWN_MEMBER_ID
+                )
+            if code is ErrorCode.NONE and group.has(member_id):
+                self.log.info(
+                    "group_member_left",
+                    group=group_id,
+                    member=member_id,
+                    group_instance_id=instance_id,
+                )
                 member = group.get(member_id)
-                self.log.info("group_member_left", group=group_id, member=member_id)
                 self.remove_member_and_update_group(group, member, f"member {member_id} left")
-            results.append({"member_id": member_id, "error_code": int(code)})
+            results.append(
+                {
+                    "member_id": item["member_id"],
+                    "group_instance_id": instance_id,
+                    "error_code": int(code),
+                }
+            )
         return {"error_code": 0, "members": results, "throttle_time_ms": 0}
 
     def remove_member_and_update_group(
@@ -542,6 +715,7 @@ class GroupCoordinator:
                     m["session_timeout"],
                     value.get("protocol_type") or "",
                     [(protocol, m["subscription"])] if protocol else [],
+                    m.get("group_instance_id"),  # records written before KIP-345: dynamic
                 )
                 member.assignment = m["assignment"]
                 group.add(member)
