@@ -75,7 +75,7 @@ JOIN_GROUP_RESP = struct(
         "protocol_name": nullable(_NAME),
         "leader": MEMBER_ID,
         "member_id": MEMBER_ID,
-        "members": array(struct({"member_id": MEMBER_ID, "metadata": BYTES})),
+        "members": array(struct({"member_id": MEMBER_ID, "metadata": BYTES}, _INSTANCE)),
     },
     {"protocol_type": (nullable(_NAME), None), "error_message": _MESSAGE, **_THROTTLE},
 )

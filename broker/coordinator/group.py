@@ -357,6 +357,10 @@ class GroupMetadata:
         """What the leader gets in its JoinGroup answer: each member's chosen-protocol bytes."""
         protocol = self.protocol_name or ""
         return [
-            {"member_id": m.member_id, "metadata": m.metadata(protocol)}
+            {
+                "member_id": m.member_id,
+                "group_instance_id": m.group_instance_id,
+                "metadata": m.metadata(protocol),
+            }
             for m in self.members.values()
         ]

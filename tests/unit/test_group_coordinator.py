@@ -325,7 +325,9 @@ def test_heartbeat_expiry_removes_the_member_and_rebalances(h):
     assert h.heartbeat(a, gen) == E.REBALANCE_IN_PROGRESS
     assert h.heartbeat(b, gen) == E.UNKNOWN_MEMBER_ID
     # The survivor rejoins alone: the rebalance does not wait for the expired member.
-    assert _body(h.join(a))["members"] == [{"member_id": a, "metadata": b"sub"}]
+    assert _body(h.join(a))["members"] == [
+        {"member_id": a, "group_instance_id": None, "metadata": b"sub"}
+    ]
 
 
 def test_each_heartbeat_rearms_the_session(h):
