@@ -19,6 +19,7 @@ import time
 import pytest
 import trio
 from confluent_kafka import Consumer as RdConsumer
+from confluent_kafka import KafkaError
 
 from minibroker.client import Consumer
 from minibroker.deploy.testing import start_cluster
@@ -78,7 +79,12 @@ class RdMember:
         message = self.c.poll(0.2)
         if message is None:
             return []
-        assert message.error() is None, message.error()
+        error = message.error()
+        if error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            # A topic just created may not be in every broker's metadata yet: librdkafka
+            # reports it and retries on its own (not fatal), so poll again.
+            return []
+        assert error is None, error
         return [(message.partition(), message.offset())]
 
     def assigned(self) -> set[int]:

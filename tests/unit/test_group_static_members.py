@@ -10,7 +10,8 @@ import pytest
 import trio
 
 import minibroker.protocol as p
-from minibroker.broker.coordinator import GroupState
+from minibroker.broker.coordinator import OFFSETS_TOPIC, GroupState
+from minibroker.broker.metadata.image import PartitionState
 from minibroker.protocol.errors import ErrorCode
 from tests.unit.test_group_coordinator import SESSION, Harness, _body, _done, make
 
@@ -299,3 +300,18 @@ async def test_static_members_survive_a_coordinator_move(tmp_path):
     assert group.state is STABLE and group.generation_id == gen
     assert heartbeat(fresh, s, gen, "s1") == E.FENCED_INSTANCE_ID
     fresh.rm.close()
+
+
+def test_a_takeover_the_log_did_not_store_is_undone(h):
+    old, dyn, gen, _ = static_and_dynamic(h)
+    # The offsets partition's leadership moved, and the coordinator has not heard yet: the
+    # new member id cannot be stored, so the group must not keep it (Kafka's revert).
+    h.rm.host_partition(OFFSETS_TOPIC, 0, PartitionState(1, 2, [0, 1], [1]))
+    answer = _body(join(h, "s1"))
+    assert answer["error_code"] == E.NOT_COORDINATOR and answer["member_id"] == ""
+    group = h.groups["g"]
+    assert group.static_members == {"s1": old} and set(group.members) == {old, dyn}
+    assert group.leader_id == old
+    assert group.state is STABLE and group.generation_id == gen
+    assert group.members[old].assignment == old.encode()
+    assert heartbeat(h, old, gen, "s1") == E.NONE  # the old id is current again
