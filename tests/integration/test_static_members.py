@@ -14,6 +14,8 @@ restarted member holds its partitions, a rebalance would already show.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 
 import pytest
@@ -291,3 +293,29 @@ async def test_our_static_consumer_restarts_without_a_rebalance_and_fences_a_dup
                 assert other._group.generation == generation  # still no rebalance
                 assert other.assignment() == theirs
         stop_other.set()
+
+
+def test_the_cli_consumes_as_a_static_member(cluster):
+    topic, group = "static-cli", "g-static-cli"
+    create_and_fill(cluster.kafka_bootstrap, topic, 1, 10)
+
+    def consume() -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "minibroker.deploy.cli", "consume", topic,
+             "--group", group, "--group-instance-id", "cli-1", "--from-beginning",
+             "--max-messages", "5", "--bootstrap", cluster.bootstrap],
+            capture_output=True, text=True, timeout=BOUND_S,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    assert consume() == [f"0-{i}" for i in range(5)]
+    # It exited without leaving (a static member): the group still holds its instance.
+    rows = describe(cluster, group)
+    assert [(r[0], r[1], r[2], r[8]) for r in rows] == [(topic, "0", "5", "cli-1")]
+    first_member = rows[0][5]
+    # Run again: it takes its member over and resumes from its commit.
+    assert consume() == [f"0-{i}" for i in range(5, 10)]
+    rows = describe(cluster, group)
+    assert [(r[0], r[1], r[2], r[8]) for r in rows] == [(topic, "0", "10", "cli-1")]
+    assert rows[0][5] != first_member and rows[0][5].startswith("cli-1-")
