@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from minibroker.broker.coordinator.answers import join_error, sync_answer
 from minibroker.broker.coordinator.delayed import (
     DelayedHeartbeat,
     DelayedJoin,
@@ -23,6 +24,7 @@ from minibroker.broker.coordinator.delayed import (
 from minibroker.broker.coordinator.group import GroupMetadata, GroupState, MemberMetadata
 from minibroker.broker.coordinator.manager import GroupMetadataManager
 from minibroker.broker.coordinator.records import PartitionContents, group_key, group_value
+from minibroker.broker.coordinator.static import StaticMembership
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.purgatory import DeadlinePurgatory, Purgatory
 from minibroker.protocol.errors import ErrorCode
@@ -38,38 +40,13 @@ DEAD = GroupState.DEAD
 NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
 
 
-def join_error(member_id: str, error: ErrorCode, message: str | None = None) -> dict:
-    return {
-        "error_code": int(error),
-        "generation_id": -1,
-        "protocol_type": None,
-        "protocol_name": None,
-        "leader": "",
-        "member_id": member_id,
-        "members": [],
-        "error_message": message,
-        "throttle_time_ms": 0,
-    }
-
-
-def sync_answer(
-    error: ErrorCode, assignment: bytes = b"", group: GroupMetadata | None = None
-) -> dict:
-    return {
-        "error_code": int(error),
-        "assignment": assignment,
-        "protocol_type": group.protocol_type if group is not None else None,
-        "protocol_name": group.protocol_name if group is not None else None,
-        "throttle_time_ms": 0,
-    }
-
-
 def error_only(error: ErrorCode, message: str | None = None) -> dict:
     return {"error_code": int(error), "error_message": message, "throttle_time_ms": 0}
 
 
-class GroupCoordinator:
-    """Membership and rebalances of the groups whose partitions this broker leads."""
+class GroupCoordinator(StaticMembership):
+    """Membership and rebalances of the groups whose partitions this broker leads (static
+    members' takeovers in static.py)."""
 
     def __init__(
         self,
@@ -133,7 +110,7 @@ class GroupCoordinator:
         args = (client_id, client_host, rebalance_ms, session_ms, body["protocol_type"], protocols)
         instance_id = body.get("group_instance_id")
         if instance_id is not None:
-            answer = self._join_static_member(group, member_id, instance_id, *args)
+            answer = self._join_static_member(group, member_id, instance_id, args)
         elif not member_id:
             answer = self._join_unknown_member(group, *args)
         else:
@@ -205,140 +182,6 @@ class GroupCoordinator:
         response = PendingResponse()
         group.update(member, protocols, rebalance_ms, session_ms, response)
         self._maybe_prepare_rebalance(group, f"member {member_id} rejoined")
-        return response
-
-    def _join_static_member(
-        self,
-        group: GroupMetadata,
-        member_id: str,
-        instance_id: str,
-        client_id: str,
-        client_host: str,
-        rebalance_ms: int,
-        session_ms: int,
-        protocol_type: str,
-        protocols: list[tuple[str, bytes]],
-    ) -> dict | PendingResponse:
-        """KIP-345: a member with a group.instance.id. Known by its instance, it gets no
-        MEMBER_ID_REQUIRED round; joining without its member id (a restart) it takes over
-        the instance's member, fencing the old id (Kafka's doStaticNewMemberJoin); with
-        its member id it is any known member, once the id is the instance's current one."""
-        if member_id:
-            error = group.static_member_error(member_id, instance_id)
-            if error is not None:
-                return join_error(member_id, error)
-            return self._join_known_member(
-                group,
-                member_id,
-                client_id,
-                client_host,
-                rebalance_ms,
-                session_ms,
-                protocol_type,
-                protocols,
-            )
-        if group.is_in(DEAD):
-            return join_error("", ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        if not group.supports_protocols(protocol_type, protocols):
-            return join_error("", ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
-        new_id = f"{instance_id}-{uuid.uuid4()}"  # Kafka's generateMemberId for statics
-        old_id = group.static_member_id(instance_id)
-        if old_id is not None:
-            self.log.info(
-                "group_static_member_replaced",
-                group=group.group_id,
-                group_instance_id=instance_id,
-                old_member=old_id,
-                member=new_id,
-                state=group.state.value,
-            )
-            return self._update_static_member_and_rebalance(
-                group, instance_id, old_id, new_id, protocols, rebalance_ms, session_ms
-            )
-        if len(group.members) + len(group.pending_members) >= self.config["group.max.size"]:
-            return join_error("", ErrorCode.GROUP_MAX_SIZE_REACHED)
-        member = MemberMetadata(
-            new_id,
-            client_id,
-            client_host,
-            rebalance_ms,
-            session_ms,
-            protocol_type,
-            protocols,
-            instance_id,
-        )
-        return self._add_member_and_rebalance(group, member)
-
-    def _replace_static_member(
-        self, group: GroupMetadata, instance_id: str, old_id: str, new_id: str
-    ) -> MemberMetadata:
-        """``new_id`` takes ``instance_id`` over; what the old id waits for is answered
-        FENCED_INSTANCE_ID and its heartbeat stops (the old process is a zombie)."""
-        old = group.replace_static_member(instance_id, old_id, new_id)
-        response, old.join_response = old.join_response, None
-        if response is not None:
-            response.set(join_error(old_id, ErrorCode.FENCED_INSTANCE_ID))
-        response, old.sync_response = old.sync_response, None
-        if response is not None:
-            response.set(sync_answer(ErrorCode.FENCED_INSTANCE_ID))
-        self._remove_heartbeat(group, old)
-        member = group.get(new_id)
-        self.complete_and_schedule_heartbeat(group, member)
-        return member
-
-    def _update_static_member_and_rebalance(
-        self,
-        group: GroupMetadata,
-        instance_id: str,
-        old_id: str,
-        new_id: str,
-        protocols: list[tuple[str, bytes]],
-        rebalance_ms: int,
-        session_ms: int,
-    ) -> PendingResponse:
-        """Kafka's updateStaticMemberAndRebalance. A Stable group whose protocol would not
-        change keeps its generation and assignment: the new id is stored (so a moved
-        coordinator knows it) and answered as a follower of the current leader, which
-        makes the restarted member sync and get its old partitions back, nobody else
-        disturbed. Otherwise the replacement is a rebalance like any rejoin."""
-        leader = group.leader_id
-        member = self._replace_static_member(group, instance_id, old_id, new_id)
-        old_protocols = member.protocols
-        old_timeouts = (member.rebalance_timeout_ms, member.session_timeout_ms)
-        response = PendingResponse()
-        group.update(member, protocols, rebalance_ms, session_ms, response)
-        if group.is_in(PREPARING):
-            return response  # it is one of the joined now; the join completes as usual
-        if group.is_in(COMPLETING) or group.select_protocol() != group.protocol_name:
-            # Mid-sync the leader may be assigning to the old id: rebalance (Kafka's).
-            self._maybe_prepare_rebalance(group, f"static member {instance_id} rejoined")
-            return response
-
-        def stored(error: ErrorCode) -> None:
-            if member.join_response is not response or group.is_in(PREPARING):
-                # Answered already (a rebalance completed, an expiry, another restart), or
-                # a rebalance began meanwhile and answers this join when it completes.
-                return
-            member.join_response = None
-            if group.is_in(DEAD):
-                response.set(join_error("", ErrorCode.NOT_COORDINATOR))
-                return
-            if error is not ErrorCode.NONE:
-                # The log still names the old id: so does the group again (Kafka's revert).
-                group.update(member, old_protocols, *old_timeouts, None)
-                self._replace_static_member(group, instance_id, new_id, old_id)
-                response.set(join_error("", error))
-                return
-            answer = self._join_answer(group, member)
-            # The current leader, not this member: the new id is not the leader's, so the
-            # member does not assign, which a Stable group would not hand out anyway.
-            answer["leader"] = leader or ""
-            answer["members"] = []
-            response.set(answer)
-
-        self.manager.append(
-            group.partition, [(group_key(group.group_id), group_value(group))], stored
-        )
         return response
 
     def _add_member_and_rebalance(
