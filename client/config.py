@@ -202,6 +202,13 @@ SETTINGS: dict[str, Setting] = {
     "group.id": Setting(
         _string, "", _C, "The consumer group to join on subscribe() and commit offsets for."
     ),
+    "group.instance.id": Setting(
+        _string,
+        "",
+        _C,
+        "Static membership (KIP-345): a restart within session.timeout.ms gets the same "
+        "partitions back without a rebalance; close() does not leave the group.",
+    ),
     "session.timeout.ms": Setting(
         _int(1, _INT32_MAX), 45000, _C, "No heartbeat for this long: the group drops the member."
     ),

@@ -43,6 +43,8 @@ class Consumer(ClusterClient):
 
     In a group: ``Consumer(bootstrap, group_id="g")``, ``subscribe(["t"])``, then ``poll``:
     partitions come from the group's rebalances, positions from its committed offsets.
+    With ``group_instance_id="i"`` (group.instance.id) it is a static member: a restart
+    within session.timeout.ms gets its partitions back without a rebalance.
     """
 
     ROLE = "consumer"
@@ -53,10 +55,13 @@ class Consumer(ClusterClient):
         config: Mapping[str, Any] | None = None,
         *,
         group_id: str | None = None,
+        group_instance_id: str | None = None,
         **settings: Any,
     ) -> None:
         if group_id is not None:
             settings["group.id"] = group_id
+        if group_instance_id is not None:
+            settings["group.instance.id"] = group_instance_id
         super().__init__(bootstrap, config, **settings)
         # Group mode (subscribe): the membership, the topics, the listener, auto-commit.
         self._group: GroupMembership | None = None
@@ -378,6 +383,8 @@ class Consumer(ClusterClient):
         group = self._group
         if group is None or self._subscription is None:
             return
+        if group.fatal is not None:
+            raise group.fatal
         group.last_poll = time.monotonic()
         if group.rejoin_needed or self._join is not None:
             await self._rejoin(group, deadline)
@@ -463,7 +470,8 @@ class Consumer(ClusterClient):
 
     async def aclose(self) -> None:
         """A member commits (with enable.auto.commit) and leaves its group before closing, so
-        the others take its partitions at once rather than after session.timeout.ms."""
+        the others take its partitions at once rather than after session.timeout.ms; a
+        static member does not leave (its restart takes its partitions back), as Kafka's."""
         group = self._group
         if self._join is not None:
             self._join.cancel_scope.cancel()  # never rejoin while leaving

@@ -4,6 +4,11 @@ the coordinator, join and sync, heartbeat, commit and fetch offsets, leave.
 The Consumer drives it: joins happen inside ``poll`` (so rebalance listeners run in the
 caller's task, as Kafka's do), heartbeats in a background task that also enforces
 ``max.poll.interval.ms`` by leaving the group, as Kafka's heartbeat thread does.
+
+With ``group.instance.id`` the member is static (KIP-345): every request names its
+instance, it never sends LeaveGroup (a restart takes its member over; only its session
+timeout removes it), and FENCED_INSTANCE_ID (another process took the instance over) is
+fatal, raised from the next poll, as Kafka's FencedInstanceIdException.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ class GroupMembership:
         self.cluster = cluster
         self.config = config
         self.group_id: str = config["group.id"]
+        self.instance_id: str | None = config.get("group.instance.id") or None
+        self.fatal: KafkaError | None = None  # raised by the next poll (fenced)
         self.log = log
         self.coordinator: int | None = None
         self.member_id = ""
@@ -122,6 +129,7 @@ class GroupMembership:
                     "session_timeout_ms": self.config["session.timeout.ms"],
                     "rebalance_timeout_ms": self.config["max.poll.interval.ms"],
                     "member_id": self.member_id,
+                    "group_instance_id": self.instance_id,
                     "protocol_type": "consumer",
                     "protocols": [{"name": s, "metadata": subscription} for s in strategies],
                 },
@@ -148,6 +156,7 @@ class GroupMembership:
                     "group_id": self.group_id,
                     "generation_id": self.generation,
                     "member_id": self.member_id,
+                    "group_instance_id": self.instance_id,
                     "assignments": assignments,
                     "protocol_type": "consumer",
                     "protocol_name": self.protocol,
@@ -202,11 +211,21 @@ class GroupMembership:
                         "group_id": self.group_id,
                         "generation_id": self.generation,
                         "member_id": self.member_id,
+                        "group_instance_id": self.instance_id,
                     },
                 )
             except KafkaError:
                 continue  # the next one retries; the session allows several misses
             code = ErrorCode.parse(answer["error_code"])
+            if code is ErrorCode.FENCED_INSTANCE_ID:
+                self.log("group_instance_fenced", group=self.group_id, instance=self.instance_id)
+                self.fatal = error_class(code)(
+                    f"group.instance.id {self.instance_id} of group {self.group_id} was taken "
+                    "over by another consumer (a second process with the same instance id?)"
+                )
+                self.reset()
+                wake()
+                continue
             if code in MEMBERSHIP_ERRORS:
                 if code is not ErrorCode.REBALANCE_IN_PROGRESS:
                     self.member_id = ""
@@ -214,10 +233,12 @@ class GroupMembership:
                 wake()
 
     async def leave(self) -> None:
-        """LeaveGroup (best effort): the group rebalances now, not after a session timeout."""
+        """LeaveGroup (best effort): the group rebalances now, not after a session timeout.
+        A static member only forgets its member id (Kafka's maybeLeaveGroup): its next
+        join takes its member over, and until then the session timeout decides."""
         member_id = self.member_id
         self.reset()
-        if not member_id or self.coordinator is None:
+        if not member_id or self.coordinator is None or self.instance_id is not None:
             return
         try:
             with trio.move_on_after(self.config["request.timeout.ms"] / 1000):
@@ -243,6 +264,7 @@ class GroupMembership:
             "group_id": self.group_id,
             "generation_id": self.generation,
             "member_id": self.member_id,
+            "group_instance_id": self.instance_id,
             "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()],
         }
         deadline = time.monotonic() + self.config["request.timeout.ms"] / 1000

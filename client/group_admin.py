@@ -29,6 +29,7 @@ class MemberDescription:
     client_id: str
     host: str
     assignment: list[TopicPartition]
+    group_instance_id: str | None = None  # a static member's (KIP-345); None: dynamic
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ async def describe_group(cluster: Cluster, group_id: str, config: Mapping) -> Gr
             m["client_id"],
             m["client_host"],
             decode_assignment(m["member_assignment"]) if g["protocol_type"] == "consumer" else [],
+            m.get("group_instance_id"),
         )
         for m in g["members"]
     ]

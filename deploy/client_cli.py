@@ -124,6 +124,12 @@ def add_consume_arguments(consume: argparse.ArgumentParser) -> None:
         "--group", metavar="G", help="consume as a member of group G (subscribe; commits offsets)"
     )
     consume.add_argument(
+        "--group-instance-id",
+        metavar="ID",
+        help="with --group: a static member (group.instance.id): run again with the same ID "
+        "within session.timeout.ms and it gets its partitions back without a rebalance",
+    )
+    consume.add_argument(
         "--print-offset",
         action="store_true",
         help="prefix each record with Partition:P<TAB>Offset:O<TAB> (Kafka's print.offset)",
@@ -410,6 +416,8 @@ async def _consume(args: argparse.Namespace) -> int:
 
     if args.group:
         return await _consume_group(args)
+    if args.group_instance_id is not None:
+        raise CliError("--group-instance-id names a member of a group: add --group G")
     settings = _settings(args)
     async with Consumer(config=settings) as consumer:
         count = await consumer.partitions_for(args.topic)
@@ -446,7 +454,11 @@ async def _consume_group(args: argparse.Namespace) -> int:
     from minibroker.client import Consumer
 
     extra = {"auto.offset.reset": "earliest"} if args.from_beginning else {}
-    async with Consumer(config=_settings(args, **extra), group_id=args.group) as consumer:
+    async with Consumer(
+        config=_settings(args, **extra),
+        group_id=args.group,
+        group_instance_id=args.group_instance_id,
+    ) as consumer:
         if await consumer.partitions_for(args.topic) is None:
             raise UnknownTopicOrPartition(f"topic '{args.topic}' does not exist")
         consumer.subscribe([args.topic])

@@ -65,6 +65,7 @@ async def describe_rows(admin: Admin, group_id: str) -> tuple[Any, list[dict]]:
                 "consumer_id": member.member_id if member else None,
                 "host": member.host if member else None,
                 "client_id": member.client_id if member else None,
+                "group_instance_id": member.group_instance_id if member else None,
             }
         )
     return desc, rows
@@ -86,6 +87,7 @@ async def _describe(args: argparse.Namespace) -> int:
         "CONSUMER-ID",
         "HOST",
         "CLIENT-ID",
+        "GROUP-INSTANCE-ID",
     )
     keys = (
         "topic",
@@ -96,6 +98,7 @@ async def _describe(args: argparse.Namespace) -> int:
         "consumer_id",
         "host",
         "client_id",
+        "group_instance_id",
     )
     table = [header] + [tuple("-" if r[k] is None else str(r[k]) for k in keys) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]

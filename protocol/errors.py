@@ -74,6 +74,7 @@ class ErrorCode(IntEnum):
     GROUP_ID_NOT_FOUND = 69
     MEMBER_ID_REQUIRED = 79
     GROUP_MAX_SIZE_REACHED = 81
+    FENCED_INSTANCE_ID = 82  # KIP-345: another member holds this group.instance.id now
     # incremental fetch sessions (KIP-227), topic ids (KIP-516), DescribeCluster (KIP-919)
     FETCH_SESSION_ID_NOT_FOUND = 70
     INVALID_FETCH_SESSION_EPOCH = 71
@@ -229,6 +230,7 @@ RebalanceInProgress = _BY_CODE[ErrorCode.REBALANCE_IN_PROGRESS]
 NonEmptyGroup = _BY_CODE[ErrorCode.NON_EMPTY_GROUP]
 GroupIdNotFound = _BY_CODE[ErrorCode.GROUP_ID_NOT_FOUND]
 MemberIdRequired = _BY_CODE[ErrorCode.MEMBER_ID_REQUIRED]
+FencedInstanceId = _BY_CODE[ErrorCode.FENCED_INSTANCE_ID]
 PreferredLeaderNotAvailable = _BY_CODE[ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE]
 EligibleLeadersNotAvailable = _BY_CODE[ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE]
 ElectionNotNeeded = _BY_CODE[ErrorCode.ELECTION_NOT_NEEDED]

@@ -1,7 +1,8 @@
 """Body schemas of the consumer-group APIs (Kafka's classic group protocol).
 
-Kafka's field names, cut to what the classic protocol needs: no static membership
-(``group_instance_id``), no transactional commits. Assignments and subscriptions are
+Kafka's field names, cut to what the classic protocol needs, with static membership
+(KIP-345: ``group_instance_id``, optional, None for a dynamic member) and no transactional
+commits. Assignments and subscriptions are
 opaque bytes: the broker stores and forwards them and never looks inside (the group's
 leader assigns). api.py registers these under Kafka's api keys.
 
@@ -34,6 +35,8 @@ _ERROR = INT16
 _MESSAGE = (nullable(STRING), None)
 _THROTTLE = {"throttle_time_ms": (INT32, 0)}
 _NAME = string(max_len=255)  # protocol type and protocol names
+# KIP-345's group.instance.id: None (the default) for a dynamic member.
+_INSTANCE = {"group_instance_id": (nullable(string(max_len=255)), None)}
 
 # --- FindCoordinator (10) ------------------------------------------------------------------
 
@@ -59,7 +62,11 @@ JOIN_GROUP_REQ = struct(
         "protocols": array(struct({"name": _NAME, "metadata": BYTES}), max_len=64),
     },
     # -1: as long as the session timeout (JoinGroup v0 had no rebalance timeout).
-    {"rebalance_timeout_ms": (integer("int32", min=-1), -1), "reason": (nullable(STRING), None)},
+    {
+        "rebalance_timeout_ms": (integer("int32", min=-1), -1),
+        "reason": (nullable(STRING), None),
+        **_INSTANCE,
+    },
 )
 JOIN_GROUP_RESP = struct(
     {
@@ -68,25 +75,31 @@ JOIN_GROUP_RESP = struct(
         "protocol_name": nullable(_NAME),
         "leader": MEMBER_ID,
         "member_id": MEMBER_ID,
-        "members": array(struct({"member_id": MEMBER_ID, "metadata": BYTES})),
+        "members": array(struct({"member_id": MEMBER_ID, "metadata": BYTES}, _INSTANCE)),
     },
     {"protocol_type": (nullable(_NAME), None), "error_message": _MESSAGE, **_THROTTLE},
 )
 
 # --- Heartbeat (12) --------------------------------------------------------------------------
 
-HEARTBEAT_REQ = struct({"group_id": GROUP_ID, "generation_id": GENERATION, "member_id": MEMBER_ID})
+HEARTBEAT_REQ = struct(
+    {"group_id": GROUP_ID, "generation_id": GENERATION, "member_id": MEMBER_ID}, _INSTANCE
+)
 HEARTBEAT_RESP = struct({"error_code": _ERROR}, {"error_message": _MESSAGE, **_THROTTLE})
 
 # --- LeaveGroup (13), v3's shape: a batch of members ---------------------------------------
 
+# A static member may be named by its instance id alone (member_id ""): an admin's removal.
 LEAVE_GROUP_REQ = struct(
-    {"group_id": GROUP_ID, "members": array(struct({"member_id": MEMBER_ID}), max_len=10000)}
+    {
+        "group_id": GROUP_ID,
+        "members": array(struct({"member_id": MEMBER_ID}, _INSTANCE), max_len=10000),
+    }
 )
 LEAVE_GROUP_RESP = struct(
     {
         "error_code": _ERROR,
-        "members": array(struct({"member_id": MEMBER_ID, "error_code": _ERROR})),
+        "members": array(struct({"member_id": MEMBER_ID, "error_code": _ERROR}, _INSTANCE)),
     },
     {"error_message": _MESSAGE, **_THROTTLE},
 )
@@ -100,7 +113,11 @@ SYNC_GROUP_REQ = struct(
         "member_id": MEMBER_ID,
         "assignments": array(struct({"member_id": MEMBER_ID, "assignment": BYTES})),
     },
-    {"protocol_type": (nullable(_NAME), None), "protocol_name": (nullable(_NAME), None)},
+    {
+        "protocol_type": (nullable(_NAME), None),
+        "protocol_name": (nullable(_NAME), None),
+        **_INSTANCE,
+    },
 )
 SYNC_GROUP_RESP = struct(
     {"error_code": _ERROR, "assignment": BYTES},
@@ -134,7 +151,8 @@ OFFSET_COMMIT_REQ = struct(
                 }
             )
         ),
-    }
+    },
+    _INSTANCE,
 )
 _PARTITION_ERRORS = array(
     struct(
@@ -189,7 +207,8 @@ _MEMBER_DESCRIPTION = struct(
         "client_host": STRING,
         "member_metadata": BYTES,
         "member_assignment": BYTES,
-    }
+    },
+    _INSTANCE,
 )
 DESCRIBE_GROUPS_RESP = struct(
     {

@@ -11,6 +11,8 @@ here                                   Kafka (core/.../coordinator/group)
 ``GroupMetadata``, ``MemberMetadata``  GroupMetadata, MemberMetadata
 (group.py)
 ``GroupCoordinator`` (coordinator.py)  GroupCoordinator: join, sync, heartbeat, leave
+``StaticMembership`` (static.py)       its static members (KIP-345): doStaticNewMemberJoin,
+                                       updateStaticMemberAndRebalance
 offsets.py                             handleCommitOffsets, handleFetchOffsets,
                                        handleListGroups, handleDescribeGroup(s),
                                        handleDeleteGroups

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from minibroker.broker.coordinator.answers import join_error, sync_answer
 from minibroker.broker.coordinator.delayed import (
     DelayedHeartbeat,
     DelayedJoin,
@@ -23,6 +24,7 @@ from minibroker.broker.coordinator.delayed import (
 from minibroker.broker.coordinator.group import GroupMetadata, GroupState, MemberMetadata
 from minibroker.broker.coordinator.manager import GroupMetadataManager
 from minibroker.broker.coordinator.records import PartitionContents, group_key, group_value
+from minibroker.broker.coordinator.static import StaticMembership
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.purgatory import DeadlinePurgatory, Purgatory
 from minibroker.protocol.errors import ErrorCode
@@ -38,38 +40,13 @@ DEAD = GroupState.DEAD
 NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
 
 
-def join_error(member_id: str, error: ErrorCode, message: str | None = None) -> dict:
-    return {
-        "error_code": int(error),
-        "generation_id": -1,
-        "protocol_type": None,
-        "protocol_name": None,
-        "leader": "",
-        "member_id": member_id,
-        "members": [],
-        "error_message": message,
-        "throttle_time_ms": 0,
-    }
-
-
-def sync_answer(
-    error: ErrorCode, assignment: bytes = b"", group: GroupMetadata | None = None
-) -> dict:
-    return {
-        "error_code": int(error),
-        "assignment": assignment,
-        "protocol_type": group.protocol_type if group is not None else None,
-        "protocol_name": group.protocol_name if group is not None else None,
-        "throttle_time_ms": 0,
-    }
-
-
 def error_only(error: ErrorCode, message: str | None = None) -> dict:
     return {"error_code": int(error), "error_message": message, "throttle_time_ms": 0}
 
 
-class GroupCoordinator:
-    """Membership and rebalances of the groups whose partitions this broker leads."""
+class GroupCoordinator(StaticMembership):
+    """Membership and rebalances of the groups whose partitions this broker leads (static
+    members' takeovers in static.py)."""
 
     def __init__(
         self,
@@ -131,7 +108,10 @@ class GroupCoordinator:
                 group_id, self.manager.partition_for(group_id), self.now_ms()
             )
         args = (client_id, client_host, rebalance_ms, session_ms, body["protocol_type"], protocols)
-        if not member_id:
+        instance_id = body.get("group_instance_id")
+        if instance_id is not None:
+            answer = self._join_static_member(group, member_id, instance_id, args)
+        elif not member_id:
             answer = self._join_unknown_member(group, *args)
         else:
             answer = self._join_known_member(group, member_id, *args)
@@ -265,6 +245,8 @@ class GroupCoordinator:
         if group.is_in(DEAD):
             return  # unloaded or deleted meanwhile; its members were answered then
         for member in group.not_yet_rejoined_members():
+            if member.is_static:
+                continue  # KIP-345: kept (it may be restarting); its session decides
             group.remove(member.member_id)
             self._remove_heartbeat(group, member)
             self.log.info(
@@ -273,6 +255,11 @@ class GroupCoordinator:
                 member=member.member_id,
                 reason="did not rejoin within the rebalance timeout",
             )
+        if group.members and not group.maybe_elect_new_joined_leader():
+            # Only static members that did not rejoin are left: wait another rebalance
+            # timeout, until they rejoin or their sessions remove them (Kafka's).
+            self.watch_join(DelayedJoin(self, group, group.rebalance_timeout_ms()))
+            return
         group.init_next_generation(self.now_ms())
         self.log.info(
             "group_generation_started",
@@ -310,6 +297,9 @@ class GroupCoordinator:
             return sync_answer(ErrorCode.UNKNOWN_MEMBER_ID)
         if group.is_in(DEAD):
             return sync_answer(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        static_error = group.static_member_error(member_id, body.get("group_instance_id"))
+        if static_error is not None:
+            return sync_answer(static_error)
         member = group.members.get(member_id)
         if member is None or group.is_in(EMPTY):
             return sync_answer(ErrorCode.UNKNOWN_MEMBER_ID)
@@ -416,6 +406,13 @@ class GroupCoordinator:
         if state is DEAD:
             return error_only(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         member = group.members.get(body["member_id"])
+        instance_id = body.get("group_instance_id")
+        if instance_id is not None and (member is None or member.group_instance_id != instance_id):
+            # A static member's zombie (its instance restarted under a new id): fenced.
+            return error_only(
+                group.static_member_error(body["member_id"], instance_id)
+                or ErrorCode.UNKNOWN_MEMBER_ID
+            )
         if member is None or state is EMPTY:
             return error_only(ErrorCode.UNKNOWN_MEMBER_ID)
         if body["generation_id"] != group.generation_id:
@@ -492,18 +489,37 @@ class GroupCoordinator:
         results = []
         for item in body["members"]:
             member_id = item["member_id"]
+            instance_id = item.get("group_instance_id")
             code = ErrorCode.NONE
-            if group is not None and member_id in group.pending_members:
+            if group is not None and instance_id is not None and not member_id:
+                # KIP-345: an admin removes a static member by its instance id alone.
+                member_id = group.static_member_id(instance_id) or ""
+            if group is None:
+                code = ErrorCode.UNKNOWN_MEMBER_ID
+            elif member_id in group.pending_members and instance_id is None:
                 group.pending_members.discard(member_id)
                 if group.is_in(PREPARING):
                     self.join_purgatory.check_and_complete(group_id)
-            elif group is None or not group.has(member_id):
-                code = ErrorCode.UNKNOWN_MEMBER_ID
             else:
+                code = group.static_member_error(member_id, instance_id) or (
+                    ErrorCode.NONE if group.has(member_id) else ErrorCode.UNKNOWN_MEMBER_ID
+                )
+            if code is ErrorCode.NONE and group.has(member_id):
+                self.log.info(
+                    "group_member_left",
+                    group=group_id,
+                    member=member_id,
+                    group_instance_id=instance_id,
+                )
                 member = group.get(member_id)
-                self.log.info("group_member_left", group=group_id, member=member_id)
                 self.remove_member_and_update_group(group, member, f"member {member_id} left")
-            results.append({"member_id": member_id, "error_code": int(code)})
+            results.append(
+                {
+                    "member_id": item["member_id"],
+                    "group_instance_id": instance_id,
+                    "error_code": int(code),
+                }
+            )
         return {"error_code": 0, "members": results, "throttle_time_ms": 0}
 
     def remove_member_and_update_group(
@@ -542,6 +558,7 @@ class GroupCoordinator:
                     m["session_timeout"],
                     value.get("protocol_type") or "",
                     [(protocol, m["subscription"])] if protocol else [],
+                    m.get("group_instance_id"),  # records written before KIP-345: dynamic
                 )
                 member.assignment = m["assignment"]
                 group.add(member)

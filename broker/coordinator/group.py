@@ -23,6 +23,8 @@ from collections import Counter
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from minibroker.protocol.errors import ErrorCode
+
 if TYPE_CHECKING:
     from minibroker.broker.network.pending import PendingResponse
 
@@ -57,6 +59,7 @@ class MemberMetadata:
         "assignment",
         "client_host",
         "client_id",
+        "group_instance_id",
         "heartbeat",
         "heartbeat_satisfied",
         "is_leaving",
@@ -79,8 +82,11 @@ class MemberMetadata:
         session_timeout_ms: int,
         protocol_type: str,
         protocols: list[tuple[str, bytes]],
+        group_instance_id: str | None = None,
     ) -> None:
         self.member_id = member_id
+        # KIP-345: a static member's identity across restarts (group.instance.id).
+        self.group_instance_id = group_instance_id
         self.client_id = client_id
         self.client_host = client_host
         self.rebalance_timeout_ms = rebalance_timeout_ms
@@ -95,6 +101,10 @@ class MemberMetadata:
         self.heartbeat_satisfied = False
         self.is_leaving = False
         self.heartbeat: Any = None  # its DelayedHeartbeat, re-armed by each heartbeat
+
+    @property
+    def is_static(self) -> bool:
+        return self.group_instance_id is not None
 
     @property
     def awaiting_join(self) -> bool:
@@ -148,6 +158,7 @@ class GroupMetadata:
         "protocol_type",
         "state",
         "state_timestamp",
+        "static_members",
     )
 
     def __init__(self, group_id: str, partition: int, now_ms: int = 0) -> None:
@@ -162,6 +173,8 @@ class GroupMetadata:
         self.members: dict[str, MemberMetadata] = {}
         # Members told their id (MEMBER_ID_REQUIRED) that have not joined with it yet.
         self.pending_members: set[str] = set()
+        # group.instance.id -> the member id it holds now (KIP-345's staticMembers).
+        self.static_members: dict[str, str] = {}
         # Members of this generation that have not sent SyncGroup yet.
         self.pending_sync_members: set[str] = set()
         self.new_member_added = False
@@ -212,6 +225,8 @@ class GroupMetadata:
         self._protocol_votes.update(name for name, _ in member.protocols)
         member.join_response = join_response
         self.pending_members.discard(member.member_id)
+        if member.group_instance_id is not None:
+            self.static_members[member.group_instance_id] = member.member_id
 
     def update(
         self,
@@ -234,9 +249,68 @@ class GroupMetadata:
         if member is not None:
             self._protocol_votes.subtract(name for name, _ in member.protocols)
             self._protocol_votes += Counter()  # drop names nobody supports any more
+            instance_id = member.group_instance_id
+            if instance_id is not None and self.static_members.get(instance_id) == member_id:
+                del self.static_members[instance_id]
         if self.is_leader(member_id):
             self.leader_id = next(iter(self.members), None)
         return member
+
+    # --- static members (KIP-345) -------------------------------------------------------------
+
+    def static_member_id(self, instance_id: str) -> str | None:
+        """The member id ``instance_id`` holds now (Kafka's currentStaticMemberId)."""
+        return self.static_members.get(instance_id)
+
+    def static_member_error(self, member_id: str, instance_id: str | None) -> ErrorCode | None:
+        """Kafka's validateCurrentMember for a request carrying ``instance_id``: another
+        member id holds that instance now (FENCED_INSTANCE_ID: a zombie of a restarted
+        member), or nobody does (UNKNOWN_MEMBER_ID); None when the pair is current."""
+        if instance_id is None:
+            return None
+        current = self.static_members.get(instance_id)
+        if current is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if current != member_id:
+            return ErrorCode.FENCED_INSTANCE_ID
+        return None
+
+    def replace_static_member(self, instance_id: str, old_id: str, new_id: str) -> MemberMetadata:
+        """``instance_id`` restarted: its member, assignment and place in the generation
+        pass to ``new_id`` (Kafka's replaceStaticMember). A new MemberMetadata, so the
+        old one's DelayedHeartbeat and waiting answers stay with the fenced id."""
+        old = self.members.pop(old_id)
+        new = MemberMetadata(
+            new_id,
+            old.client_id,
+            old.client_host,
+            old.rebalance_timeout_ms,
+            old.session_timeout_ms,
+            old.protocol_type,
+            old.protocols,
+            instance_id,
+        )
+        new.assignment = old.assignment
+        self.members[new_id] = new
+        if self.leader_id == old_id:
+            self.leader_id = new_id
+        if old_id in self.pending_sync_members:
+            self.pending_sync_members.discard(old_id)
+            self.pending_sync_members.add(new_id)
+        self.static_members[instance_id] = new_id
+        return old
+
+    def maybe_elect_new_joined_leader(self) -> bool:
+        """The leader must be a member that rejoined (a static member may not have, and
+        stays): keep it, or pick one that did; False if nobody rejoined (Kafka's)."""
+        leader = self.members.get(self.leader_id) if self.leader_id is not None else None
+        if leader is not None and leader.awaiting_join:
+            return True
+        for member_id, member in self.members.items():
+            if member.awaiting_join:
+                self.leader_id = member_id
+                return True
+        return False
 
     def has_all_members_joined(self) -> bool:
         return not self.pending_members and all(m.awaiting_join for m in self.members.values())
@@ -283,6 +357,10 @@ class GroupMetadata:
         """What the leader gets in its JoinGroup answer: each member's chosen-protocol bytes."""
         protocol = self.protocol_name or ""
         return [
-            {"member_id": m.member_id, "metadata": m.metadata(protocol)}
+            {
+                "member_id": m.member_id,
+                "group_instance_id": m.group_instance_id,
+                "metadata": m.metadata(protocol),
+            }
             for m in self.members.values()
         ]

@@ -40,12 +40,16 @@ def _partition_errors(topics: list[dict], code: Callable[[str, int], ErrorCode])
     ]
 
 
-def _commit_error(group: GroupMetadata | None, generation_id: int, member_id: str) -> ErrorCode:
+def _commit_error(
+    group: GroupMetadata | None, generation_id: int, member_id: str, instance_id: str | None
+) -> ErrorCode:
     """Kafka's doCommitOffsets checks, in its order."""
     if group is None:
         return ErrorCode.NONE if generation_id < 0 else ErrorCode.ILLEGAL_GENERATION
     if group.is_in(DEAD):
         return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    if instance_id is not None and group.static_member_id(instance_id) not in (None, member_id):
+        return ErrorCode.FENCED_INSTANCE_ID  # a restarted static member's zombie (KIP-345)
     if generation_id < 0 and group.is_in(EMPTY):
         return ErrorCode.NONE  # from outside the group: an admin, or a consumer that assigns
     if group.is_in(COMPLETING):
@@ -63,7 +67,9 @@ def commit_offsets(coordinator: GroupCoordinator, body: dict) -> dict | PendingR
     error = coordinator.group_error(group_id)
     group = coordinator.groups.get(group_id) if error is None else None
     if error is None:
-        error = _commit_error(group, body["generation_id"], body["member_id"])
+        error = _commit_error(
+            group, body["generation_id"], body["member_id"], body.get("group_instance_id")
+        )
     if error is not ErrorCode.NONE:
         return {"topics": _partition_errors(topics, lambda t, p: error), "throttle_time_ms": 0}
     if group is None:
@@ -184,6 +190,7 @@ def describe_groups(coordinator: GroupCoordinator, body: dict) -> dict:
                 members=[
                     {
                         "member_id": m.member_id,
+                        "group_instance_id": m.group_instance_id,
                         "client_id": m.client_id,
                         "client_host": m.client_host,
                         # Kafka shows metadata and assignment only once they are settled.

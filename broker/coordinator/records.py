@@ -6,6 +6,8 @@ Keys and values are msgpack, in the broker's own batch format (protocol/batch.py
     offset commit   key [1, group, topic, partition]  value {offset, metadata, commit_timestamp}
     group metadata  key [2, group]                     value {protocol_type, generation, protocol,
                                                               leader, members: [...]}
+                    (a member: member_id, group_instance_id (KIP-345; None for a dynamic
+                    member), client_id, client_host, timeouts, subscription, assignment)
     a deletion      the same key, value None (a tombstone)
 
 Kafka numbers its key versions the same way (0/1 offsets, 2 group metadata). This is the
@@ -60,6 +62,7 @@ def group_value(group: Any, assignments: dict[str, bytes] | None = None) -> byte
             "members": [
                 {
                     "member_id": m.member_id,
+                    "group_instance_id": m.group_instance_id,
                     "client_id": m.client_id,
                     "client_host": m.client_host,
                     "rebalance_timeout": m.rebalance_timeout_ms,

@@ -1,7 +1,10 @@
 """The Kafka listener's consumer-group APIs: each a translation onto the native group API
 of the same key, answered by the same coordinator (broker/coordinator) as our own client.
 
-Member ids, generations, protocol type and names pass through; subscriptions and
+Member ids, group instance ids (static membership, KIP-345: JoinGroup v5+, SyncGroup,
+Heartbeat and LeaveGroup v3+, OffsetCommit v7+, DescribeGroups v4+; absent in older
+versions, so None: a dynamic member), generations, protocol type and names pass through;
+subscriptions and
 assignments are opaque bytes in both protocols and are passed through untouched (the
 group's leader assigns, the broker never looks inside). What differs is only the shape of
 old versions: JoinGroup before v4 has no MEMBER_ID_REQUIRED round (KIP-394), LeaveGroup
@@ -71,6 +74,7 @@ class GroupApis:
             "session_timeout_ms": body["session_timeout_ms"],
             "rebalance_timeout_ms": body.get("rebalance_timeout_ms", -1),
             "member_id": body["member_id"],
+            "group_instance_id": body.get("group_instance_id"),
             "protocol_type": body["protocol_type"],
             "protocols": [
                 {"name": p["name"], "metadata": p["metadata"]} for p in body["protocols"]
@@ -95,7 +99,11 @@ class GroupApis:
                 "leader": a.get("leader", ""),
                 "member_id": a.get("member_id", body["member_id"]),
                 "members": [
-                    {"member_id": m["member_id"], "metadata": m["metadata"]}
+                    {
+                        "member_id": m["member_id"],
+                        "group_instance_id": m.get("group_instance_id"),
+                        "metadata": m["metadata"],
+                    }
                     for m in a.get("members", ())
                 ],
             },
@@ -106,6 +114,7 @@ class GroupApis:
             "group_id": body["group_id"],
             "generation_id": body["generation_id"],
             "member_id": body["member_id"],
+            "group_instance_id": body.get("group_instance_id"),
             "assignments": [
                 {"member_id": a["member_id"], "assignment": a["assignment"]}
                 for a in body["assignments"]
@@ -121,17 +130,28 @@ class GroupApis:
             "group_id": body["group_id"],
             "generation_id": body["generation_id"],
             "member_id": body["member_id"],
+            "group_instance_id": body.get("group_instance_id"),
         }
         result = self._native(header, ApiKey.HEARTBEAT, native, session)
         return then(result, lambda a: {"error_code": _code(a)})
 
     def leave_group(self, header, body, session) -> Any:
-        native = {"group_id": body["group_id"], "members": [{"member_id": body["member_id"]}]}
+        batch = header.api_version >= 3  # KIP-345: a batch of members, by instance id too
+        if batch:
+            leaving = [
+                {"member_id": m["member_id"], "group_instance_id": m.get("group_instance_id")}
+                for m in body["members"]
+            ]
+        else:
+            leaving = [{"member_id": body["member_id"], "group_instance_id": None}]
+        native = {"group_id": body["group_id"], "members": leaving}
         result = self._native(header, ApiKey.LEAVE_GROUP, native, session)
 
         def answer(a: dict) -> dict:
-            members = a.get("members") or [{}]
-            return {"error_code": _code(a) or members[0].get("error_code", 0)}
+            members = a.get("members") or []
+            if batch:
+                return {"error_code": _code(a), "members": members}
+            return {"error_code": _code(a) or (members or [{}])[0].get("error_code", 0)}
 
         return then(result, answer)
 
@@ -141,6 +161,7 @@ class GroupApis:
             # v0 has neither: a commit from outside the group, as the native API takes it.
             "generation_id": body.get("generation_id_or_member_epoch", -1),
             "member_id": body.get("member_id", ""),
+            "group_instance_id": body.get("group_instance_id"),
             "topics": [
                 {
                     "name": t["name"],
@@ -261,6 +282,7 @@ class GroupApis:
                         "members": [
                             {
                                 "member_id": m["member_id"],
+                                "group_instance_id": m.get("group_instance_id"),
                                 "client_id": m["client_id"],
                                 "client_host": m["client_host"],
                                 "member_metadata": m["member_metadata"],

@@ -91,17 +91,16 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # The classic group protocol, from v0: librdkafka turns its balanced consumer on only
     # when every group API's range reaches its feature table's minimum (JoinGroup, SyncGroup,
     # Heartbeat, LeaveGroup and FindCoordinator v0, OffsetCommit v1-2, OffsetFetch v1);
-    # otherwise subscribe() waits forever without an error. The maxima stop before the
-    # versions that carry group.instance.id (static membership, KIP-345: JoinGroup v5,
-    # SyncGroup/Heartbeat/LeaveGroup v3, OffsetCommit v7), which the coordinator does not
-    # implement: a client configured with it joins as a dynamic member (librdkafka and
-    # kafka-python checked), never with an identity the coordinator would ignore.
+    # otherwise subscribe() waits forever without an error. The maxima are the last
+    # non-flexible versions, the first that carry group.instance.id (static membership,
+    # KIP-345: JoinGroup v5, SyncGroup/Heartbeat/LeaveGroup v3, OffsetCommit v7,
+    # DescribeGroups v4): what librdkafka, kafka-python and aiokafka send when it is set.
     KafkaApi.FIND_COORDINATOR: (0, 2),
-    ApiKey.JOIN_GROUP: (0, 4),
-    ApiKey.SYNC_GROUP: (0, 2),
-    ApiKey.HEARTBEAT: (0, 2),
-    ApiKey.LEAVE_GROUP: (0, 2),
-    ApiKey.OFFSET_COMMIT: (0, 6),
+    ApiKey.JOIN_GROUP: (0, 5),
+    ApiKey.SYNC_GROUP: (0, 3),
+    ApiKey.HEARTBEAT: (0, 3),
+    ApiKey.LEAVE_GROUP: (0, 3),
+    ApiKey.OFFSET_COMMIT: (0, 7),
     ApiKey.OFFSET_FETCH: (0, 5),
     ApiKey.LIST_GROUPS: (0, 2),
     ApiKey.DESCRIBE_GROUPS: (0, 4),

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Consumer as RdConsumer
+from confluent_kafka import KafkaError
 from confluent_kafka import Producer as RdProducer
 from confluent_kafka import TopicPartition as RdTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -114,7 +115,12 @@ class Rd:
         message = self.c.poll(0.2)
         if message is None:
             return []
-        assert message.error() is None, message.error()
+        error = message.error()
+        if error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            # A topic just created may not be in every broker's metadata yet: librdkafka
+            # reports it and retries on its own (not fatal), so poll again.
+            return []
+        assert error is None, error
         return [(message.partition(), message.offset())]
 
     def assigned(self) -> set[int]:

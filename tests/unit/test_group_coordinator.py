@@ -240,7 +240,7 @@ def test_every_transition_of_the_state_machine(h):
     _body(h.sync(a, gen3, {a: b"A"}))
     assert h.state() is GroupState.STABLE
     # Stable -> PreparingRebalance -> Empty: the last member leaves
-    assert h.leave(a)["members"] == [{"member_id": a, "error_code": 0}]
+    assert h.leave(a)["members"] == [{"member_id": a, "group_instance_id": None, "error_code": 0}]
     assert h.state() is GroupState.EMPTY
     assert h.groups["g"].generation_id == gen3 + 1
     # Empty -> Dead: deleted
@@ -325,7 +325,9 @@ def test_heartbeat_expiry_removes_the_member_and_rebalances(h):
     assert h.heartbeat(a, gen) == E.REBALANCE_IN_PROGRESS
     assert h.heartbeat(b, gen) == E.UNKNOWN_MEMBER_ID
     # The survivor rejoins alone: the rebalance does not wait for the expired member.
-    assert _body(h.join(a))["members"] == [{"member_id": a, "metadata": b"sub"}]
+    assert _body(h.join(a))["members"] == [
+        {"member_id": a, "group_instance_id": None, "metadata": b"sub"}
+    ]
 
 
 def test_each_heartbeat_rearms_the_session(h):
@@ -408,7 +410,9 @@ def test_unknown_members_are_refused(h):
     assert h.heartbeat("ghost", gen) == E.UNKNOWN_MEMBER_ID
     assert h.join("ghost")["error_code"] == E.UNKNOWN_MEMBER_ID
     assert _body(h.sync("ghost", gen))["error_code"] == E.UNKNOWN_MEMBER_ID
-    assert h.leave("ghost")["members"] == [{"member_id": "ghost", "error_code": 25}]
+    assert h.leave("ghost")["members"] == [
+        {"member_id": "ghost", "group_instance_id": None, "error_code": 25}
+    ]
     commit = h.commit("ghost", gen, {("t", 0): 1})
     assert commit["topics"][0]["partitions"][0]["error_code"] == E.UNKNOWN_MEMBER_ID
     assert h.heartbeat(a, gen, group="other") == E.UNKNOWN_MEMBER_ID
