@@ -233,7 +233,9 @@ class Broker:
             "name": "__consumer_offsets",
             "num_partitions": partitions,
             "replication_factor": replication_factor,
-            "configs": {},
+            # As Kafka creates it: compacted, so each group's latest offsets and metadata
+            # are what stays (cleanup.policy=compact never applies time retention).
+            "configs": {"cleanup.policy": "compact"},
         }
         answer = self.link.create_topics([topic], False)
 

@@ -100,6 +100,7 @@ class ReplicaManager:
         # Parked operations by the connection that asked: they die with it.
         self._parked: dict[ConnectionSession, set[DelayedOperation]] = {}
         self.topic_configs: dict[str, dict[str, str]] = {}
+        self.cleaner: Any = None  # the LogCleanerManager housekeeping runs, if enabled
         # The topic id each hosted topic's replicas were made for: a namesake created after
         # a DeleteTopics has another, and the old replicas go (drop_deleted).
         self.topic_ids: dict[str, str] = {}

@@ -1,0 +1,96 @@
+"""Swapping a cleaned segment in for the segments it replaces, crash-safe (Kafka's
+``.cleaned`` / ``.swap`` files and ``LogLoader``'s completion of an interrupted swap).
+
+The cleaner writes its copy of segments ``[base, end)`` as ``<base>.log.cleaned`` (and
+``<base>.index.cleaned``), fsynced. Renaming it to ``<base>.<end>.swap`` is the commit
+point: before it, recovery deletes the ``.cleaned`` files and the old segments stand;
+after it, recovery finishes the swap. Finishing deletes the replaced segments after the
+first, then moves the swap file over ``<base>.log`` (one atomic rename replaces the
+first), so every crash leaves the old set or the new one, never a mix. The end is in the
+swap file's name because a cleaned copy may end below it (its tail compacted away):
+its own offsets cannot tell which old segments it replaces.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from minibroker.broker.common.atomic_file import fsync_dir
+from minibroker.broker.storage.segment import segment_name
+
+CLEANED = ".cleaned"
+SWAP = ".swap"
+
+Step = Callable[[], None]
+
+
+def cleaned_log(directory: Path, base: int) -> Path:
+    return directory / f"{segment_name(base)}.log{CLEANED}"
+
+
+def cleaned_index(directory: Path, base: int) -> Path:
+    return directory / f"{segment_name(base)}.index{CLEANED}"
+
+
+def swap_file(directory: Path, base: int, end: int) -> Path:
+    return directory / f"{segment_name(base)}.{segment_name(end)}{SWAP}"
+
+
+def swap_steps(directory: Path, base: int, end: int) -> list[Step]:
+    """The file operations of a swap, in order (each a separate crash point in the tests)."""
+    swap = swap_file(directory, base, end)
+
+    def commit() -> None:
+        os.rename(cleaned_log(directory, base), swap)
+        fsync_dir(directory)
+
+    return [commit, *_finish_steps(directory, base, end)]
+
+
+def _finish_steps(directory: Path, base: int, end: int) -> list[Step]:
+    swap = swap_file(directory, base, end)
+    first = directory / (segment_name(base) + ".log")
+    steps: list[Step] = []
+    for replaced in _segment_bases(directory):
+        if base < replaced < end:
+            for suffix in (".log", ".index"):
+                path = directory / (segment_name(replaced) + suffix)
+                steps.append(lambda path=path: path.unlink(missing_ok=True))
+
+    def install() -> None:
+        os.replace(swap, first)
+        fsync_dir(directory)
+
+    def install_index() -> None:
+        index = cleaned_index(directory, base)
+        target = directory / (segment_name(base) + ".index")
+        if index.exists():
+            os.replace(index, target)
+        else:  # the old first segment's index: wrong for the new file, rebuilt on open
+            target.unlink(missing_ok=True)
+
+    return [*steps, install, install_index]
+
+
+def _segment_bases(directory: Path) -> list[int]:
+    return sorted(int(p.stem) for p in directory.glob("*.log") if p.stem.isdigit())
+
+
+def recover_swaps(directory: Path) -> list[tuple[str, dict]]:
+    """Before a log opens: finish committed swaps, drop uncommitted copies. Returns the
+    ``(event, fields)`` to log."""
+    events: list[tuple[str, dict]] = []
+    for swap in sorted(directory.glob(f"*{SWAP}")):
+        parts = swap.name[: -len(SWAP)].split(".")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            continue
+        base, end = int(parts[0]), int(parts[1])
+        for step in _finish_steps(directory, base, end):
+            step()
+        events.append(("log_cleaner_swap_completed", {"file": str(swap)}))
+    for cleaned in sorted(directory.glob(f"*{CLEANED}")):
+        cleaned.unlink(missing_ok=True)
+        events.append(("log_cleaner_copy_discarded", {"file": str(cleaned)}))
+    return events
