@@ -468,6 +468,7 @@ class Broker:
                     run_housekeeping, self.replica_manager, self.config, self.clock, self.log
                 )
                 nursery.start_soon(self._prefetch_producer_ids)
+                nursery.start_soon(self.coordinator.expiry.run)
                 nursery.start_soon(self.role.fence_silent_brokers)
                 rebalancer = LeaderRebalancer(self.config, self.clock)
                 nursery.start_soon(rebalancer.run, lambda: self.role.controller)
