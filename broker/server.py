@@ -25,6 +25,7 @@ from minibroker.broker.common.descriptors import fd_limit, set_max_connections
 from minibroker.broker.common.gc_policy import collect_garbage_rarely
 from minibroker.broker.common.logs import log_lines_dropped, write_fatal_line
 from minibroker.broker.common.tasks import BackgroundTasks
+from minibroker.broker.common.topic_config import offsets_topic_configs
 from minibroker.broker.controller.active import ControllerRole
 from minibroker.broker.controller.controller import METADATA_FILE
 from minibroker.broker.controller.membership import ControllerLink, quorum_voters
@@ -233,9 +234,7 @@ class Broker:
             "name": "__consumer_offsets",
             "num_partitions": partitions,
             "replication_factor": replication_factor,
-            # As Kafka creates it: compacted, so each group's latest offsets and metadata
-            # are what stays (cleanup.policy=compact never applies time retention).
-            "configs": {"cleanup.policy": "compact"},
+            "configs": offsets_topic_configs(self.config["offsets.topic.segment.bytes"]),
         }
         answer = self.link.create_topics([topic], False)
 

@@ -293,6 +293,14 @@ DEFS: dict[str, ConfigDef] = {
     "offsets.topic.replication.factor": ConfigDef(
         int, 3, "Replicas of __consumer_offsets (capped at the live brokers when created).", 1
     ),
+    "offsets.topic.segment.bytes": ConfigDef(
+        int,
+        104857600,
+        "segment.bytes of __consumer_offsets, fixed when it is first created: small segments "
+        "are compacted sooner (the active segment never is).",
+        14,
+        max=_INT_MAX,
+    ),
     "offsets.retention.minutes": ConfigDef(
         int,
         10080,

@@ -144,3 +144,15 @@ def log_config_values(
         if problem is None and tiny is not None:
             values["segment_bytes"] = tiny
     return values
+
+
+def offsets_topic_configs(segment_bytes: int) -> dict[str, str]:
+    """``__consumer_offsets`` as Kafka creates it: compacted (each group's latest offsets and
+    metadata stay, whatever their age) with ``offsets.topic.segment.bytes`` segments; a
+    value below segment.bytes' minimum goes as the testing override, as Kafka allows it."""
+    key = (
+        "segment.bytes"
+        if segment_bytes >= TOPIC_CONFIGS["segment.bytes"].min
+        else "internal.segment.bytes"
+    )
+    return {"cleanup.policy": "compact", key: str(segment_bytes)}
