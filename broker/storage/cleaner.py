@@ -20,10 +20,12 @@ batch boundary stays a boundary (a follower's log end always is one) and followe
 the cleaned log as it is. A producer's last batch stays whole (Kafka keeps it for the
 producer state), so the state a replay rebuilds is the one the log had.
 
-Threads: the reading, decoding and writing run in a worker thread on its own file
-descriptors (the trio loop keeps serving); the swap (a few renames) and the in-memory
-segment list change run on the loop, and only if the segments are still the ones the
-pass planned for (retention or a truncation may have changed them meanwhile).
+Threads: the reading, decoding, writing, fsyncs and the swap's commit run in a worker
+thread on its own file descriptors (the trio loop keeps serving); the rest of the swap
+(renames and unlinks) and the in-memory segment list change run on the loop, and only
+if the segments are still the ones the pass planned for. Retention and truncation, which
+change them, first discard a pass's copies, committed or not (``Log._segments_changing``),
+so a restart never completes a swap over segments that changed after it was made.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minibroker.broker.common.atomic_file import write_atomic
+from minibroker.broker.common.atomic_file import fsync_dir, write_atomic
 from minibroker.broker.storage.log import Log
 from minibroker.broker.storage.segment import (
     MAX_RELATIVE_OFFSET,
@@ -42,7 +44,7 @@ from minibroker.broker.storage.segment import (
     build_index,
     index_bytes,
 )
-from minibroker.broker.storage.swap import cleaned_index, cleaned_log, swap_steps
+from minibroker.broker.storage.swap import cleaned_index, cleaned_log, commit, finish_steps
 from minibroker.protocol.batch import (
     HEADER_SIZE,
     PRODUCER_FLAG,
@@ -75,6 +77,7 @@ class Plan:
     dirty_ratio: float
     now_ms: int
     protected: frozenset[int]  # last offsets of each producer's last batch: kept whole
+    changes: int  # the log's retention/truncation count when planned
 
     def size_of(self, segment: Segment) -> int:
         """Its size when planned: the bytes the worker reads (sealed files do not grow)."""
@@ -162,6 +165,7 @@ def plan(log: Log, high_watermark: int, now_ms: int) -> Plan | None:
         ratio,
         now_ms,
         protected,
+        log.changes,
     )
 
 
@@ -346,7 +350,7 @@ def _write_all(fd: int, data: bytes) -> None:
 def still_planned(plan: Plan, group: list[Segment]) -> bool:
     """The group is still the log's, sealed, unchanged: the swap may go ahead."""
     log = plan.log
-    if log.closed:
+    if log.closed or log.changes != plan.changes:
         return False
     try:
         i = log.segments.index(group[0])
@@ -360,9 +364,10 @@ def still_planned(plan: Plan, group: list[Segment]) -> bool:
 
 
 def swap_in(plan: Plan, group: list[Segment], cleaned: Cleaned) -> Segment:
-    """Swap the cleaned copy in on disk (crash-safe, see swap.py), then in memory."""
+    """After ``swap.commit``: replace the old segments on disk, then in memory. Renames and
+    unlinks only (the loop's part: no fsync, see swap.py)."""
     log = plan.log
-    for step in swap_steps(log.dir, cleaned.base, cleaned.end):
+    for step in finish_steps(log.dir, cleaned.base, cleaned.end):
         step()
     segment = Segment(log.dir, cleaned.base, log.config.index_interval_bytes, plan.now_ms)
     segment.next_offset = cleaned.next_offset
@@ -392,7 +397,9 @@ def clean_now(plan: Plan) -> Stats:
     for group, end in with_ends(plan):
         cleaned, stats = clean_group(plan, group, end, latest, stop)
         _add(total, stats)
+        commit(plan.log.dir, cleaned.base, cleaned.end)
         swap_in(plan, group, cleaned)
+    fsync_dir(plan.log.dir)
     finish(plan)
     return total
 

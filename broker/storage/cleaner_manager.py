@@ -2,9 +2,9 @@
 compacted log with the highest dirty ratio, clean it, repeat; back off
 ``log.cleaner.backoff.ms`` when no log needs it.
 
-The trio loop plans and swaps; the reading and writing run in a worker thread (one at a
-time, as Kafka's default ``log.cleaner.threads=1``), so a pass never holds the loop for
-longer than a swap's few renames. A log whose cleaning fails (a corrupt batch, a full
+The trio loop plans and swaps; the reading, writing and fsyncs run in a worker thread (one
+at a time, as Kafka's default ``log.cleaner.threads=1``), so a pass never holds the loop
+for longer than a swap's few renames and unlinks. A log whose cleaning fails (a corrupt batch, a full
 disk) is left alone until the broker restarts, as Kafka marks a partition uncleanable.
 """
 
@@ -17,7 +17,8 @@ from typing import Any
 
 import trio
 
-from minibroker.broker.storage import cleaner
+from minibroker.broker.common.atomic_file import fsync_dir
+from minibroker.broker.storage import cleaner, swap
 from minibroker.broker.storage.log import Log
 from minibroker.protocol.batch import CorruptBatch
 
@@ -70,8 +71,21 @@ class LogCleanerManager:
         return True
 
     async def clean(self, plan: cleaner.Plan) -> None:
+        log = plan.log
+        log.cleaning = True
+        try:
+            await self._clean(plan)
+        except OSError:
+            if log.changes != plan.changes:
+                return  # retention or a truncation discarded our copy: plan again later
+            raise
+        finally:
+            log.cleaning = False
+
+    async def _clean(self, plan: cleaner.Plan) -> None:
         latest = await self._in_thread(cleaner.build_offset_map, plan, self._stop)
         read = written = 0
+        directory = plan.log.dir
         for group, end in cleaner.with_ends(plan):
             if not cleaner.still_planned(plan, group):
                 return  # retention or a truncation got there first: plan again later
@@ -81,9 +95,16 @@ class LogCleanerManager:
             if not cleaner.still_planned(plan, group):
                 cleaner.discard(plan, made.base)
                 return
+            # The commit's fsync in the thread; then the renames on the loop, unless the
+            # segments changed meanwhile (their change discarded the swap file then).
+            await self._in_thread(swap.commit, directory, made.base, made.end)
+            if not cleaner.still_planned(plan, group):
+                swap.discard_pending(directory)
+                return
             cleaner.swap_in(plan, group, made)
             read += stats.bytes_read
             written += stats.bytes_written
+        await self._in_thread(fsync_dir, directory)
         cleaner.finish(plan)
         self.passes += 1
         self.bytes_read += read

@@ -22,7 +22,7 @@ import structlog
 
 from minibroker.broker.storage.producer_state import ProducerStateManager
 from minibroker.broker.storage.segment import BatchInfo, Segment, scan_segment, walk_to
-from minibroker.broker.storage.swap import recover_swaps
+from minibroker.broker.storage.swap import discard_pending, recover_swaps
 from minibroker.protocol.batch import (
     BASE_AND_LENGTH,
     HEADER_SIZE,
@@ -142,6 +142,10 @@ class Log:
         # The log cleaner's clean/dirty boundary (its checkpoint, read on first use).
         self.first_dirty_offset: int | None = None
         self.closed = False
+        # While a cleaner pass runs; ``changes`` counts retention deletions and truncations,
+        # which a pass planned before them must not swap over.
+        self.cleaning = False
+        self.changes = 0
 
     # --- opening and recovery ---------------------------------------------------------------
 
@@ -543,6 +547,7 @@ class Log:
             raise ValueError(f"cannot truncate to negative offset {offset}")
         if offset >= self.log_end_offset:
             return 0
+        self._segments_changing()
         if offset < self.segments[0].base_offset:
             removed = self.size_bytes
             self.truncate_fully_and_start_at(offset)
@@ -576,6 +581,7 @@ class Log:
         """Delete everything; the log restarts empty with start and end at ``offset``."""
         if offset < 0:  # the segment file name could not be parsed back on open
             raise ValueError(f"cannot start a log at negative offset {offset}")
+        self._segments_changing()
         for segment in self.segments:
             segment.delete()
         segment = Segment(
@@ -627,6 +633,8 @@ class Log:
             too_big = cfg.retention_bytes >= 0 and total - oldest.size >= cfg.retention_bytes
             if not (too_old or too_big):
                 break
+            if not deleted:
+                self._segments_changing()
             self.segments.pop(0)
             self._bases.pop(0)
             total -= oldest.size
@@ -640,6 +648,11 @@ class Log:
         return deleted
 
     # --- the log cleaner's swap -------------------------------------------------------------
+
+    def _segments_changing(self) -> None:
+        self.changes += 1
+        if self.cleaning:
+            discard_pending(self.dir)
 
     def replace_segments(self, old: list[Segment], new: Segment) -> None:
         """Put ``new`` (the cleaned copy, already swapped in on disk) where ``old`` were.

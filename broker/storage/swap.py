@@ -38,18 +38,25 @@ def swap_file(directory: Path, base: int, end: int) -> Path:
     return directory / f"{segment_name(base)}.{segment_name(end)}{SWAP}"
 
 
+def commit(directory: Path, base: int, end: int) -> None:
+    """The commit point: from here on a restart completes the swap. Durable (fsync of the
+    directory) before any old segment goes; the cleaner runs it in its worker thread."""
+    os.rename(cleaned_log(directory, base), swap_file(directory, base, end))
+    fsync_dir(directory)
+
+
 def swap_steps(directory: Path, base: int, end: int) -> list[Step]:
     """The file operations of a swap, in order (each a separate crash point in the tests)."""
-    swap = swap_file(directory, base, end)
-
-    def commit() -> None:
-        os.rename(cleaned_log(directory, base), swap)
-        fsync_dir(directory)
-
-    return [commit, *_finish_steps(directory, base, end)]
+    return [
+        lambda: commit(directory, base, end),
+        *finish_steps(directory, base, end),
+        lambda: fsync_dir(directory),
+    ]
 
 
-def _finish_steps(directory: Path, base: int, end: int) -> list[Step]:
+def finish_steps(directory: Path, base: int, end: int) -> list[Step]:
+    """After the commit: replace the old segments (renames and unlinks only, no fsync:
+    the swap file is durable, so whatever of these a crash loses, recovery redoes)."""
     swap = swap_file(directory, base, end)
     first = directory / (segment_name(base) + ".log")
     steps: list[Step] = []
@@ -61,7 +68,6 @@ def _finish_steps(directory: Path, base: int, end: int) -> list[Step]:
 
     def install() -> None:
         os.replace(swap, first)
-        fsync_dir(directory)
 
     def install_index() -> None:
         index = cleaned_index(directory, base)
@@ -72,6 +78,18 @@ def _finish_steps(directory: Path, base: int, end: int) -> list[Step]:
             target.unlink(missing_ok=True)
 
     return [*steps, install, install_index]
+
+
+def discard_pending(directory: Path) -> bool:
+    """Drop a pass's copies, committed or not, before retention or a truncation changes
+    the segments they would replace (Kafka aborts cleaning for those): a swap must never
+    be completed over segments that changed after it was made. True if any was there."""
+    found = [*directory.glob(f"*{SWAP}"), *directory.glob(f"*{CLEANED}")]
+    for path in found:
+        path.unlink(missing_ok=True)
+    if found:
+        fsync_dir(directory)
+    return bool(found)
 
 
 def _segment_bases(directory: Path) -> list[int]:
@@ -87,10 +105,12 @@ def recover_swaps(directory: Path) -> list[tuple[str, dict]]:
         if len(parts) != 2 or not all(p.isdigit() for p in parts):
             continue
         base, end = int(parts[0]), int(parts[1])
-        for step in _finish_steps(directory, base, end):
+        for step in finish_steps(directory, base, end):
             step()
         events.append(("log_cleaner_swap_completed", {"file": str(swap)}))
     for cleaned in sorted(directory.glob(f"*{CLEANED}")):
         cleaned.unlink(missing_ok=True)
         events.append(("log_cleaner_copy_discarded", {"file": str(cleaned)}))
+    if events:
+        fsync_dir(directory)
     return events

@@ -15,7 +15,7 @@ import trio
 
 from minibroker.broker.storage import Log, LogAppendError, LogConfig, cleaner
 from minibroker.broker.storage.cleaner_manager import LogCleanerManager
-from minibroker.broker.storage.swap import swap_steps
+from minibroker.broker.storage.swap import commit, swap_steps
 from minibroker.protocol import encode_batch, iter_batches, read_records
 from minibroker.protocol.batch import producer_fields
 
@@ -284,6 +284,29 @@ def test_segments_that_changed_under_a_pass_are_not_swapped(tmp_path: Path) -> N
     assert not cleaner.still_planned(plan, group)
     cleaner.discard(plan, made.base)
     assert not list(tmp_path.glob("*.cleaned"))
+
+
+def test_a_truncation_after_the_commit_discards_the_swap(tmp_path: Path) -> None:
+    """A follower truncating while a pass runs (the pass committed its copy already): the
+    truncation discards the swap file, so a restart cannot complete it over segments that
+    now hold other records."""
+    log = compacted(tmp_path)
+    overwrite_many(log, rounds=8)
+    plan = cleaner.plan(log, log.log_end_offset, log.now_ms())
+    assert plan is not None
+    group, end = cleaner.with_ends(plan)[0]
+    log.cleaning = True  # what the manager sets for a pass
+    latest = cleaner.build_offset_map(plan, threading.Event())
+    made, _ = cleaner.clean_group(plan, group, end, latest, threading.Event())
+    commit(tmp_path, made.base, made.end)
+    assert list(tmp_path.glob("*.swap"))
+    cut = group[0].next_offset + 1
+    log.truncate_to(cut)
+    put(log, ("new", "after the truncation"))
+    assert not list(tmp_path.glob("*.swap")) and not cleaner.still_planned(plan, group)
+    expected = read_all(log)
+    log.close()
+    assert read_all(compacted(tmp_path)) == expected  # nothing of the copy came back
 
 
 def test_retention_does_not_apply_to_a_compact_only_log(tmp_path: Path) -> None:
