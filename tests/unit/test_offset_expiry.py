@@ -129,6 +129,14 @@ def test_only_owned_partitions_are_expired(tmp_path) -> None:
     h.rm.close()
 
 
+def test_the_offsets_topic_is_compacted_even_without_its_config(tmp_path) -> None:
+    """One created before it was created compacted: no time retention for live groups."""
+    h = harness(tmp_path)
+    config = h.rm.partitions[(OFFSETS_TOPIC, 0)].log.config
+    assert config.compact and not config.delete
+    h.rm.close()
+
+
 def test_the_config_keys_have_kafkas_defaults() -> None:
     from minibroker.broker.common.config import BrokerConfig
 
