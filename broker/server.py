@@ -399,6 +399,7 @@ class Broker:
             },
             "requests": self.request_metrics.snapshot(),
             "groups": self.coordinator.stats(),
+            "log_cleaner": rm.cleaner.stats() if rm.cleaner is not None else None,
             "partitions": [
                 {
                     "topic": p.topic,

@@ -153,6 +153,8 @@ class CoordinatorService:
             "groups": len(self.manager.groups),
             "owned_partitions": sorted(self.manager.owned),
             "loading_partitions": sorted(self.manager.loading),
+            "offsets_expired": self.expiry.expired_offsets,
+            "groups_expired": self.expiry.deleted_groups,
             "purgatory": {name: p.stats() for name, p in self.purgatories.items()},
         }
 

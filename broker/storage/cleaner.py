@@ -51,6 +51,7 @@ from minibroker.protocol.batch import (
     PRODUCER_FLAG,
     BatchHeader,
     batch_size_at,
+    check_batch,
     decode_rows,
     encode_batch,
     increment_sequence,
@@ -238,8 +239,9 @@ def build_offset_map(plan: Plan, stop: threading.Event) -> dict[bytes, int]:
     dict: exact, and as large as the dirty section's distinct keys)."""
     latest: dict[bytes, int] = {}
     for segment in plan.dirty:
-        for buf, pos, _ in _batches(segment.path, plan.size_of(segment), stop):
-            header = unpack_header(buf, pos)
+        for buf, pos, length in _batches(segment.path, plan.size_of(segment), stop):
+            # CRC checked: a copy must never launder a damaged batch into a valid one.
+            header = check_batch(buf, pos, length)
             base = header.base_offset
             for i, row in enumerate(decode_rows(buf, pos, header)):
                 if row[1] is not None:
@@ -322,7 +324,7 @@ def clean_group(
             size = plan.size_of(segment)
             stats.bytes_read += size
             for buf, pos, length in _batches(segment.path, size, stop):
-                header = unpack_header(buf, pos)
+                header = check_batch(buf, pos, length)
                 out = _kept_batches(buf, pos, header, latest, plan, stats)
                 for data in [buf[pos : pos + length]] if out is None else out:
                     h = unpack_header(data) if out is not None else header

@@ -37,6 +37,15 @@ class LogCleanerManager:
         self.bytes_written = 0
         self._stop = threading.Event()
 
+    def stats(self) -> dict:
+        """For ``minibroker stats`` (Kafka's cleaner metrics, in short)."""
+        return {
+            "passes": self.passes,
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "uncleanable_partitions": sorted(str(d.name) for d in self.uncleanable),
+        }
+
     async def run(self) -> None:
         """Clean until cancelled."""
         try:
@@ -78,6 +87,10 @@ class LogCleanerManager:
         except OSError:
             if log.changes != plan.changes:
                 return  # retention or a truncation discarded our copy: plan again later
+            swap.discard_uncommitted(log.dir)
+            raise
+        except (CorruptBatch, cleaner.CleaningAborted):
+            swap.discard_uncommitted(log.dir)
             raise
         finally:
             log.cleaning = False

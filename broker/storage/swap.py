@@ -92,6 +92,13 @@ def discard_pending(directory: Path) -> bool:
     return bool(found)
 
 
+def discard_uncommitted(directory: Path) -> None:
+    """After a failed pass: its uncommitted copy goes (a committed swap never does here:
+    it may be half done, and only recovery or a segment change may drop it)."""
+    for path in directory.glob(f"*{CLEANED}"):
+        path.unlink(missing_ok=True)
+
+
 def _segment_bases(directory: Path) -> list[int]:
     return sorted(int(p.stem) for p in directory.glob("*.log") if p.stem.isdigit())
 

@@ -330,7 +330,9 @@ async def test_the_manager_cleans_in_a_worker_thread_and_picks_the_dirtiest(
     assert await manager.clean_filthiest()
     assert busy.size_bytes < before / 5
     assert not await manager.clean_filthiest()  # nothing dirty left
-    assert manager.passes == 1 and manager.bytes_written < manager.bytes_read
+    stats = manager.stats()
+    assert stats["passes"] == 1 and 0 < stats["bytes_written"] < stats["bytes_read"] / 5
+    assert stats["uncleanable_partitions"] == []
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(manager.run)
@@ -341,3 +343,55 @@ async def test_the_manager_cleans_in_a_worker_thread_and_picks_the_dirtiest(
 class _Quiet:
     def __getattr__(self, name: str):
         return lambda *a, **k: None
+
+
+def test_a_stock_clients_batches_are_copied_whole_or_reencoded(tmp_path: Path) -> None:
+    """A Kafka v2 batch (gzip here) inside ours: kept whole, it stays byte for byte what the
+    client sent; losing records, its kept ones become our batches, decoded the same."""
+    from minibroker.protocol.batch import KAFKA_FLAG, wrap_kafka_batch
+    from minibroker.protocol.kafka import records as kafka_records
+
+    def kafka_batch(*pairs: tuple[bytes, bytes]) -> bytes:
+        raw = kafka_records.encode_batch(
+            [(NOW - 1000, k, v, [("h", b"x")]) for k, v in pairs],
+            compression=kafka_records.GZIP,
+        )
+        return wrap_kafka_batch(raw, 0, kafka_records.check_batch(raw, 0, len(raw)))
+
+    log = compacted(tmp_path)
+    whole = kafka_batch((b"a", b"1"), (b"b", b"1"))
+    log.append_as_leader(kafka_batch((b"c", b"1"), (b"d", b"1"), (b"e", b"1")), 2)
+    log.append_as_leader(whole, 2)
+    log.append_as_leader(kafka_batch((b"c", b"2")), 2)
+    log.roll()
+    clean(log)
+    data = b"".join(log.read(s.base_offset, 1 << 20).data for s in log.segments[:-1])
+    kinds = [(h.base_offset, bool(h.attributes & KAFKA_FLAG)) for _, h in iter_batches(data)]
+    assert kinds == [(1, False), (3, True), (5, True)]
+    assert whole[16:] in data  # CRC onwards as the client sent it (offset, epoch patched)
+    records = read_records(data)
+    assert [(r.offset, r.key, r.value, r.headers) for r in records] == [
+        (1, b"d", b"1", [("h", b"x")]),
+        (2, b"e", b"1", [("h", b"x")]),
+        (3, b"a", b"1", [("h", b"x")]),
+        (4, b"b", b"1", [("h", b"x")]),
+        (5, b"c", b"2", [("h", b"x")]),
+    ]
+
+
+async def test_a_damaged_batch_leaves_the_log_as_it_is_and_uncleanable(tmp_path: Path) -> None:
+    """The cleaner checks each batch's CRC: a copy must not turn damage into a valid
+    batch. The pass fails, nothing is swapped, and the log is not tried again."""
+    log = compacted(tmp_path)
+    overwrite_many(log, rounds=4)
+    first = log.segments[0].path
+    raw = bytearray(first.read_bytes())
+    raw[-3] ^= 0x20  # inside the last batch's records
+    first.write_bytes(bytes(raw))
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("*.log")}
+    manager = LogCleanerManager(lambda: [(log, log.log_end_offset)], 60_000, _Quiet())
+    assert await manager.clean_filthiest()
+    assert manager.stats()["uncleanable_partitions"] == [tmp_path.name]
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.log")} == before
+    assert not list(tmp_path.glob("*.cleaned"))
+    assert not await manager.clean_filthiest()  # skipped from now on

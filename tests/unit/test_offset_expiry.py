@@ -67,6 +67,8 @@ def test_a_group_with_members_keeps_its_offsets_until_retention_after_it_empties
     h.clock.advance(1)
     assert h.service.expiry.cleanup() == (1, 1)
     assert "g" not in h.groups
+    stats = h.service.stats()
+    assert (stats["offsets_expired"], stats["groups_expired"]) == (1, 1)
     h.rm.close()
 
 
