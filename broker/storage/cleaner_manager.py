@@ -11,8 +11,8 @@ disk) is left alone until the broker restarts, as Kafka marks a partition unclea
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -31,7 +31,9 @@ class LogCleanerManager:
         self.logs = logs
         self.backoff_ms = backoff_ms
         self.log = logger
-        self.uncleanable: set[Path] = set()
+        # Logs whose cleaning failed (the objects: a topic deleted and created again under
+        # the same name gets a new log, which is cleaned).
+        self.uncleanable: weakref.WeakSet[Log] = weakref.WeakSet()
         self.passes = 0
         self.bytes_read = 0
         self.bytes_written = 0
@@ -43,7 +45,7 @@ class LogCleanerManager:
             "passes": self.passes,
             "bytes_read": self.bytes_read,
             "bytes_written": self.bytes_written,
-            "uncleanable_partitions": sorted(str(d.name) for d in self.uncleanable),
+            "uncleanable_partitions": sorted(log.dir.name for log in self.uncleanable),
         }
 
     async def run(self) -> None:
@@ -58,7 +60,7 @@ class LogCleanerManager:
     def filthiest(self) -> cleaner.Plan | None:
         best = None
         for log, high_watermark in self.logs():
-            if log.dir in self.uncleanable:
+            if log in self.uncleanable:
                 continue
             plan = cleaner.plan(log, high_watermark, log.now_ms())
             if plan is not None and (best is None or plan.dirty_ratio > best.dirty_ratio):
@@ -73,9 +75,9 @@ class LogCleanerManager:
         try:
             await self.clean(plan)
         except (OSError, CorruptBatch, cleaner.CleaningAborted) as exc:
-            if self._stop.is_set():
-                raise
-            self.uncleanable.add(plan.log.dir)
+            if self._stop.is_set() or plan.log.closed:
+                return True  # shutting down, or the partition went (deleted, moved)
+            self.uncleanable.add(plan.log)
             self.log.error("log_cleaner_failed", dir=str(plan.log.dir), error=str(exc))
         return True
 

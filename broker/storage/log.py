@@ -573,6 +573,7 @@ class Log:
         # The index must not point at bytes that are gone (appends reuse those positions).
         segment.rebuild_index(kept)
         self.log_start_offset = min(self.log_start_offset, segment.next_offset)
+        self._dirty_from(segment.next_offset)
         self.log.info("log_truncated", to_offset=segment.next_offset, bytes_removed=removed)
         self._rebuild_producer_state()
         return removed
@@ -594,6 +595,7 @@ class Log:
         self.log_start_offset = offset
         self._unflushed = 0
         self.producers.reset()
+        self._dirty_from(offset)
         self.log.info("log_truncated_fully", start_offset=offset)
 
     # --- timestamps and retention ---------------------------------------------------------
@@ -653,6 +655,12 @@ class Log:
         self.changes += 1
         if self.cleaning:
             discard_pending(self.dir)
+
+    def _dirty_from(self, offset: int) -> None:
+        """What is appended after a truncation has not been cleaned (Kafka truncates the
+        cleaner checkpoint with the log)."""
+        if self.first_dirty_offset is not None:
+            self.first_dirty_offset = min(self.first_dirty_offset, offset)
 
     def replace_segments(self, old: list[Segment], new: Segment) -> None:
         """Put ``new`` (the cleaned copy, already swapped in on disk) where ``old`` were.

@@ -5,6 +5,7 @@ itself was compacted."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,63 @@ async def test_committed_offsets_survive_restart_after_offsets_topic_compaction(
             ("t", 1): 1149,
         }
         assert list((await other.committed([("t", 0)])).values()) == [7 * 149]
+
+
+def test_a_stock_client_reads_a_compacted_topic_it_wrote(tmp_path):
+    """confluent-kafka (librdkafka) writes idempotent, multi-record v2 batches; once cleaned
+    (some copied whole, some re-encoded) it reads every key's latest value across the gaps."""
+    from confluent_kafka import Consumer as RdConsumer
+    from confluent_kafka import Producer as RdProducer
+    from confluent_kafka import TopicPartition as RdTopicPartition
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.admin import NewTopic as RdNewTopic
+
+    from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
+
+    cluster = start_cluster(tmp_path / "rd", 3, {**DEFAULT_CONFIG, **CLEANER})
+    try:
+        bootstrap = cluster.kafka_bootstrap
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        configs = {"cleanup.policy": "compact", "internal.segment.bytes": "4096"}
+        configs["min.cleanable.dirty.ratio"] = "0.1"
+        for future in admin.create_topics([RdNewTopic("rdc", 1, 3, config=configs)]).values():
+            future.result(30)
+        producer = RdProducer(
+            {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True}
+        )
+        latest = {}
+        for r in range(ROUNDS):
+            for k in range(KEYS):  # a round's records share batches
+                key, value = f"key-{k}".encode(), f"value-{r}-{k}".encode()
+                producer.produce("rdc", value, key)
+                latest[key] = value
+            assert producer.flush(30) == 0
+        dirs = sorted(Path(tmp_path / "rd").rglob("rdc-0"))
+        assert len(dirs) == 3
+        written = KEYS * ROUNDS * 10  # at least ~10 bytes a record (key and value alone)
+        deadline = time.monotonic() + 60
+        while not all(partition_bytes(d) < written / 4 for d in dirs):
+            assert time.monotonic() < deadline, "every replica to be cleaned"
+            time.sleep(0.1)
+        consumer = RdConsumer(
+            {"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False}
+        )
+        try:
+            _, high = consumer.get_watermark_offsets(RdTopicPartition("rdc", 0), timeout=30)
+            assert high == KEYS * ROUNDS
+            consumer.assign([RdTopicPartition("rdc", 0, 0)])
+            got, offsets = {}, []
+            deadline = time.monotonic() + 30
+            while not offsets or offsets[-1] < high - 1:
+                assert time.monotonic() < deadline, f"stuck after {offsets[-1:]}"
+                message = consumer.poll(1)
+                if message is not None:
+                    assert message.error() is None, message.error()
+                    got[message.key()] = message.value()
+                    offsets.append(message.offset())
+        finally:
+            consumer.close()
+        assert got == latest
+        assert offsets == sorted(offsets) and len(offsets) < KEYS * ROUNDS / 4
+    finally:
+        cluster.close()

@@ -395,3 +395,14 @@ async def test_a_damaged_batch_leaves_the_log_as_it_is_and_uncleanable(tmp_path:
     assert {p.name: p.read_bytes() for p in tmp_path.glob("*.log")} == before
     assert not list(tmp_path.glob("*.cleaned"))
     assert not await manager.clean_filthiest()  # skipped from now on
+
+
+def test_a_truncation_moves_the_clean_dirty_boundary_back(tmp_path: Path) -> None:
+    log = compacted(tmp_path, min_cleanable_dirty_ratio=0.01)
+    overwrite_many(log)
+    clean(log)
+    assert log.first_dirty_offset == 100
+    log.truncate_to(95)  # a follower cut back to where its new leader's log diverges
+    overwrite_many(log, rounds=2)  # offsets from 95 on are new, never cleaned
+    plan = cleaner.plan(log, log.log_end_offset, log.now_ms())
+    assert plan is not None and plan.first_dirty <= 95
