@@ -25,6 +25,7 @@ from minibroker.broker.common.descriptors import fd_limit, set_max_connections
 from minibroker.broker.common.gc_policy import collect_garbage_rarely
 from minibroker.broker.common.logs import log_lines_dropped, write_fatal_line
 from minibroker.broker.common.tasks import BackgroundTasks
+from minibroker.broker.common.topic_config import offsets_topic_configs
 from minibroker.broker.controller.active import ControllerRole
 from minibroker.broker.controller.controller import METADATA_FILE
 from minibroker.broker.controller.membership import ControllerLink, quorum_voters
@@ -234,7 +235,7 @@ class Broker:
             "name": "__consumer_offsets",
             "num_partitions": partitions,
             "replication_factor": replication_factor,
-            "configs": {},
+            "configs": offsets_topic_configs(self.config["offsets.topic.segment.bytes"]),
         }
         answer = self.link.create_topics([topic], False)
 
@@ -401,6 +402,7 @@ class Broker:
             "groups": self.coordinator.stats(),
             # The Kafka listener's incremental fetch sessions (KIP-227).
             "fetch_sessions": self.kafka_handler.fetch_sessions.stats(),
+            "log_cleaner": rm.cleaner.stats() if rm.cleaner is not None else None,
             "partitions": [
                 {
                     "topic": p.topic,
@@ -469,6 +471,7 @@ class Broker:
                     run_housekeeping, self.replica_manager, self.config, self.clock, self.log
                 )
                 nursery.start_soon(self._prefetch_producer_ids)
+                nursery.start_soon(self.coordinator.expiry.run)
                 nursery.start_soon(self.role.fence_silent_brokers)
                 rebalancer = LeaderRebalancer(self.config, self.clock)
                 nursery.start_soon(rebalancer.run, lambda: self.role.controller)

@@ -111,6 +111,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "minibroker.deploy.bench.kafka_clients",
         "confluent-kafka, kafka-python or aiokafka through the Kafka listener (or librdkafka's mock)",
     ),
+    "cleaner": (
+        "minibroker.deploy.bench.cleaner",
+        "a log cleaner pass: its time and the broker loop's stall, worker thread vs on the loop",
+    ),
     "startup": (
         "minibroker.deploy.bench.startup",
         "cluster cold start, its phases, and the pytest fixture's setup/teardown",

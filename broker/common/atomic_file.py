@@ -40,9 +40,14 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644, replace: bool = 
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)
+    return True
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the renames and unlinks done in ``directory`` durable."""
+    dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    return True

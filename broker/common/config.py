@@ -52,6 +52,31 @@ DEFS: dict[str, ConfigDef] = {
         -1,
     ),
     "log.retention.check.interval.ms": ConfigDef(int, 300000, "How often retention runs.", 1),
+    "log.cleanup.policy": ConfigDef(
+        str,
+        "delete",
+        "A topic's default cleanup.policy: delete (retention), compact or compact,delete.",
+        choices=("delete", "compact", "compact,delete", "delete,compact"),
+    ),
+    "log.cleaner.enable": ConfigDef(
+        bool, True, "Run the log cleaner that compacts cleanup.policy=compact topics."
+    ),
+    "log.cleaner.backoff.ms": ConfigDef(
+        int, 15000, "How long the cleaner sleeps when no log needs cleaning.", 0
+    ),
+    "log.cleaner.min.cleanable.ratio": ConfigDef(
+        float,
+        0.5,
+        "Clean a log once its dirty (not yet cleaned) bytes are this share of it.",
+        0,
+        max=1,
+    ),
+    "log.cleaner.delete.retention.ms": ConfigDef(
+        int, 86400000, "How long a compacted log keeps a tombstone (delete.retention.ms).", 0
+    ),
+    "log.cleaner.min.compaction.lag.ms": ConfigDef(
+        int, 0, "Records younger than this are never compacted (min.compaction.lag.ms).", 0
+    ),
     "log.roll.ms": ConfigDef(
         int, 604800000, "Roll a segment once it is this old, even if not full.", 1
     ),
@@ -275,6 +300,24 @@ DEFS: dict[str, ConfigDef] = {
     "offsets.topic.replication.factor": ConfigDef(
         int, 3, "Replicas of __consumer_offsets (capped at the live brokers when created).", 1
     ),
+    "offsets.topic.segment.bytes": ConfigDef(
+        int,
+        104857600,
+        "segment.bytes of __consumer_offsets, fixed when it is first created: small segments "
+        "are compacted sooner (the active segment never is).",
+        14,
+        max=_INT_MAX,
+    ),
+    "offsets.retention.minutes": ConfigDef(
+        int,
+        10080,
+        "Committed offsets of a group without members expire this long after it became "
+        "empty (KIP-211), or after their commit for a group that never had members.",
+        1,
+    ),
+    "offsets.retention.check.interval.ms": ConfigDef(
+        int, 600000, "How often the coordinator looks for expired offsets.", 1
+    ),
     "offsets.commit.timeout.ms": ConfigDef(
         int, 5000, "How long an offset commit waits for every in-sync replica.", 1
     ),
@@ -322,6 +365,16 @@ def _coerce(key: str, definition: ConfigDef, value: Any) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
         raise ConfigError(f"config '{key}': expected true or false, got {value!r}")
+    if definition.type is float:
+        try:
+            value = float(value) if not isinstance(value, bool) else None
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not (definition.min or 0) <= value <= (definition.max or value):
+            raise ConfigError(
+                f"config '{key}': expected a number in [{definition.min}, {definition.max}]"
+            )
+        return value
     if definition.type is int:
         if isinstance(value, bool):
             raise ConfigError(f"config '{key}': expected an integer, got {value!r}")

@@ -18,6 +18,10 @@ INT_MAX = 2**31 - 1
 LONG_MAX = 2**63 - 1
 
 
+# Kafka's cleanup.policy is a list of "delete" and/or "compact"; these are its spellings.
+CLEANUP_POLICIES = ("delete", "compact", "compact,delete", "delete,compact")
+
+
 @dataclass(frozen=True, slots=True)
 class TopicConfigDef:
     name: str
@@ -25,15 +29,26 @@ class TopicConfigDef:
     min: int
     max: int
     doc: str
+    kind: type = int  # int, float (a ratio) or str (one of ``choices``)
+    choices: tuple[str, ...] = ()
 
-    def check(self, value: Any) -> tuple[int | None, str | None]:
-        """``(value as int, None)`` or ``(None, a one-line problem naming key and range)``."""
+    def check(self, value: Any) -> tuple[Any, str | None]:
+        """``(parsed value, None)`` or ``(None, a one-line problem naming key and range)``."""
+        if self.kind is str:
+            text = str(value).replace(" ", "")
+            if text not in self.choices:
+                return None, (
+                    f"topic config '{self.name}' = {_short(value)} is not one of "
+                    f"{', '.join(self.choices)}"
+                )
+            return text, None
         try:
-            number = int(str(value).replace("_", "")) if not isinstance(value, bool) else None
+            number = self.kind(str(value).replace("_", "")) if not isinstance(value, bool) else None
         except ValueError:
             number = None
         if number is None:
-            return None, f"topic config '{self.name}' must be an integer, got {_short(value)}"
+            kind = "an integer" if self.kind is int else "a number"
+            return None, f"topic config '{self.name}' must be {kind}, got {_short(value)}"
         if not self.min <= number <= self.max:
             return None, (
                 f"topic config '{self.name}' = {number} is outside the allowed range "
@@ -58,6 +73,10 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {
         _def("max.message.bytes", "message.max.bytes", 0, INT_MAX, "Largest batch accepted."),
         _def("flush.messages", "log.flush.interval.messages", 1, LONG_MAX, "fsync after this many records."),
         _def("index.interval.bytes", "log.index.interval.bytes", 0, INT_MAX, "Bytes between index entries."),
+        TopicConfigDef("cleanup.policy", "log.cleanup.policy", 0, 0, "delete (retention), compact (latest per key) or both.", str, CLEANUP_POLICIES),
+        TopicConfigDef("min.cleanable.dirty.ratio", "log.cleaner.min.cleanable.ratio", 0, 1, "Clean once this share of the log is dirty.", float),
+        _def("delete.retention.ms", "log.cleaner.delete.retention.ms", 0, LONG_MAX, "Keep tombstones this long in a compacted log."),
+        _def("min.compaction.lag.ms", "log.cleaner.min.compaction.lag.ms", 0, LONG_MAX, "Never clean records younger than this."),
     )
 }  # fmt: skip
 
@@ -79,7 +98,7 @@ def topic_configs_error(configs: Mapping[str, Any]) -> str | None:
     return None
 
 
-def topic_value(key: str, overrides: Mapping[str, Any] | None, broker: Mapping[str, Any]) -> int:
+def topic_value(key: str, overrides: Mapping[str, Any] | None, broker: Mapping[str, Any]) -> Any:
     """A topic's effective value: its own valid override, else the broker's setting.
 
     A stored override that no longer passes (saved by an older version) falls back to
@@ -104,12 +123,16 @@ LOG_CONFIG_FIELDS = {
     "flush_interval_messages": "flush.messages",
     "max_message_bytes": "max.message.bytes",
     "segment_ms": "segment.ms",
+    "cleanup_policy": "cleanup.policy",
+    "min_cleanable_dirty_ratio": "min.cleanable.dirty.ratio",
+    "delete_retention_ms": "delete.retention.ms",
+    "min_compaction_lag_ms": "min.compaction.lag.ms",
 }
 
 
 def log_config_values(
     broker: Mapping[str, Any], overrides: Mapping[str, Any] | None
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """LogConfig keyword arguments for a topic: its overrides over the broker's settings."""
     values = {
         field: topic_value(key, overrides, broker) for field, key in LOG_CONFIG_FIELDS.items()
@@ -121,3 +144,15 @@ def log_config_values(
         if problem is None and tiny is not None:
             values["segment_bytes"] = tiny
     return values
+
+
+def offsets_topic_configs(segment_bytes: int) -> dict[str, str]:
+    """``__consumer_offsets`` as Kafka creates it: compacted (each group's latest offsets and
+    metadata stay, whatever their age) with ``offsets.topic.segment.bytes`` segments; a
+    value below segment.bytes' minimum goes as the testing override, as Kafka allows it."""
+    key = (
+        "segment.bytes"
+        if segment_bytes >= TOPIC_CONFIGS["segment.bytes"].min
+        else "internal.segment.bytes"
+    )
+    return {"cleanup.policy": "compact", key: str(segment_bytes)}

@@ -88,6 +88,8 @@ class PartitionContents:
         self.groups: dict[str, dict | None] = {}
         self.offsets: dict[str, dict[tuple[str, int], Offset | None]] = {}
         self.skipped = 0  # records that are not ours (or not readable): ignored
+        # Wall time of each group's latest metadata record (when an Empty group emptied).
+        self.group_timestamps: dict[str, int] = {}
 
     def replay(self, data: bytes) -> int:
         """Apply the records of ``data`` (whole batches); returns the next offset."""
@@ -95,10 +97,10 @@ class PartitionContents:
         for pos, header in iter_batches(data, verify=True, allow_partial=True):
             next_offset = header.next_offset
             for record in decode_records(data, pos, header):
-                self._apply(record.key, record.value)
+                self._apply(record.key, record.value, record.timestamp)
         return next_offset
 
-    def _apply(self, raw_key: bytes | None, raw_value: bytes | None) -> None:
+    def _apply(self, raw_key: bytes | None, raw_value: bytes | None, timestamp: int) -> None:
         try:
             key = msgpack.unpackb(raw_key, raw=False) if raw_key is not None else None
             value = msgpack.unpackb(raw_value, raw=False) if raw_value is not None else None
@@ -121,5 +123,6 @@ class PartitionContents:
                 offsets[(topic, partition)] = None
         elif key[0] == GROUP_KEY and len(key) == 2:
             self.groups[key[1]] = value if isinstance(value, dict) else None
+            self.group_timestamps[key[1]] = timestamp
         else:
             self.skipped += 1

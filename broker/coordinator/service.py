@@ -13,8 +13,9 @@ from typing import Any
 from minibroker.broker.common.tasks import Spawner
 from minibroker.broker.coordinator import offsets
 from minibroker.broker.coordinator.coordinator import GroupCoordinator
+from minibroker.broker.coordinator.expiry import OffsetExpiry
 from minibroker.broker.coordinator.manager import GroupMetadataManager
-from minibroker.broker.coordinator.records import OFFSETS_TOPIC
+from minibroker.broker.coordinator.records import OFFSETS_TOPIC, PartitionContents
 from minibroker.broker.metadata.image import ClusterMetadata
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.purgatory import DeadlinePurgatory, Purgatory, Timer
@@ -63,6 +64,7 @@ class CoordinatorService:
             sync_purgatory=self.purgatories["sync"],
             now_ms=now_ms,
         )
+        self.expiry = OffsetExpiry(self.coordinator, config, logger, self.manager.now_ms_wall)
         # Every member calls it every heartbeat.interval.ms: no call in between.
         self.heartbeat: Callable[[dict], dict] = self.coordinator.heartbeat
 
@@ -140,13 +142,19 @@ class CoordinatorService:
                 for group in manager.resign(index):
                     self.coordinator.partition_unloaded(group)
             if leads:
-                manager.start_load(index, state.leader_epoch, self.coordinator.partition_loaded)
+                manager.start_load(index, state.leader_epoch, self.partition_loaded)
+
+    def partition_loaded(self, partition: int, contents: PartitionContents) -> None:
+        self.coordinator.partition_loaded(partition, contents)
+        self.expiry.partition_loaded(partition, contents)
 
     def stats(self) -> dict:
         return {
             "groups": len(self.manager.groups),
             "owned_partitions": sorted(self.manager.owned),
             "loading_partitions": sorted(self.manager.loading),
+            "offsets_expired": self.expiry.expired_offsets,
+            "groups_expired": self.expiry.deleted_groups,
             "purgatory": {name: p.stats() for name, p in self.purgatories.items()},
         }
 

@@ -1,5 +1,6 @@
 """A broker's periodic replica chores (Kafka's scheduled isr-expiration, log retention
-and producer-id expiration tasks): each a loop on its config key's interval."""
+and producer-id expiration tasks, and its log cleaner): each a loop on its config key's
+interval."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import trio
 from minibroker.broker.common.clock import Clock
 from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.replication.replica_manager import ReplicaManager
+from minibroker.broker.storage.cleaner_manager import LogCleanerManager
 
 
 async def run_housekeeping(
@@ -25,6 +27,13 @@ async def run_housekeeping(
         nursery.start_soon(
             _expire_producers, rm, config["producer.id.expiration.check.interval.ms"], logger
         )
+        if config["log.cleaner.enable"]:
+            rm.cleaner = LogCleanerManager(
+                lambda: [(p.log, p.high_watermark) for p in rm.partitions.values()],
+                config["log.cleaner.backoff.ms"],
+                logger,
+            )
+            nursery.start_soon(rm.cleaner.run)
 
 
 async def _shrink_isr(rm: ReplicaManager, lag_ms: int, clock: Clock) -> None:

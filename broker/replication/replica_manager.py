@@ -32,7 +32,7 @@ from minibroker.broker.replication.partition import Partition
 from minibroker.broker.storage import Log, LogConfig
 from minibroker.broker.storage.epoch_cache import LeaderEpochCache
 from minibroker.broker.storage.partition_metadata import claim_partition_dir, read_topic_id
-from minibroker.protocol import INTERNAL_TOPICS
+from minibroker.protocol import GROUP_METADATA_TOPIC, INTERNAL_TOPICS
 from minibroker.protocol.errors import ErrorCode, InvalidRequest, KafkaError
 
 Key = tuple[str, int]
@@ -100,6 +100,7 @@ class ReplicaManager:
         # Parked operations by the connection that asked: they die with it.
         self._parked: dict[ConnectionSession, set[DelayedOperation]] = {}
         self.topic_configs: dict[str, dict[str, str]] = {}
+        self.cleaner: Any = None  # the LogCleanerManager housekeeping runs, if enabled
         # The topic id each hosted topic's replicas were made for: a namesake created after
         # a DeleteTopics has another, and the old replicas go (drop_deleted).
         self.topic_ids: dict[str, str] = {}
@@ -134,9 +135,14 @@ class ReplicaManager:
             self.logger.info(
                 "stale_replica_removed", topic=topic, partition=index, topic_id=topic_id
             )
+        overrides = self.topic_configs.get(topic)
+        if topic == GROUP_METADATA_TOPIC and "cleanup.policy" not in (overrides or {}):
+            # Created before it was created compacted: Kafka's is always compacted, and a
+            # time retention would delete live groups' offsets.
+            overrides = {**(overrides or {}), "cleanup.policy": "compact"}
         log = Log.open(
             directory,
-            log_config_from(self.config, self.topic_configs.get(topic)),
+            log_config_from(self.config, overrides),
             now_ms=lambda: int(time.time() * 1000),
             logger=self.logger.bind(topic=topic, partition=index),
         )

@@ -1,6 +1,8 @@
 """A partition's log: ordered segments, append/read/truncate, recovery and retention.
 
-Invariants: segments are contiguous in offsets; the active (last) segment is the
+Invariants: offsets strictly increase from batch to batch and segment to segment, with
+gaps only where the log cleaner removed records (a compacted topic, as in Kafka: a
+read at an offset in a gap gets the next batch); the active (last) segment is the
 only one written; every byte below ``size`` of every segment is a whole batch
 (recovery enforces it for the active segment, which is the only one a crash can
 tear). Reads are served with pread straight from the files.
@@ -20,6 +22,7 @@ import structlog
 
 from minibroker.broker.storage.producer_state import ProducerStateManager
 from minibroker.broker.storage.segment import BatchInfo, Segment, scan_segment, walk_to
+from minibroker.broker.storage.swap import discard_pending, recover_swaps
 from minibroker.protocol.batch import (
     BASE_AND_LENGTH,
     HEADER_SIZE,
@@ -57,6 +60,20 @@ class LogConfig:
     flush_interval_messages: int = 2**63 - 1
     max_message_bytes: int = 1048588
     segment_ms: int = 604800000
+    cleanup_policy: str = "delete"
+    min_cleanable_dirty_ratio: float = 0.5
+    delete_retention_ms: int = 86400000
+    min_compaction_lag_ms: int = 0
+
+    @property
+    def compact(self) -> bool:
+        """cleanup.policy includes compact: the log cleaner keeps the latest record per key."""
+        return "compact" in self.cleanup_policy
+
+    @property
+    def delete(self) -> bool:
+        """cleanup.policy includes delete: retention.ms / retention.bytes apply."""
+        return "delete" in self.cleanup_policy
 
 
 class AppendInfo:
@@ -122,6 +139,13 @@ class Log:
         self.log_start_offset = 0
         self._unflushed = 0
         self.producers = ProducerStateManager(directory, self.log)
+        # The log cleaner's clean/dirty boundary (its checkpoint, read on first use).
+        self.first_dirty_offset: int | None = None
+        self.closed = False
+        # While a cleaner pass runs; ``changes`` counts retention deletions and truncations,
+        # which a pass planned before them must not swap over.
+        self.cleaning = False
+        self.changes = 0
 
     # --- opening and recovery ---------------------------------------------------------------
 
@@ -154,6 +178,8 @@ class Log:
         keeps its good prefix and becomes the active one, later segments are deleted
         (their offsets would no longer continue the log).
         """
+        for event, detail in recover_swaps(self.dir):
+            self.log.warning(event, **detail)
         bases = sorted(int(p.stem) for p in self.dir.glob("*.log") if p.stem.isdigit())
         now = self.now_ms()
         segments = []
@@ -166,7 +192,11 @@ class Log:
         scans: dict[int, list[BatchInfo]] = {}
         keep = len(segments)
         for i, segment in enumerate(segments):
-            if i and segment.base_offset != segments[i - 1].next_offset:
+            # A gap is a compacted segment's removed tail (only a compacted log has them).
+            expected = segments[i - 1].next_offset if i else segment.base_offset
+            if segment.base_offset != expected and not (
+                self.config.compact and segment.base_offset > expected
+            ):
                 keep = i
                 self.log.warning(
                     "log_recovery_segment_out_of_sequence",
@@ -176,7 +206,7 @@ class Log:
                 break
             if i == len(segments) - 1:
                 break  # the active segment is recovered below, with full validation
-            scan = scan_segment(segment, verify=False)
+            scan = scan_segment(segment, verify=False, gaps=self.config.compact)
             segment.next_offset = scan.next_offset
             segment.max_timestamp = scan.max_timestamp
             segment.rebuild_index(scan.batches)
@@ -214,7 +244,7 @@ class Log:
                 continue
             batches = scans.get(segment.base_offset) if scans else None
             if batches is None:
-                batches = scan_segment(segment, verify=False).batches
+                batches = scan_segment(segment, verify=False, gaps=self.config.compact).batches
             for b in batches:
                 if b.producer is not None and b.base_offset >= replay_from:
                     pid, epoch, seq = b.producer
@@ -231,7 +261,7 @@ class Log:
 
     def _recover(self, segment: Segment) -> list[BatchInfo]:
         """Validate every batch of the active segment; cut a torn or corrupt tail."""
-        scan = scan_segment(segment, verify=True)
+        scan = scan_segment(segment, verify=True, gaps=self.config.compact)
         if scan.problem is not None:
             self.log.warning(
                 "log_recovery_truncated",
@@ -347,13 +377,19 @@ class Log:
         return fields[0]
 
     def append_as_follower(self, records: bytes | bytearray) -> AppendInfo:
-        """Copy the leader's batches verbatim; they must continue our log exactly."""
+        """Copy the leader's batches verbatim; they must continue our log.
+
+        In a compacted log offsets may skip (the leader's cleaner removed records: Kafka's
+        followers copy a compacted log with its gaps) but never go back.
+        """
         batches = self._validate(records)
-        expected = first = self.log_end_offset
+        expected = self.log_end_offset
+        first = batches[0][1].base_offset
         max_ts = -1
         count = 0
+        gaps = self.config.compact
         for _, header in batches:
-            if header.base_offset != expected:
+            if header.base_offset != expected and not (gaps and header.base_offset > expected):
                 raise LogAppendError(
                     f"batch at offset {header.base_offset} does not follow log end offset {expected}"
                 )
@@ -450,9 +486,15 @@ class Log:
         upper = leo if max_offset is None else min(max_offset, leo)
         if offset >= upper:
             return ReadResult(b"", offset, offset)
-        segment = self.segments[bisect_right(self._bases, offset) - 1]
-        if offset >= segment.next_offset:  # only possible in an empty active segment
-            return ReadResult(b"", offset, offset)
+        i = bisect_right(self._bases, offset) - 1
+        segment = self.segments[i]
+        # Past a segment's last batch (or it has none): a compacted segment's removed
+        # tail (read on in the next segment, as Kafka does), or an empty active segment.
+        while offset >= segment.next_offset or segment.next_offset == segment.base_offset:
+            i += 1
+            if i == len(self.segments):
+                return ReadResult(b"", offset, offset)
+            segment = self.segments[i]
         start, bound = segment.lookup_span(offset)
         # The batch holding ``offset`` starts before ``bound``, so this covers the walk to
         # it, its header, and max_bytes from wherever it starts.
@@ -505,6 +547,7 @@ class Log:
             raise ValueError(f"cannot truncate to negative offset {offset}")
         if offset >= self.log_end_offset:
             return 0
+        self._segments_changing()
         if offset < self.segments[0].base_offset:
             removed = self.size_bytes
             self.truncate_fully_and_start_at(offset)
@@ -517,7 +560,11 @@ class Log:
             segment.delete()
         segment = self.active
         segment.activate()
-        kept = [b for b in scan_segment(segment, verify=False).batches if b.next_offset <= offset]
+        kept = [
+            b
+            for b in scan_segment(segment, verify=False, gaps=self.config.compact).batches
+            if b.next_offset <= offset
+        ]
         cut = kept[-1].position + kept[-1].size if kept else 0
         removed += segment.size - cut
         segment.truncate_file(cut)
@@ -526,6 +573,7 @@ class Log:
         # The index must not point at bytes that are gone (appends reuse those positions).
         segment.rebuild_index(kept)
         self.log_start_offset = min(self.log_start_offset, segment.next_offset)
+        self._dirty_from(segment.next_offset)
         self.log.info("log_truncated", to_offset=segment.next_offset, bytes_removed=removed)
         self._rebuild_producer_state()
         return removed
@@ -534,6 +582,7 @@ class Log:
         """Delete everything; the log restarts empty with start and end at ``offset``."""
         if offset < 0:  # the segment file name could not be parsed back on open
             raise ValueError(f"cannot start a log at negative offset {offset}")
+        self._segments_changing()
         for segment in self.segments:
             segment.delete()
         segment = Segment(
@@ -546,6 +595,7 @@ class Log:
         self.log_start_offset = offset
         self._unflushed = 0
         self.producers.reset()
+        self._dirty_from(offset)
         self.log.info("log_truncated_fully", start_offset=offset)
 
     # --- timestamps and retention ---------------------------------------------------------
@@ -559,7 +609,7 @@ class Log:
         for segment in self.segments:
             if segment.max_timestamp < timestamp:
                 continue  # no batch in here is late enough: skip without any I/O
-            for b in scan_segment(segment, verify=False).batches:
+            for b in scan_segment(segment, verify=False, gaps=self.config.compact).batches:
                 if b.max_timestamp >= timestamp:
                     return b.base_offset, b.max_timestamp
         return None
@@ -571,6 +621,8 @@ class Log:
         consumers cannot read yet (and a new leader might still need) would lose them.
         """
         cfg = self.config
+        if not cfg.delete:
+            return 0  # cleanup.policy=compact: only the cleaner removes records
         now = self.now_ms()
         deleted = 0
         total = self.size_bytes
@@ -583,6 +635,8 @@ class Log:
             too_big = cfg.retention_bytes >= 0 and total - oldest.size >= cfg.retention_bytes
             if not (too_old or too_big):
                 break
+            if not deleted:
+                self._segments_changing()
             self.segments.pop(0)
             self._bases.pop(0)
             total -= oldest.size
@@ -594,6 +648,34 @@ class Log:
                 "retention_deleted", segments=deleted, log_start_offset=self.log_start_offset
             )
         return deleted
+
+    # --- the log cleaner's swap -------------------------------------------------------------
+
+    def _segments_changing(self) -> None:
+        self.changes += 1
+        if self.cleaning:
+            discard_pending(self.dir)
+
+    def _dirty_from(self, offset: int) -> None:
+        """What is appended after a truncation has not been cleaned (Kafka truncates the
+        cleaner checkpoint with the log)."""
+        if self.first_dirty_offset is not None:
+            self.first_dirty_offset = min(self.first_dirty_offset, offset)
+
+    def replace_segments(self, old: list[Segment], new: Segment) -> None:
+        """Put ``new`` (the cleaned copy, already swapped in on disk) where ``old`` were.
+
+        Their files are gone or replaced already: the old objects only give back their
+        descriptors (never ``delete``: the first one's name is now the new segment's).
+        """
+        i = self.segments.index(old[0])
+        if self.segments[i : i + len(old)] != old or self.segments[-1] in old:
+            raise ValueError("the segments to replace are no longer the log's sealed segments")
+        for segment in old:
+            segment._index_pending.clear()
+            segment.close_handle()
+        self.segments[i : i + len(old)] = [new]
+        self._bases = [s.base_offset for s in self.segments]
 
     # --- durability -----------------------------------------------------------------------
 
@@ -610,6 +692,7 @@ class Log:
             self.log.warning("producer_snapshot_failed", offset=offset, error=str(exc))
 
     def close(self) -> None:
+        self.closed = True
         try:
             self.flush()
             self._snapshot_producers(self.log_end_offset)

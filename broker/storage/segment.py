@@ -240,10 +240,7 @@ class Segment:
             pass  # recovery on the next open cuts a torn tail anyway
 
     def _write_index_file(self) -> None:
-        data = b"".join(
-            _INDEX_ENTRY.pack(o, p)
-            for o, p in zip(self.index_offsets, self.index_positions, strict=True)
-        )
+        data = index_bytes(self.index_offsets, self.index_positions)
         fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             if data:
@@ -322,21 +319,9 @@ class Segment:
 
         The file is rewritten only when its bytes differ, so a clean open writes nothing.
         """
-        offsets: list[int] = []
-        positions: list[int] = []
-        since = 0
-        for b in batches:
-            position, base, size = b[0], b[1], b[2]
-            if not offsets or since >= self.interval:
-                offsets.append(base - self.base_offset)
-                positions.append(position)
-                since = 0
-            since += size
-        self.index_offsets = offsets
-        self.index_positions = positions
-        self.bytes_since_index = since
-        self._index_pending.clear()
-        wanted = b"".join(_INDEX_ENTRY.pack(o, p) for o, p in zip(offsets, positions, strict=True))
+        offsets, positions, since = build_index(batches, self.base_offset, self.interval)
+        self.install_index(offsets, positions, since)
+        wanted = index_bytes(offsets, positions)
         try:
             with open(self.index_path, "rb") as fh:
                 current = fh.read(len(wanted) + 1)
@@ -344,6 +329,13 @@ class Segment:
             current = None
         if current != wanted:
             self._write_index_file()
+
+    def install_index(self, offsets: list[int], positions: list[int], since: int) -> None:
+        """Take an index computed elsewhere (the cleaner's worker thread builds its copy's)."""
+        self.index_offsets = offsets
+        self.index_positions = positions
+        self.bytes_since_index = since
+        self._index_pending.clear()
 
     def truncate_file(self, size: int) -> None:
         os.truncate(self.path, size)
@@ -360,6 +352,29 @@ class Segment:
         except FileNotFoundError:
             pass
         return target
+
+
+def build_index(
+    batches: list[tuple[int, int, int]] | list[BatchInfo], base_offset: int, interval: int
+) -> tuple[list[int], list[int], int]:
+    """The sparse index of ``(position, base_offset, size, ...)`` batches: relative offsets,
+    positions (an entry every ``interval`` bytes) and the bytes after the last entry."""
+    offsets: list[int] = []
+    positions: list[int] = []
+    since = 0
+    for b in batches:
+        position, base, size = b[0], b[1], b[2]
+        if not offsets or since >= interval:
+            offsets.append(base - base_offset)
+            positions.append(position)
+            since = 0
+        since += size
+    return offsets, positions, since
+
+
+def index_bytes(offsets: list[int], positions: list[int]) -> bytes:
+    """An index file's contents."""
+    return b"".join(_INDEX_ENTRY.pack(o, p) for o, p in zip(offsets, positions, strict=True))
 
 
 def walk_to(data: bytes | memoryview, offset: int) -> int | None:
@@ -379,11 +394,13 @@ def walk_to(data: bytes | memoryview, offset: int) -> int | None:
     return None
 
 
-def scan_segment(segment: Segment, *, verify: bool) -> ScanResult:
+def scan_segment(segment: Segment, *, verify: bool, gaps: bool = False) -> ScanResult:
     """Walk every batch of the segment, checking that the offsets continue.
 
     ``verify`` also checks each batch's CRC and record count (the active segment on
     open, the only one a crash can tear); without it the scan reads headers only.
+    ``gaps``: offsets may skip forwards (a compacted log's); otherwise a batch must start
+    where the previous one ended, which catches a damaged base offset.
     It stops at the first batch that is torn, inconsistent or out of sequence.
     """
     batches: list[BatchInfo] = []
@@ -412,7 +429,7 @@ def scan_segment(segment: Segment, *, verify: bool) -> ScanResult:
         if position + size > file_size:
             problem = "torn batch"
             break
-        if base != expected:
+        if base != expected and not (gaps and base > expected):
             problem = f"batch offset {base} where {expected} was expected"
             break
         if (

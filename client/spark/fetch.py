@@ -137,6 +137,8 @@ class RangeFetcher:
                     offset = next_offset
                     progress_at = time.monotonic()
                     continue
+                if next_offset >= end:
+                    return  # the rest of the range was compacted away
                 if response["high_watermark"] < end and self._stalled(progress_at):
                     # The data was planned (below the HW then) but is not there now: a
                     # failover truncated the log below what we planned to read.
@@ -200,6 +202,9 @@ class RangeFetcher:
         next_offset = offset
         for pos, header in iter_batches(buf, verify=True, allow_partial=True):
             if header.base_offset >= end:
+                # The log has nothing more below ``end``: the rest of the range is a
+                # compacted topic's gap (the broker answers with the next batch there is).
+                next_offset = max(next_offset, end)
                 break
             if header.next_offset > offset:
                 batches.append((pos, header))

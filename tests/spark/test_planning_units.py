@@ -264,3 +264,22 @@ def test_write_identities_are_stable_distinct_and_epoch_per_version():
     }
     assert len(ids) == 5 and all(DERIVED_PRODUCER_ID_BASE <= i < 2**63 for i in ids)
     assert WriteIdentity.one_off() != WriteIdentity.one_off()
+
+
+def test_a_range_that_ends_in_a_compacted_gap_is_complete(tmp_path):
+    """A planned range whose tail a compacted topic's cleaner removed: the broker answers
+    with the next batch after the gap, and the range ends there instead of waiting."""
+    from minibroker.broker.storage import Log, LogConfig, cleaner
+    from minibroker.client.spark.fetch import RangeFetcher
+    from minibroker.protocol import encode_batch
+
+    log = Log.open(tmp_path, LogConfig(cleanup_policy="compact"))
+    for value in (b"1", b"2"):  # offsets 0, 1 then 2, 3: the second pair is the latest
+        log.append_as_leader(encode_batch([(1000, b"a", value, ()), (1000, b"b", value, ())]), 1)
+    log.roll()
+    cleaner.clean_now(cleaner.plan(log, log.log_end_offset, log.now_ms()))
+    data = log.read(0, 1 << 20).data
+    assert RangeFetcher._complete_batches(data, 0, 2) == ([], 2)
+    batches, next_offset = RangeFetcher._complete_batches(data, 0, 4)
+    assert [h.base_offset for _, h in batches] == [2] and next_offset == 4
+    log.close()

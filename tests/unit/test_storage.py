@@ -234,6 +234,15 @@ def test_follower_append_copies_verbatim_and_checks_continuity(tmp_path: Path) -
     info = log.append_as_follower(more)
     assert (info.first_offset, info.last_offset, info.record_count) == (2, 4, 3)
     assert log.read(0, BIG).data == first + more
+    gap = batch(vals(2, "g"), base_offset=7, epoch=4)
+    with pytest.raises(LogAppendError):
+        log.append_as_follower(gap)
+    # In a compacted log a gap is the leader's removed records (copied as it is, as Kafka).
+    log.close()
+    log = Log.open(tmp_path, LogConfig(cleanup_policy="compact"))
+    info = log.append_as_follower(gap)
+    assert (info.first_offset, log.log_end_offset) == (7, 9)
+    assert log.read(5, BIG).data == gap
 
 
 # --- roll ------------------------------------------------------------------------------------
