@@ -19,6 +19,8 @@ Only this purgatory pays for the check: produce and fetch expiry is untouched.
 
 from __future__ import annotations
 
+from typing import Any
+
 from minibroker.broker.purgatory.operation import DelayedOperation
 from minibroker.broker.purgatory.purgatory import Purgatory
 
@@ -46,6 +48,10 @@ class DeadlineOperation(DelayedOperation):
 class DeadlinePurgatory(Purgatory):
     """A Purgatory of DeadlineOperations: ``extend`` moves a deadline, expiry re-arms."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        Purgatory.__init__(self, *args, **kwargs)
+        self.rearmed = 0  # ops put back in the timer for a moved deadline (owner thread)
+
     def extend(self, op: DeadlineOperation, deadline_ms: int) -> bool:
         """Move ``op``'s deadline to ``deadline_ms`` (owner thread). False when a store
         cannot do it: the op is completed, or the deadline is earlier than the timer's
@@ -59,6 +65,7 @@ class DeadlinePurgatory(Purgatory):
         """Re-arm each op whose deadline moved past the expiration the timer fired at;
         expire the others (Purgatory.expire_batch)."""
         due = []
+        rearmed = 0
         now = self.timer.clock.now_ms()
         add = self.timer.add
         for op in batch:
@@ -70,7 +77,12 @@ class DeadlinePurgatory(Purgatory):
                     at = deadline - deadline % REARM_GRID_MS
                     op.delay_ms = (at if at > now else deadline) - now
                     add(op)  # it left the timer when it came due: an ordinary add
+                    rearmed += 1
                     continue
                 op.expiration_ms = deadline  # its lateness counts from the real deadline
             due.append(op)
+        self.rearmed += rearmed
         return Purgatory.expire_batch(self, due) if due else 0
+
+    def stats(self) -> dict:
+        return {**Purgatory.stats(self), "rearmed": self.rearmed}

@@ -74,6 +74,7 @@ def test_re_arms_gather_on_the_grid_until_the_deadline_is_near(purgatory, clock)
     assert op.expiration_ms == deadline and op.expired_at is None
     clock.advance(37)
     assert op.expired_at == deadline
+    assert purgatory.stats()["rearmed"] == 2  # the grid instant, then the deadline
 
 
 def test_an_earlier_deadline_or_a_completed_op_cannot_be_extended(purgatory, clock):
