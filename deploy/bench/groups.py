@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import threading
 import time
@@ -36,9 +37,16 @@ from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.coordinator import OFFSETS_TOPIC, CoordinatorService
 from minibroker.broker.metadata.image import PartitionState
 from minibroker.broker.network.pending import PendingResponse
-from minibroker.broker.purgatory import DeadlinePurgatory, MonotonicClock, Purgatory, SystemTimer
+from minibroker.broker.purgatory import (
+    DeadlinePurgatory,
+    MonotonicClock,
+    Purgatory,
+    SystemTimer,
+    switch_interval_for,
+)
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.client import Consumer
+from minibroker.deploy.bench import groups_sockets
 from minibroker.deploy.bench.common import (
     add_connection_arguments,
     ensure_topic,
@@ -56,6 +64,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heartbeat-interval-ms", type=int, default=1000)
     p.add_argument("--session-timeout-ms", type=int, default=6000)
     p.add_argument("--duration", type=float, default=10.0, help="steady heartbeat phase, s")
+    p.add_argument(
+        "--socket-connections",
+        type=int,
+        default=1000,
+        help="connections of the heartbeat members to a broker process (0: skip that part)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,8 +78,16 @@ def run(args: argparse.Namespace) -> int:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {"bench": "groups"}
-    with broker_under_test(args.bootstrap, "minibroker-groups-") as (bootstrap, _):
+    # A new group's first join waits 100 ms for more members, not 3 s: the socket part
+    # joins 1,000 groups (the rebalance measured is a later one, not the first).
+    config = {"group.initial.rebalance.delay.ms": "100"}
+    with broker_under_test(args.bootstrap, "minibroker-groups-", config) as (bootstrap, broker):
         figures["rebalance"] = trio.run(_rebalance, bootstrap, args.members)
+        if broker is not None and args.socket_connections > 0:
+            # Only a broker it started: the figure is that process's CPU.
+            figures["heartbeats_over_sockets"] = trio.run(
+                groups_sockets.run, bootstrap, broker, args
+            )
     figures["heartbeats"] = _heartbeats(args)
     return figures
 
@@ -132,8 +154,14 @@ async def _rebalance(bootstrap: str, members: int) -> dict[str, Any]:
 
 
 def _heartbeats(args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="minibroker-heartbeats-") as tmp:
-        return trio.run(_heartbeat_run, args, Path(tmp))
+    # The broker's switch interval (server.py): one timer tick, not CPython's 5 ms.
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(switch_interval_for(BrokerConfig({})["timer.tick.ms"]))
+    try:
+        with tempfile.TemporaryDirectory(prefix="minibroker-heartbeats-") as tmp:
+            return trio.run(_heartbeat_run, args, Path(tmp))
+    finally:
+        sys.setswitchinterval(switch_interval)
 
 
 async def _heartbeat_run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
