@@ -15,6 +15,8 @@
    each is expired (its last heartbeat + session timeout to the coordinator removing it:
    p50/p99/max; target p99 <= 20 ms) and the Heartbeat purgatory's own lateness
    histogram are reported.
+3. The same members over real sockets to the broker process of part 1, when the bench
+   started it (groups_sockets.py): what the heartbeats cost a broker, network included.
 """
 
 from __future__ import annotations
