@@ -65,7 +65,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heartbeat-groups", type=int, default=1000)
     p.add_argument("--heartbeat-interval-ms", type=int, default=1000)
     p.add_argument("--session-timeout-ms", type=int, default=6000)
-    p.add_argument("--duration", type=float, default=10.0, help="steady heartbeat phase, s")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=10.0,
+        help="measured heartbeat phase, s (after a session timeout of heartbeats)",
+    )
     p.add_argument(
         "--socket-connections",
         type=int,
@@ -469,7 +474,13 @@ async def _drive(
         "us_per_heartbeat": round(run["calls_cpu"] / max(run["sent"], 1) * 1e6, 2),
         "timer_wakeups_per_s": round(steady["wakeups"], 1),
         "expiry_handoffs_per_s": round(steady["handoffs"], 1),
+        # Members that joined together re-arm together (once a session timeout minus an
+        # interval each): a window sees one or two such waves, so the cost of one re-arm
+        # is the figure to scale, not the rate.
         "rearms_per_s": round(steady["rearms"], 1),
+        "us_per_rearm": round(steady["expiry"] / steady["rearms"] * 1e6, 2)
+        if steady["rearms"]
+        else None,
         # Besides the broker: the whole process in the same window, and the load generator
         # alone (the same loop with a do-nothing coordinator, its own run). Process minus
         # generator minus broker is what neither accounts for (trio scheduling the
