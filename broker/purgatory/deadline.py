@@ -79,16 +79,24 @@ class DeadlinePurgatory(Purgatory):
         expire the others (Purgatory.expire_batch)."""
         due = []
         rearmed = 0
-        now = self.timer.clock.now_ms()
+        now_ms = self._now_ms
+        now = now_ms()
         add = self.timer.add
         for op in batch:
             deadline = op.deadline_ms
             if deadline > op.expiration_ms and not op.is_completed:
-                if deadline > now:
-                    # Re-armed for a shared instant on the grid before the deadline, or for
-                    # the deadline itself once that is nearer than the grid.
-                    at = deadline - deadline % REARM_GRID_MS
-                    op.delay_ms = (at if at > now else deadline) - now
+                # Re-armed for a shared instant on the grid before the deadline, or for
+                # the deadline itself once that is nearer than the grid.
+                at = deadline - deadline % REARM_GRID_MS
+                if at <= now:
+                    # For the deadline itself the clock is read again: the timer adds the
+                    # delay to its own reading, so a delay from the batch's first one
+                    # would land late by however long the batch took to get here (a grid
+                    # instant may: it is re-armed again before the deadline).
+                    now = now_ms()
+                    at = deadline
+                if at > now:
+                    op.delay_ms = at - now
                     add(op)  # it left the timer when it came due: an ordinary add
                     rearmed += 1
                     continue

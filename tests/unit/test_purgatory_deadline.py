@@ -113,3 +113,31 @@ def test_extend_by_reads_the_monotonic_clock_itself():
     assert purgatory.extend_by(op, 310_000)
     assert before + 310_000 <= op.deadline_ms <= clock.now_ms() + 310_000
     assert not purgatory.extend_by(op, 1000)  # earlier than the timer's expiration
+
+
+class BusyClock(ManualClock):
+    """Each reading finds the clock ``step`` ms on: time passes while a batch is handled."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.step = 0
+
+    def now_ms(self) -> int:
+        self._now += self.step
+        return self._now
+
+
+def test_a_re_arm_for_the_deadline_lands_on_it_however_long_the_batch_took():
+    """The timer adds a delay to its own reading of the clock: a delay taken from the
+    batch's first reading would put each later op further past its deadline."""
+    clock = BusyClock()
+    batches: list[list] = []
+    purgatory = DeadlinePurgatory("Heartbeat", ManualTimer(clock), expiry_handoff=batches.append)
+    ops = [watch(purgatory, clock, 1000) for _ in range(5)]
+    for op in ops:
+        assert purgatory.extend_by(op, 1050)  # nearer the 1000 grid instant than the grid
+    clock.advance(1000)
+    clock.step = 1
+    assert purgatory.expire_batch(batches.pop()) == 0
+    # Re-armed for 1050, one reading (1 ms) late at most: the timer's own reading.
+    assert [op.expiration_ms for op in ops] == [1051] * 5
