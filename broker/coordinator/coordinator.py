@@ -44,6 +44,12 @@ def error_only(error: ErrorCode, message: str | None = None) -> dict:
     return {"error_code": int(error), "error_message": message, "throttle_time_ms": 0}
 
 
+# Heartbeat's two common answers, made once: every member gets one every
+# heartbeat.interval.ms. Shared, so never changed: the network layer only reads bodies.
+HEARTBEAT_OK = error_only(ErrorCode.NONE)
+HEARTBEAT_REBALANCING = error_only(ErrorCode.REBALANCE_IN_PROGRESS)
+
+
 class GroupCoordinator(StaticMembership):
     """Membership and rebalances of the groups whose partitions this broker leads (static
     members' takeovers in static.py)."""
@@ -67,6 +73,7 @@ class GroupCoordinator(StaticMembership):
         self.groups = manager.groups
         self.join_purgatory = join_purgatory
         self.heartbeat_purgatory = heartbeat_purgatory
+        self._extend_heartbeat = heartbeat_purgatory.extend_by
         self.sync_purgatory = sync_purgatory
         self.now_ms = now_ms
 
@@ -391,7 +398,9 @@ class GroupCoordinator(StaticMembership):
 
     def heartbeat(self, body: dict) -> dict:
         # The hot path of a coordinator (every member, every heartbeat.interval.ms): plain
-        # state comparisons and a deadline store, no operation made (complete_and_...).
+        # state comparisons and a deadline store (extend_by), no operation made and no
+        # call besides (complete_and_schedule_heartbeat's fast path, inlined), and a
+        # shared answer.
         group_id = body["group_id"]
         group = self.groups.get(group_id)
         # A group held here is of a partition loaded here (resign drops its groups), so
@@ -417,10 +426,10 @@ class GroupCoordinator(StaticMembership):
             return error_only(ErrorCode.UNKNOWN_MEMBER_ID)
         if body["generation_id"] != group.generation_id:
             return error_only(ErrorCode.ILLEGAL_GENERATION)
-        self.complete_and_schedule_heartbeat(group, member)
-        if state is PREPARING:
-            return error_only(ErrorCode.REBALANCE_IN_PROGRESS)
-        return error_only(ErrorCode.NONE)
+        op = member.heartbeat
+        if op is None or not self._extend_heartbeat(op, member.session_timeout_ms):
+            self.complete_and_schedule_heartbeat(group, member)
+        return HEARTBEAT_REBALANCING if state is PREPARING else HEARTBEAT_OK
 
     def complete_and_schedule_heartbeat(
         self, group: GroupMetadata, member: MemberMetadata, timeout_ms: int | None = None
@@ -431,7 +440,7 @@ class GroupCoordinator(StaticMembership):
         current one complete, as it heartbeat in time, and a new one start."""
         delay = member.session_timeout_ms if timeout_ms is None else timeout_ms
         op = member.heartbeat
-        if op is not None and self.heartbeat_purgatory.extend(op, self.now_ms() + delay):
+        if op is not None and self._extend_heartbeat(op, delay):
             return
         member.heartbeat_satisfied = True
         self.heartbeat_purgatory.check_and_complete((group.group_id, member.member_id))

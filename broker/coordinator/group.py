@@ -222,7 +222,7 @@ class GroupMetadata:
         if self.leader_id is None:
             self.leader_id = member.member_id  # the first to join leads
         self.members[member.member_id] = member
-        self._protocol_votes.update(name for name, _ in member.protocols)
+        self._protocol_votes.update(_names(member.protocols))
         member.join_response = join_response
         self.pending_members.discard(member.member_id)
         if member.group_instance_id is not None:
@@ -236,8 +236,8 @@ class GroupMetadata:
         session_timeout_ms: int,
         join_response: PendingResponse | None,
     ) -> None:
-        self._protocol_votes.subtract(name for name, _ in member.protocols)
-        self._protocol_votes.update(name for name, _ in protocols)
+        self._protocol_votes.subtract(_names(member.protocols))
+        self._protocol_votes.update(_names(protocols))
         member.protocols = protocols
         member.rebalance_timeout_ms = rebalance_timeout_ms
         member.session_timeout_ms = session_timeout_ms
@@ -247,7 +247,7 @@ class GroupMetadata:
         member = self.members.pop(member_id, None)
         self.pending_sync_members.discard(member_id)
         if member is not None:
-            self._protocol_votes.subtract(name for name, _ in member.protocols)
+            self._protocol_votes.subtract(_names(member.protocols))
             self._protocol_votes += Counter()  # drop names nobody supports any more
             instance_id = member.group_instance_id
             if instance_id is not None and self.static_members.get(instance_id) == member_id:
@@ -327,7 +327,7 @@ class GroupMetadata:
         """A new member must speak the group's protocol type and one of its protocols."""
         if not self.members:
             return bool(protocol_type) and bool(protocols)
-        names = {name for name, _ in protocols}
+        names = _names(protocols)
         shared = {
             name for name, votes in self._protocol_votes.items() if votes == len(self.members)
         }
@@ -364,3 +364,10 @@ class GroupMetadata:
             }
             for m in self.members.values()
         ]
+
+
+def _names(protocols: list[tuple[str, bytes]]) -> set[str]:
+    """A member's vote: each protocol it names once, however often it lists it (Kafka's
+    MemberMetadata keeps the names as a set); counted twice, a name no longer matched the
+    member count and a group of such members had no protocol in common."""
+    return {name for name, _ in protocols}

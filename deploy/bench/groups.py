@@ -6,19 +6,28 @@
 2. ``--heartbeat-members`` members in ``--heartbeat-groups`` groups heartbeating every
    ``--heartbeat-interval-ms`` into one coordinator: the broker's own coordinator,
    purgatories and timer thread, on the real clock, driven in-process (no sockets: this
-   measures the purgatory and coordinator, not the network). A tenth of the members then
-   stop; how late each is expired (its last heartbeat + session timeout to the coordinator
-   removing it: p50/p99/max), the Heartbeat purgatory's own lateness histogram, and the
-   process's CPU over the steady phase are reported (targets: p99 <= 20 ms, <= 5 % of a
-   core).
+   measures the purgatory and coordinator, not the network). After a session timeout of
+   heartbeats (so each member's operation has come due and been re-armed once) the CPU of
+   ``--duration`` seconds is measured and split: the broker's (the heartbeat calls, the
+   expiry passes the timer hands the trio thread, the timer thread; target <= 5 % of a
+   core), the whole process's, and the load generator's alone (the same loop and pacing
+   with a do-nothing coordinator, run first). Then a tenth of the members stop; how late
+   each is expired (its last heartbeat + session timeout to the coordinator removing it:
+   p50/p99/max; target p99 <= 20 ms) and the Heartbeat purgatory's own lateness
+   histogram are reported.
+3. The same members over real sockets to the broker process of part 1, when the bench
+   started it (groups_sockets.py): what the heartbeats cost a broker, network included.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +39,16 @@ from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.coordinator import OFFSETS_TOPIC, CoordinatorService
 from minibroker.broker.metadata.image import PartitionState
 from minibroker.broker.network.pending import PendingResponse
-from minibroker.broker.purgatory import MonotonicClock, Purgatory, SystemTimer
+from minibroker.broker.purgatory import (
+    DeadlinePurgatory,
+    MonotonicClock,
+    Purgatory,
+    SystemTimer,
+    switch_interval_for,
+)
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.client import Consumer
+from minibroker.deploy.bench import groups_sockets
 from minibroker.deploy.bench.common import (
     add_connection_arguments,
     ensure_topic,
@@ -49,7 +65,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heartbeat-groups", type=int, default=1000)
     p.add_argument("--heartbeat-interval-ms", type=int, default=1000)
     p.add_argument("--session-timeout-ms", type=int, default=6000)
-    p.add_argument("--duration", type=float, default=10.0, help="steady heartbeat phase, s")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=10.0,
+        help="measured heartbeat phase, s (after a session timeout of heartbeats)",
+    )
+    p.add_argument(
+        "--socket-connections",
+        type=int,
+        default=1000,
+        help="connections of the heartbeat members to a broker process (0: skip that part)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,8 +85,16 @@ def run(args: argparse.Namespace) -> int:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {"bench": "groups"}
-    with broker_under_test(args.bootstrap, "minibroker-groups-") as (bootstrap, _):
+    # A new group's first join waits 100 ms for more members, not 3 s: the socket part
+    # joins 1,000 groups (the rebalance measured is a later one, not the first).
+    config = {"group.initial.rebalance.delay.ms": "100"}
+    with broker_under_test(args.bootstrap, "minibroker-groups-", config) as (bootstrap, broker):
         figures["rebalance"] = trio.run(_rebalance, bootstrap, args.members)
+        if broker is not None and args.socket_connections > 0:
+            # Only a broker it started: the figure is that process's CPU.
+            figures["heartbeats_over_sockets"] = trio.run(
+                groups_sockets.run, bootstrap, broker, args
+            )
     figures["heartbeats"] = _heartbeats(args)
     return figures
 
@@ -126,8 +161,14 @@ async def _rebalance(bootstrap: str, members: int) -> dict[str, Any]:
 
 
 def _heartbeats(args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="minibroker-heartbeats-") as tmp:
-        return trio.run(_heartbeat_run, args, Path(tmp))
+    # The broker's switch interval (server.py): one timer tick, not CPython's 5 ms.
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(switch_interval_for(BrokerConfig({})["timer.tick.ms"]))
+    try:
+        with tempfile.TemporaryDirectory(prefix="minibroker-heartbeats-") as tmp:
+            return trio.run(_heartbeat_run, args, Path(tmp))
+    finally:
+        sys.setswitchinterval(switch_interval)
 
 
 async def _heartbeat_run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
@@ -166,14 +207,15 @@ async def _heartbeat_run(args: argparse.Namespace, data_dir: Path) -> dict[str, 
         )
         service.manager.owned.update({p: 1 for p in range(5)})
         token = trio.lowlevel.current_trio_token()
-        for purgatory in service.purgatories.values():
-            purgatory.set_expiry_handoff(
-                lambda batch, p=purgatory: token.run_sync_soon(p.expire_batch, batch)
-            )
         timer.start()
+        meter = _Meter(timer, service.purgatories["heartbeat"])
+        for purgatory in service.purgatories.values():
+            # As the broker's hand-off (server.py), timed: the trio thread's expiry passes.
+            purgatory.set_expiry_handoff(_to_loop(token, meter.timed(purgatory.expire_batch)))
         try:
+            generator = await _generator_alone(args)
             members = await _join_all(service, args)
-            figures = await _drive(service, members, args, log)
+            figures = await _drive(service, members, args, log, meter, generator)
         finally:
             timer.shutdown()
             rm.close()
@@ -224,6 +266,10 @@ async def _join_all(service: CoordinatorService, args: argparse.Namespace) -> li
     return members
 
 
+def _to_loop(token: trio.lowlevel.TrioToken, run: Callable[[list], None]) -> Callable[[list], None]:
+    return lambda batch: token.run_sync_soon(run, batch)
+
+
 class _ExpiryLog:
     """The coordinator's logger here: notes when each member is expired (the moment the
     coordinator removes it), drops everything else."""
@@ -236,70 +282,211 @@ class _ExpiryLog:
             self.expired_at[fields["member"]] = time.monotonic()
 
 
-async def _drive(
-    service: CoordinatorService, members: list[tuple], args: argparse.Namespace, log: _ExpiryLog
+def _slots(bodies: list[dict], slots: int) -> tuple[list, list, list]:
+    """Per slot of the interval: every member's body, the live members' bodies (after the
+    steady phase; a tenth of the members fall silent), and the silent members' ids. Built
+    before the clock starts, so the loop that sends does no per-member work."""
+    n = len(bodies)
+    every = [bodies[s::slots] for s in range(slots)]
+    live = [[bodies[i] for i in range(s, n, slots) if i % 10] for s in range(slots)]
+    quiet = [
+        [bodies[i]["member_id"] for i in range(s, n, slots) if not i % 10] for s in range(slots)
+    ]
+    return every, live, quiet
+
+
+async def _pace(
+    heartbeat: Callable[[dict], dict],
+    slots: tuple[list[list[dict]], list[list[dict]], list[list[str]]],
+    interval_s: float,
+    phases_s: tuple[float, float, float],
+    meter: _Meter,
 ) -> dict[str, Any]:
-    interval = args.heartbeat_interval_ms / 1000
-    slots = 100  # heartbeats spread over the interval, as real members' would be
-    heartbeat = service.heartbeat
-    bodies = [{"group_id": g, "generation_id": gen, "member_id": m} for g, m, gen in members]
-    silent = set(range(0, len(bodies), 10))  # a tenth stop after the steady phase
-    last_heartbeat: dict[str, float] = {}
-    errors = sent = sent_steady = 0
-    handler_cpu = 0.0  # the trio thread's CPU inside the heartbeat calls, steady phase
-    timer_thread = psutil.Process().threads  # per-thread CPU: the timer thread's share
-    timer_id = next(t.native_id for t in threading.enumerate() if t.name.startswith("timer-"))
-
-    def timer_cpu() -> float:
-        return next((t.user_time + t.system_time for t in timer_thread() if t.id == timer_id), 0)
-
+    """Send each slot's heartbeats at its instant (a slot every ``interval_s / len(slots)``):
+    every member's through a warm-up and the measured phase (``meter`` runs over it), then
+    only the live members' through a tail. Returns the measured phase's sends, errors, the
+    trio thread's CPU inside the heartbeat calls, and each silent member's last send."""
+    warmup_s, measured_s, tail_s = phases_s
+    every, live, quiet = slots
+    count = len(every)
+    last: dict[str, float] = {}
+    calls_cpu = 0.0
+    sent = errors = 0
     start = time.monotonic()
-    cpu_start = time.process_time()
-    timer_start = timer_cpu()
-    steady_end = start + args.duration
-    end = steady_end + (args.session_timeout_ms / 1000) * 1.5
-    cpu_steady = timer_steady = None
+    measure_from = start + warmup_s
+    steady_end = measure_from + measured_s
+    end = steady_end + tail_s
+    measuring = False
     tick = 0
-    while time.monotonic() < end:
+    thread_time = time.thread_time
+    while True:
         now = time.monotonic()
-        steady = now < steady_end
-        if cpu_steady is None and not steady:
-            cpu_steady = (time.process_time() - cpu_start) / (now - start)
-            timer_steady = (timer_cpu() - timer_start) / (now - start)
-            sent_steady = sent
-        handler_start = time.thread_time()
-        for i in range(tick % slots, len(bodies), slots):
-            if i in silent:
-                if not steady:
-                    continue
-                last_heartbeat[bodies[i]["member_id"]] = time.monotonic()
-            errors += heartbeat(bodies[i])["error_code"] != 0 and steady
-            sent += 1
-        if steady:
-            handler_cpu += time.thread_time() - handler_start
+        if now >= steady_end:
+            if not meter.figures:
+                meter.stop(now)
+            if now >= end:
+                break
+        elif not measuring and now >= measure_from:
+            measuring = True
+            meter.start(now)
+        slot = tick % count
+        if now < steady_end:
+            for member_id in quiet[slot]:
+                # Stamped before the calls: lateness is over-stated by up to one slot's
+                # calls (~0.1 ms), never under-stated.
+                last[member_id] = now
+            batch = every[slot]
+            t0 = thread_time()
+            answers = list(map(heartbeat, batch))
+            if measuring:
+                calls_cpu += thread_time() - t0
+                sent += len(batch)
+                errors += sum(1 for a in answers if a["error_code"])
+        else:
+            list(map(heartbeat, live[slot]))
         tick += 1
         # Paced on time.monotonic (the coordinator's clock), not trio's: trio's clock has
         # an offset of its own, and a deadline on the wrong clock never sleeps.
-        await trio.sleep(max(0.0, start + tick * interval / slots - time.monotonic()))
-    stats = service.purgatories["heartbeat"].stats()
+        await trio.sleep(max(0.0, start + tick * interval_s / count - time.monotonic()))
+    return {"sent": sent, "errors": errors, "calls_cpu": calls_cpu, "last": last}
+
+
+class _Meter:
+    """CPU over one window, as shares of a core: the process, the timer thread, and the
+    trio thread inside the expiry hand-offs (``timed`` wraps them); the timer's wake-ups."""
+
+    def __init__(
+        self, timer: SystemTimer | None = None, heartbeats: DeadlinePurgatory | None = None
+    ) -> None:
+        self._process = psutil.Process()
+        self._timer = timer
+        self._heartbeats = heartbeats
+        self._timer_id = None
+        if timer is not None:
+            self._timer_id = next(
+                t.native_id for t in threading.enumerate() if t.name.startswith("timer-")
+            )
+        self._expiry_cpu = 0.0
+        self._handoffs = 0
+        self._open = False
+        self.figures: dict[str, float] = {}
+
+    def _timer_cpu(self) -> float:
+        for t in self._process.threads():
+            if t.id == self._timer_id:
+                return t.user_time + t.system_time
+        return 0.0
+
+    def _counts(self) -> tuple[int, int]:
+        wakeups = self._timer.wakeups if self._timer is not None else 0
+        return wakeups, self._heartbeats.rearmed if self._heartbeats is not None else 0
+
+    def start(self, now: float) -> None:
+        self._at = (now, time.process_time(), self._timer_cpu(), self._counts())
+        self._open = True
+
+    def stop(self, now: float) -> None:
+        self._open = False
+        wall0, process0, timer0, (wakeups0, rearms0) = self._at
+        wakeups, rearms = self._counts()
+        wall = now - wall0
+        self.figures = {
+            "wall": wall,
+            "process": (time.process_time() - process0) / wall,
+            "timer_thread": (self._timer_cpu() - timer0) / wall,
+            "expiry": self._expiry_cpu / wall,
+            "handoffs": self._handoffs / wall,
+            "wakeups": (wakeups - wakeups0) / wall,
+            "rearms": (rearms - rearms0) / wall,
+        }
+
+    def timed(self, expire_batch: Callable[[list], int]) -> Callable[[list], None]:
+        def run(batch: list) -> None:
+            if not self._open:
+                expire_batch(batch)
+                return
+            t0 = time.thread_time()
+            expire_batch(batch)
+            self._expiry_cpu += time.thread_time() - t0
+            self._handoffs += 1
+
+        return run
+
+
+async def _generator_alone(args: argparse.Namespace) -> dict[str, float]:
+    """The load generator alone: the same loop, pacing and body shapes, with a coordinator
+    that does nothing. Its CPU (with the trio wake-ups of its 100 slots a second) is the
+    bench's, not the broker's."""
+    per_group = max(1, args.heartbeat_members // args.heartbeat_groups)
+    bodies = [
+        {"group_id": f"g{g}", "generation_id": 1, "member_id": f"bench-{uuid.uuid4()}"}
+        for g in range(args.heartbeat_groups)
+        for _ in range(per_group)
+    ]
+    meter = _Meter()
+    interval = args.heartbeat_interval_ms / 1000
+    await _pace(_noop_heartbeat, _slots(bodies, 100), interval, (0, args.duration, 0), meter)
+    return meter.figures
+
+
+async def _drive(
+    service: CoordinatorService,
+    members: list[tuple],
+    args: argparse.Namespace,
+    log: _ExpiryLog,
+    meter: _Meter,
+    generator: dict[str, float],
+) -> dict[str, Any]:
+    interval = args.heartbeat_interval_ms / 1000
     session_s = args.session_timeout_ms / 1000
+    bodies = [{"group_id": g, "generation_id": gen, "member_id": m} for g, m, gen in members]
+    slots = _slots(bodies, 100)  # spread over the interval, as real members' are
+    # Measured after a session timeout of heartbeats: by then every member's operation has
+    # come due once, so the window holds the steady state's re-arms, not only the stores.
+    phases = (session_s, args.duration, session_s * 1.5)
+    run = await _pace(service.heartbeat, slots, interval, phases, meter)
+    steady = meter.figures
+    stats = service.purgatories["heartbeat"].stats()
+    last = run["last"]
     late_ms = sorted(
-        (at - last_heartbeat[member] - session_s) * 1000
+        (at - last[member] - session_s) * 1000
         for member, at in log.expired_at.items()
-        if member in last_heartbeat
+        if member in last
     )
+    wall = steady["wall"]
+    calls = run["calls_cpu"] / wall
+    broker = calls + steady["expiry"] + steady["timer_thread"]
     return {
         "members": len(bodies),
         "groups": args.heartbeat_groups,
         "heartbeat_interval_ms": args.heartbeat_interval_ms,
         "session_timeout_ms": args.session_timeout_ms,
-        "heartbeats_per_s": round(sent_steady / args.duration),
-        "steady_errors": errors,
-        # The whole process (this load generator and trio's 100 wake-ups a second too), and
-        # of it: the heartbeat calls themselves, and the timer thread.
-        "cpu_share_of_a_core": round(cpu_steady or 0.0, 4),
-        "heartbeat_calls_cpu_share": round(handler_cpu / args.duration, 4),
-        "timer_thread_cpu_share": round(timer_steady or 0.0, 4),
+        "heartbeats_per_s": round(run["sent"] / wall),
+        "steady_errors": run["errors"],
+        # The broker's cost of the target (the measured phase, shares of one core): the
+        # heartbeat calls (coordinator and deadline store, trio thread), the expiry passes
+        # the timer hands the trio thread (re-arms, expiries), and the timer thread. No
+        # sockets here: decoding and answering requests is not in it.
+        "broker_cpu_share": round(broker, 4),
+        "heartbeat_calls_cpu_share": round(calls, 4),
+        "expiry_passes_cpu_share": round(steady["expiry"], 4),
+        "timer_thread_cpu_share": round(steady["timer_thread"], 4),
+        "us_per_heartbeat": round(run["calls_cpu"] / max(run["sent"], 1) * 1e6, 2),
+        "timer_wakeups_per_s": round(steady["wakeups"], 1),
+        "expiry_handoffs_per_s": round(steady["handoffs"], 1),
+        # Members that joined together re-arm together (once a session timeout minus an
+        # interval each): a window sees one or two such waves, so the cost of one re-arm
+        # is the figure to scale, not the rate.
+        "rearms_per_s": round(steady["rearms"], 1),
+        "us_per_rearm": round(steady["expiry"] / steady["rearms"] * 1e6, 2)
+        if steady["rearms"]
+        else None,
+        # Besides the broker: the whole process in the same window, and the load generator
+        # alone (the same loop with a do-nothing coordinator, its own run). Process minus
+        # generator minus broker is what neither accounts for (trio scheduling the
+        # hand-offs, garbage collection, measurement).
+        "process_cpu_share": round(steady["process"], 4),
+        "generator_alone_cpu_share": round(generator["process"], 4),
         "expired": len(late_ms),
         "expiry_lateness_ms": {
             "p50": round(percentile(late_ms, 0.50), 1),
@@ -308,3 +495,10 @@ async def _drive(
         },
         "purgatory_expiry_lateness": stats["expiry_lateness"],
     }
+
+
+_NOOP_ANSWER = {"error_code": 0}
+
+
+def _noop_heartbeat(body: dict) -> dict:
+    return _NOOP_ANSWER

@@ -43,16 +43,16 @@ def add_broker_under_test_argument(p: argparse.ArgumentParser) -> None:
 
 @contextmanager
 def broker_under_test(
-    bootstrap: str | None, prefix: str
+    bootstrap: str | None, prefix: str, config: dict[str, str] | None = None
 ) -> Iterator[tuple[str, psutil.Process | None]]:
     """``(bootstrap, broker process)``: the given broker (process unknown, None), or one
-    broker started in a temporary directory and stopped afterwards."""
+    broker started in a temporary directory (with ``config`` set) and stopped afterwards."""
     raise_fd_limit()
     if bootstrap:
         yield bootstrap, None
         return
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-        state = ClusterState(Path(tmp), free_port_range(1), 1, {})
+        state = ClusterState(Path(tmp), free_port_range(1), 1, dict(config or {}))
         state.start_all()
         try:
             yield state.bootstrap, state.process(0)

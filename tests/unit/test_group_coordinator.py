@@ -16,7 +16,13 @@ import trio
 
 import minibroker.protocol as p
 from minibroker.broker.common.config import BrokerConfig
-from minibroker.broker.coordinator import OFFSETS_TOPIC, CoordinatorService, GroupState
+from minibroker.broker.coordinator import (
+    OFFSETS_TOPIC,
+    CoordinatorService,
+    GroupMetadata,
+    GroupState,
+    MemberMetadata,
+)
 from minibroker.broker.metadata.image import PartitionState
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
@@ -270,6 +276,20 @@ def test_protocol_selection_takes_what_every_member_supports(h):
     assert refused["error_code"] == E.INCONSISTENT_GROUP_PROTOCOL
     other_type = h.join("", protocol_type="connect")
     assert other_type["error_code"] == E.INCONSISTENT_GROUP_PROTOCOL
+
+
+def test_a_protocol_listed_twice_is_one_vote():
+    """Found by test_group_api_fuzz: counted per entry, a name a member listed twice no
+    longer matched the member count, and the next generation had no protocol at all."""
+    group = GroupMetadata("g", 0)
+    twice = [("range", b"a"), ("range", b"b")]
+    group.add(MemberMetadata("m1", "c", "h", 1000, 6000, "consumer", twice))
+    group.add(MemberMetadata("m2", "c", "h", 1000, 6000, "consumer", [("range", b"")]))
+    assert group.select_protocol() == "range"
+    group.update(group.get("m2"), twice, 1000, 6000, None)
+    assert group.supports_protocols("consumer", [("range", b"")])
+    group.remove("m1")
+    assert group.select_protocol() == "range"
 
 
 # --- join timing -----------------------------------------------------------------------------
