@@ -4,6 +4,7 @@ cluster's Kafka listeners: the same partitions, purgatories and replication as o
 from __future__ import annotations
 
 import asyncio
+import select
 import shutil
 import socket
 import struct
@@ -26,6 +27,7 @@ from minibroker.protocol.kafka import (
     decode_response,
     encode_request,
 )
+from minibroker.protocol.kafka import records as kafka_records
 
 pytestmark = pytest.mark.integration
 
@@ -354,6 +356,61 @@ def test_answers_leave_in_request_order_behind_a_parked_fetch(cluster):
             answered.append(struct.unpack_from(">i", payload)[0])
             assert decode_response(header, payload)["throttle_time_ms"] == 0
     assert answered == [1, 2]
+
+
+def test_pipelined_produces_are_appended_at_once_and_answered_in_order(tmp_path):
+    """While an acks=all Produce waits for its followers, the Produce pipelined behind it
+    on the same connection is appended already (one replication round then acknowledges
+    both; bench kafka-clients); its answer still leaves after the first's, and a Metadata
+    behind them is not dispatched until both are answered, as in Kafka."""
+    # Its own cluster: followers that fetch nothing must stay in the ISR for the test.
+    own = start_cluster(tmp_path, 3, {**DEFAULT_CONFIG, "replica.lag.time.max.ms": 120_000})
+    try:
+        rd_create(own.kafka_bootstrap, "pipelined")
+        leader = own.leader("pipelined")
+        followers = [b for b in range(3) if b != leader]
+        for follower in followers:
+            own.drop_replication(follower, "pipelined")
+        requests = []
+        for correlation_id in (1, 2):
+            header = KafkaRequestHeader(KafkaApi.PRODUCE, 8, correlation_id, "t")
+            batch = kafka_records.encode_batch([(0, None, b"v%d" % correlation_id, ())])
+            partition = {"index": 0, "records": batch}
+            body = {
+                "transactional_id": None,
+                "acks": -1,
+                "timeout_ms": 60_000,
+                "topic_data": [{"name": "pipelined", "partition_data": [partition]}],
+            }
+            requests.append((header, encode_request(header, body)))
+        metadata = KafkaRequestHeader(KafkaApi.METADATA, 1, 3, "t")
+        requests.append((metadata, encode_request(metadata, {"topics": None})))
+        host, port = own.state.host, own.state.kafka_base_port + leader
+        with socket.create_connection((host, port), timeout=60) as sock:
+            sock.sendall(b"".join(frame for _, frame in requests))
+
+            def log_end() -> int:
+                partitions = own.stats(leader)["partitions"]
+                return next(p for p in partitions if p["topic"] == "pipelined")["log_end_offset"]
+
+            deadline = time.monotonic() + 30
+            while log_end() < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert log_end() == 2  # both produces appended, neither acknowledged
+            assert select.select([sock], [], [], 0)[0] == []  # nothing answered yet
+            own.clear_faults()
+            stream = sock.makefile("rb")
+            answered = []
+            for _ in requests:
+                (size,) = struct.unpack(">i", stream.read(4))
+                payload = stream.read(size)
+                answered.append((struct.unpack_from(">i", payload)[0], payload))
+            assert [cid for cid, _ in answered] == [1, 2, 3]
+            for (header, _), (_, payload), offset in zip(requests, answered, (0, 1), strict=False):
+                part = decode_response(header, payload)["responses"][0]["partition_responses"][0]
+                assert (part["error_code"], part["base_offset"]) == (0, offset)
+    finally:
+        own.close()
 
 
 def test_the_fault_api_fails_kafka_produces_too(cluster):
