@@ -748,6 +748,7 @@ class ConnectionHandler:
             return True
         if result is not None:
             frame = packer(header.correlation_id, result)
+            # _put_in_order, inline: every answer of either listener passes here.
             if conn.owed:
                 conn.owed.append(frame)  # behind an answer still owed
             else:
