@@ -170,6 +170,7 @@ class _ParkedAnswer:
         if self.in_order is None:
             outbox.put(frame)
         else:
+            outbox.reserve(len(frame))  # held until sent: counted as a queued answer
             self.frame = frame
             self.in_order()
         timing = self.timing
@@ -466,9 +467,11 @@ class ConnectionHandler:
 
     def _send_owed(self, conn: _Connection) -> None:
         """A parked answer of ``conn`` is made: send every answer owed up to the first
-        still parked; with none left owed, a held request may go."""
+        still parked; with none left owed, a held request may go. An answer waiting in
+        ``owed`` is charged to the connection's send budget like a queued one, so a
+        client pipelining behind a parked request is muted as any other."""
         owed = conn.owed
-        put = conn.outbox.put
+        outbox = conn.outbox
         while owed:
             head = owed[0]
             if type(head) is _ParkedAnswer:
@@ -476,7 +479,8 @@ class ConnectionHandler:
                     return
                 head = head.frame
             owed.popleft()
-            put(head)
+            outbox.release(len(head))
+            outbox.put(head)
         conn.overtakable = True
         if conn.held:
             conn.held = False
@@ -484,8 +488,9 @@ class ConnectionHandler:
 
     @staticmethod
     def _put_in_order(conn: _Connection, frame: bytes) -> None:
-        """An answer made now: sent, or queued behind an answer still owed."""
+        """An answer made now: sent, or queued (and charged) behind an answer still owed."""
         if conn.owed:
+            conn.outbox.reserve(len(frame))
             conn.owed.append(frame)
         else:
             conn.outbox.put(frame)
@@ -750,7 +755,8 @@ class ConnectionHandler:
             frame = packer(header.correlation_id, result)
             # _put_in_order, inline: every answer of either listener passes here.
             if conn.owed:
-                conn.owed.append(frame)  # behind an answer still owed
+                outbox.reserve(len(frame))  # behind an answer still owed
+                conn.owed.append(frame)
             else:
                 outbox.put(frame)
         if metrics is not None:
