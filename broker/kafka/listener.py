@@ -12,6 +12,7 @@ from typing import Any
 
 from minibroker.broker.common.config import BrokerConfig, ConfigError
 from minibroker.protocol.kafka import (
+    KafkaApi,
     KafkaRequestHeader,
     KafkaUnsupported,
     decode_request,
@@ -31,6 +32,10 @@ def kafka_listener(config: BrokerConfig) -> tuple[str, int] | None:
     return host, int(port)
 
 
+# A request's first two bytes are its api key (int16, big-endian).
+_PRODUCE_KEY = int(KafkaApi.PRODUCE).to_bytes(2, "big")
+
+
 class KafkaCodec:
     __slots__ = ("dispatcher",)
 
@@ -45,6 +50,17 @@ class KafkaCodec:
         except KafkaUnsupported as exc:
             exc.answer = unsupported_response(exc.header)
             raise
+
+    @staticmethod
+    def overtakes(payload: bytes) -> bool:
+        """May this request be dispatched while an earlier one on its connection is still
+        parked (its answer still goes after the earlier one's)? A Produce may: appending
+        it early changes nothing a client can see (Kafka appends it once the earlier one
+        is answered; its records land after the earlier request's either way), and a
+        client's pipelined acks=all produces then share one replication round instead of
+        waiting one round each. Anything else (a Metadata after CreateTopics, a Fetch)
+        may depend on what the parked request does, and waits as in Kafka."""
+        return payload[:2] == _PRODUCE_KEY
 
     @staticmethod
     def packer(header: KafkaRequestHeader) -> Callable[[int, dict], bytes]:

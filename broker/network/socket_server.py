@@ -24,7 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
@@ -124,7 +124,16 @@ class _ParkedAnswer:
     parked request for the cyclic collector to walk; this is one.
     """
 
-    __slots__ = ("correlation_id", "log", "outbox", "packer", "reserved", "resume", "timing")
+    __slots__ = (
+        "correlation_id",
+        "frame",
+        "in_order",
+        "log",
+        "outbox",
+        "packer",
+        "reserved",
+        "timing",
+    )
 
     def __init__(
         self,
@@ -134,7 +143,7 @@ class _ParkedAnswer:
         log: Any,
         timing: tuple[RequestMetrics, int, float, float, float] | None,
         packer: _SharedBodyPacker,
-        resume: Callable[[], None] | None = None,
+        in_order: Callable[[], None] | None = None,
     ) -> None:
         self.correlation_id = correlation_id
         self.outbox = outbox
@@ -142,8 +151,10 @@ class _ParkedAnswer:
         self.log = log
         self.timing = timing
         self.packer = packer
-        # An in-order connection's next request waits for this answer (see _run).
-        self.resume = resume
+        # An in-order connection keeps this answer in its queue of answers owed (see
+        # _run): ``frame`` is set when it is made, and ``in_order()`` sends what may go.
+        self.in_order = in_order
+        self.frame: bytes | None = None
 
     def __call__(self, body: dict) -> None:
         outbox = self.outbox
@@ -156,9 +167,12 @@ class _ParkedAnswer:
                 self.correlation_id,
                 error_body(ErrorCode.UNKNOWN_SERVER_ERROR, "unencodable answer"),
             )
-        outbox.put(frame)
-        if self.resume is not None:
-            self.resume()
+        if self.in_order is None:
+            outbox.put(frame)
+        else:
+            outbox.reserve(len(frame))  # held until sent: counted as a queued answer
+            self.frame = frame
+            self.in_order()
         timing = self.timing
         if timing is not None:
             metrics, api_key, received, started, parked = timing
@@ -182,16 +196,18 @@ class _Connection:
     """One client connection: what the reactor keeps per socket (no task, no scope)."""
 
     __slots__ = (
-        "awaiting",
         "backlog",
         "closed",
         "codec",
         "decoder",
         "fd",
+        "held",
         "host",
         "idle_sweeps",
         "muted",
         "outbox",
+        "overtakable",
+        "owed",
         "session",
         "stream",
     )
@@ -209,9 +225,12 @@ class _Connection:
         self.backlog: list | None = None  # frames read but not dispatched yet
         self.idle_sweeps = 0  # idle sweeps since the last read (see _idle_sweeper)
         self.muted = False  # not read while its answers pile up (backpressure)
-        # A coded connection answers in request order: while one of its requests is
-        # parked, the next is not dispatched (and the connection is muted).
-        self.awaiting = False
+        # A coded connection answers in request order. While one of its requests is
+        # parked, the answers after it wait here (_ParkedAnswer, or a frame made already)
+        # and ``held`` mutes it when a request that may not overtake comes next.
+        self.owed: deque | None = None
+        self.held = False
+        self.overtakable = True  # every request owed is one the codec lets others overtake
         self.closed = False
 
 
@@ -233,8 +252,13 @@ class ConnectionHandler:
     instead), ``dispatcher`` (``handle`` as ours) and ``packer(header)`` ->
     ``(correlation_id, body) -> frame``. A coded connection is answered in request
     order, as Kafka's protocol requires (its clients check each answer's correlation id
-    against the oldest request in flight): a request that parks holds back the next one
-    until it is answered, as Kafka's Processor mutes a channel with a request in flight.
+    against the oldest request in flight). While a request is parked, a next request the
+    codec's ``overtakes(payload)`` allows (Kafka: a Produce) is still dispatched, its
+    answer queued behind the parked one, as long as every request owed is one it allows
+    too: a client's pipelined acks=all produces are appended at once and one replication
+    round acknowledges them all, instead of one round each (bench kafka-clients). Any
+    other request waits until every answer owed is sent, as Kafka's Processor mutes a
+    channel with a request in flight.
     """
 
     def __init__(
@@ -404,6 +428,7 @@ class ConnectionHandler:
         conn.outbox.close()
         conn.outbox.on_room = None  # it refers to conn: a cycle left to the collector
         conn.backlog = None
+        conn.owed = None  # its parked answers refer back to conn: no cycle left behind
         # trio's close wakes a writer blocked on the socket (ClosedResourceError).
         conn.stream.socket.close()
         # Parked requests die with their connection (ReplicaManager registers them).
@@ -427,9 +452,9 @@ class ConnectionHandler:
         self._poller.mute(conn.fd)
 
     def _unmute(self, conn: _Connection) -> None:
-        # Muted for two reasons (answers piling up, an in-order answer owed): read again
-        # only when neither holds.
-        if not conn.muted or conn.closed or conn.awaiting or conn.outbox.full:
+        # Muted for two reasons (answers piling up, a request waiting for the answers owed
+        # before it): read again only when neither holds.
+        if not conn.muted or conn.closed or conn.held or conn.outbox.full:
             return
         conn.muted = False
         self.muted_connections -= 1
@@ -440,9 +465,35 @@ class ConnectionHandler:
             self._backlogged.append(conn)
             self._poller.wake()
 
-    def _answered_in_order(self, conn: _Connection) -> None:
-        conn.awaiting = False
-        self._unmute(conn)
+    def _send_owed(self, conn: _Connection) -> None:
+        """A parked answer of ``conn`` is made: send every answer owed up to the first
+        still parked; with none left owed, a held request may go. An answer waiting in
+        ``owed`` is charged to the connection's send budget like a queued one, so a
+        client pipelining behind a parked request is muted as any other."""
+        owed = conn.owed
+        outbox = conn.outbox
+        while owed:
+            head = owed[0]
+            if type(head) is _ParkedAnswer:
+                if head.frame is None:
+                    return
+                head = head.frame
+            owed.popleft()
+            outbox.release(len(head))
+            outbox.put(head)
+        conn.overtakable = True
+        if conn.held:
+            conn.held = False
+            self._unmute(conn)
+
+    @staticmethod
+    def _put_in_order(conn: _Connection, frame: bytes) -> None:
+        """An answer made now: sent, or queued (and charged) behind an answer still owed."""
+        if conn.owed:
+            conn.outbox.reserve(len(frame))
+            conn.owed.append(frame)
+        else:
+            conn.outbox.put(frame)
 
     async def _write(self, conn: _Connection) -> None:
         """The writer for what the socket did not take at once (see Outbox)."""
@@ -570,13 +621,19 @@ class ConnectionHandler:
         outbox.cork()
         try:
             for n in range(min(len(frames), _FRAMES_PER_TURN)):
+                if conn.owed and not (conn.overtakable and conn.codec.overtakes(frames[n])):
+                    # In order: this request waits until every answer before it is sent.
+                    del frames[:n]
+                    conn.backlog = frames
+                    conn.held = True
+                    self._mute(conn)
+                    return
                 if not self._one(frames[n], conn, received):
                     self._close(conn)
                     return
-                if outbox.full or conn.awaiting:
+                if outbox.full:
                     # Checked after a request, so one always goes through whatever its
-                    # answer's size; the socket is not read again until there is room
-                    # (or, in order, until the parked answer is sent).
+                    # answer's size; the socket is not read again until there is room.
                     del frames[: n + 1]
                     conn.backlog = frames or None
                     self._mute(conn)
@@ -651,9 +708,12 @@ class ConnectionHandler:
                 )
                 return False
             self.log.info("request_rejected", peer=conn.session.peer, reason=str(exc))
-            conn.outbox.put(answer)
+            self._put_in_order(conn, answer)
             return True
-        return self._run(conn, header, body, received, codec.dispatcher, codec.packer(header))
+        ok = self._run(conn, header, body, received, codec.dispatcher, codec.packer(header))
+        if conn.owed and not codec.overtakes(payload):
+            conn.overtakable = False  # it parked: nothing may overtake it
+        return ok
 
     def _run(
         self,
@@ -683,16 +743,22 @@ class ConnectionHandler:
             timing = None
             if metrics is not None:
                 timing = (metrics, header.api_key, received, started, _now())
-            resume = None
+            answer = _ParkedAnswer(header.correlation_id, outbox, reserved, log, timing, packer)
             if conn.codec is not None:
-                conn.awaiting = True
-                resume = partial(self._answered_in_order, conn)
-            result.add_done_callback(
-                _ParkedAnswer(header.correlation_id, outbox, reserved, log, timing, packer, resume)
-            )
+                if conn.owed is None:
+                    conn.owed = deque()
+                conn.owed.append(answer)  # before it can complete (it may have already)
+                answer.in_order = partial(self._send_owed, conn)
+            result.add_done_callback(answer)
             return True
         if result is not None:
-            outbox.put(packer(header.correlation_id, result))
+            frame = packer(header.correlation_id, result)
+            # _put_in_order, inline: every answer of either listener passes here.
+            if conn.owed:
+                outbox.reserve(len(frame))  # behind an answer still owed
+                conn.owed.append(frame)
+            else:
+                outbox.put(frame)
         if metrics is not None:
             done = _now()
             metrics.record(header.api_key, started - received, done - started, 0.0, done - received)

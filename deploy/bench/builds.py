@@ -5,7 +5,9 @@ A revision's venv is keyed by its commit under the cache directory and reused, s
 comparing against the same release point again costs no build. Its source is checked out
 into a temporary git worktree only while pip installs it (a copy, not editable): the venv
 owes nothing to any checkout afterwards. Only the project's own dependencies go in, no
-test or spark extras: a bench needs neither.
+test or spark extras: a bench needs neither, except ``bench kafka-clients``, which drives
+the stock Kafka clients: for it, ``with_stock_clients`` adds them to a revision's venv
+(once; the working tree's venv has them from the test extra).
 
 Revisions before the one-root-package rename (c3d3ebe) have their CLI at ``deploy.cli``,
 later ones at ``minibroker.deploy.cli``; each revision's pyproject.toml says which.
@@ -32,6 +34,9 @@ from minibroker.deploy.broker_cli import CommandError
 WORKING_TREE_CLI = "minibroker.deploy.cli"
 # Written last into a build's directory: a build without it was interrupted.
 READY_FILE = "cli-module"
+# What `bench kafka-clients` imports, as the test extra pins them (pyproject.toml).
+STOCK_CLIENTS = {"confluent_kafka": "confluent-kafka>=2.3", "kafka": "kafka-python>=2.2",
+                 "aiokafka": "aiokafka>=0.11"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,18 @@ def revision(repo: Path, rev: str, cache_dir: Path) -> Build:
             _build(repo, commit, home)
     module = (home / READY_FILE).read_text().strip()
     return Build(rev, commit, str(home / "venv" / "bin" / "python"), module)
+
+
+def with_stock_clients(build: Build, cache_dir: Path) -> None:
+    """Install the stock Kafka clients into a revision's venv unless they import already
+    (the lock as for building: two compares may ask at once)."""
+    check = [build.python, "-c", f"import {', '.join(STOCK_CLIENTS)}"]
+    with _locked(cache_dir / f"{build.commit}.lock"):
+        if subprocess.run(check, capture_output=True).returncode != 0:
+            print(f"bench compare: adding the stock Kafka clients to {build.commit[:7]}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            pip = [build.python, "-m", "pip", "install", "-q", *STOCK_CLIENTS.values()]
+            _run(pip, cwd=str(cache_dir))
 
 
 @contextmanager

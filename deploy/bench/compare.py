@@ -15,7 +15,8 @@ ephemeral range, in a temporary directory that is also every command's working
 directory: brokers start as ``python -m ...``, which puts the current directory on
 sys.path, so a build run from a checkout would import that checkout's code. The benches
 of a run (``--then`` separates them) share its cluster, so ``consume`` reads what
-``produce`` wrote. Besides each bench's own figures, a run records the CPU seconds its
+``produce`` wrote; a ``kafka-clients`` step gets the cluster's Kafka listeners (on free
+ports too) as its bootstrap. Besides each bench's own figures, a run records the CPU seconds its
 brokers and its bench process spent: steadier than wall-clock rates on a busy machine.
 
 Progress goes to stderr, one JSON line a run; the result is one JSON line on stdout.
@@ -51,6 +52,9 @@ THEN = "--then"
 SIDES = ("baseline", "working")
 # What a bench echoes of its own arguments: not a figure.
 NOT_FIGURES = frozenset({"params"})
+# Benches of stock Kafka clients: their cluster gets Kafka listeners and they are
+# pointed at them.
+KAFKA_BENCHES = frozenset({"kafka-clients"})
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -268,13 +272,19 @@ def run_once(build: Build, steps: Sequence[Step], args: argparse.Namespace) -> d
         base_port = free_port_range(args.brokers)
         up = ["cluster", "up", "--detach", "--data-dir", str(data_dir)]
         up += ["--brokers", str(args.brokers), "--base-port", str(base_port)]
+        bootstrap = {False: f"127.0.0.1:{base_port}"}
+        if any(step.argv[0] in KAFKA_BENCHES for step in steps):
+            kafka_base = free_port_range(args.brokers)
+            up += ["--kafka-base-port", str(kafka_base)]
+            bootstrap[True] = ",".join(f"127.0.0.1:{kafka_base + i}" for i in range(args.brokers))
         brokers: list[psutil.Process] = []
         try:
             _cli(build, cwd, [*up, *(f"--set={s}" for s in args.set)], args.timeout)
             brokers = _broker_processes(data_dir)
             figures: dict[str, float] = {}
             for step in steps:
-                figures |= _bench(build, cwd, step, f"127.0.0.1:{base_port}", brokers, args.timeout)
+                target = bootstrap[step.argv[0] in KAFKA_BENCHES]
+                figures |= _bench(build, cwd, step, target, brokers, args.timeout)
             return figures
         finally:
             _stop_cluster(build, cwd, data_dir, brokers)
@@ -307,12 +317,13 @@ def run(args: argparse.Namespace) -> int:
     check_arguments(steps, args.bench_parser)
     raise_fd_limit()  # inherited by every cluster's brokers: a long-poll bench needs thousands
     repo = builds.source_repo()
+    cache_dir = args.cache_dir or builds.default_cache_dir()
     sides = {
-        "baseline": builds.revision(
-            repo, args.baseline, args.cache_dir or builds.default_cache_dir()
-        ),
+        "baseline": builds.revision(repo, args.baseline, cache_dir),
         "working": builds.working_tree(repo),
     }
+    if any(step.argv[0] in KAFKA_BENCHES for step in steps):
+        builds.with_stock_clients(sides["baseline"], cache_dir)
     load_start = psutil.getloadavg()
     started = time.monotonic()
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}

@@ -24,6 +24,9 @@ def test_compare_against_head_reports_both_builds_figures(tmp_path):
     command += ["--baseline", "HEAD", "--rounds", "1", "--cache-dir", str(cache), "--"]
     command += ["produce", "--records", "2000", "--acks", "all", "--replication-factor", "3"]
     command += ["--config", "min.insync.replicas=2", "--then", "consume", "--records", "2000"]
+    # A stock client's bench: pointed at the run's Kafka listeners, the revision's venv given
+    # the stock clients first.
+    command += ["--then", "kafka-clients", "--records", "2000"]
     # A venv is built and two 3-broker clusters run: generous for a loaded 2-core machine.
     proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -39,7 +42,13 @@ def test_compare_against_head_reports_both_builds_figures(tmp_path):
     )
 
     figures = result["figures"]
-    for name in ("produce.records_per_sec", "produce.latency_ms_p99", "consume.records_per_sec"):
+    for name in (
+        "produce.records_per_sec",
+        "produce.latency_ms_p99",
+        "consume.records_per_sec",
+        "kafka-clients.produce_records_per_s",
+        "kafka-clients.consume_records_per_s",
+    ):
         figure = figures[name]
         assert len(figure["runs"]["baseline"]) == len(figure["runs"]["working"]) == 1
         assert figure["baseline"] > 0 and figure["working"] > 0
@@ -55,3 +64,5 @@ def test_compare_against_head_reports_both_builds_figures(tmp_path):
     progress = [json.loads(x) for x in proc.stderr.splitlines() if x.startswith("{")]
     assert sorted(p["build"] for p in progress) == ["baseline", "working"]
     assert (cache / head / "cli-module").read_text().strip() == "minibroker.deploy.cli"
+    python = cache / head / "venv" / "bin" / "python"
+    assert subprocess.run([python, "-c", "import confluent_kafka, kafka, aiokafka"]).returncode == 0

@@ -4,6 +4,7 @@ cluster's Kafka listeners: the same partitions, purgatories and replication as o
 from __future__ import annotations
 
 import asyncio
+import select
 import shutil
 import socket
 import struct
@@ -26,6 +27,7 @@ from minibroker.protocol.kafka import (
     decode_response,
     encode_request,
 )
+from minibroker.protocol.kafka import records as kafka_records
 
 pytestmark = pytest.mark.integration
 
@@ -354,6 +356,127 @@ def test_answers_leave_in_request_order_behind_a_parked_fetch(cluster):
             answered.append(struct.unpack_from(">i", payload)[0])
             assert decode_response(header, payload)["throttle_time_ms"] == 0
     assert answered == [1, 2]
+
+
+@pytest.fixture(scope="module")
+def patient_cluster(tmp_path_factory):
+    """Followers that fetch nothing stay in the ISR (a parked acks=all produce stays
+    parked), and a connection's send budget is small enough to fill in a test."""
+    config = {
+        **DEFAULT_CONFIG,
+        "replica.lag.time.max.ms": 120_000,
+        "queued.max.response.bytes": 16384,
+        # A parked follower fetch reserves this much of its connection's budget: under it,
+        # so only the test's own connection is ever muted.
+        "replica.fetch.max.bytes": 4096,
+        "replica.fetch.response.max.bytes": 4096,
+    }
+    own = start_cluster(tmp_path_factory.mktemp("patient"), 3, config)
+    yield own
+    own.close()
+
+
+def raw_produce(correlation_id: int, topic: str, acks: int) -> tuple[KafkaRequestHeader, bytes]:
+    header = KafkaRequestHeader(KafkaApi.PRODUCE, 8, correlation_id, "t")
+    batch = kafka_records.encode_batch([(0, None, b"v%d" % correlation_id, ())])
+    body = {
+        "transactional_id": None,
+        "acks": acks,
+        "timeout_ms": 60_000,
+        "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}]}],
+    }
+    return header, encode_request(header, body)
+
+
+def parked_behind_quiet_followers(own, topic: str) -> int:
+    """A topic whose followers fetch but keep nothing: its acks=all produces park."""
+    rd_create(own.kafka_bootstrap, topic)
+    leader = own.leader(topic)
+    for follower in range(3):
+        if follower != leader:
+            own.drop_replication(follower, topic)
+    return leader
+
+
+def log_end(own, leader: int, topic: str) -> int:
+    partitions = own.stats(leader)["partitions"]
+    return next(p for p in partitions if p["topic"] == topic)["log_end_offset"]
+
+
+def read_answers(sock: socket.socket, count: int) -> list[tuple[int, bytes]]:
+    stream = sock.makefile("rb")
+    answers = []
+    for _ in range(count):
+        (size,) = struct.unpack(">i", stream.read(4))
+        payload = stream.read(size)
+        answers.append((struct.unpack_from(">i", payload)[0], payload))
+    return answers
+
+
+def test_pipelined_produces_are_appended_at_once_and_answered_in_order(patient_cluster):
+    """While an acks=all Produce waits for its followers, the Produce pipelined behind it
+    on the same connection is appended already (one replication round then acknowledges
+    both; bench kafka-clients); its answer still leaves after the first's, and a Metadata
+    behind them is not dispatched until both are answered, as in Kafka."""
+    own = patient_cluster
+    leader = parked_behind_quiet_followers(own, "pipelined")
+    requests = [raw_produce(1, "pipelined", -1), raw_produce(2, "pipelined", -1)]
+    metadata = KafkaRequestHeader(KafkaApi.METADATA, 1, 3, "t")
+    requests.append((metadata, encode_request(metadata, {"topics": None})))
+    host, port = own.state.host, own.state.kafka_base_port + leader
+    try:
+        with socket.create_connection((host, port), timeout=60) as sock:
+            sock.sendall(b"".join(frame for _, frame in requests))
+            deadline = time.monotonic() + 30
+            while log_end(own, leader, "pipelined") < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            # Both produces appended, neither acknowledged, nothing answered yet.
+            assert log_end(own, leader, "pipelined") == 2
+            assert select.select([sock], [], [], 0)[0] == []
+            own.clear_faults()
+            answered = read_answers(sock, len(requests))
+    finally:
+        own.clear_faults()
+    assert [cid for cid, _ in answered] == [1, 2, 3]
+    for (header, _), (_, payload), offset in zip(requests, answered, (0, 1), strict=False):
+        part = decode_response(header, payload)["responses"][0]["partition_responses"][0]
+        assert (part["error_code"], part["base_offset"]) == (0, offset)
+
+
+def test_answers_held_behind_a_parked_produce_count_against_the_send_budget(patient_cluster):
+    """Answers made but held behind a parked one are charged to the connection's
+    queued.max.response.bytes like queued answers: a client pipelining acks=1 produces
+    behind a parked acks=all one is muted (TCP slows it), not buffered without bound."""
+    own = patient_cluster
+    leader = parked_behind_quiet_followers(own, "budget")
+    count = 2000  # ~60 bytes an answer: far past the 16 KiB budget
+    requests = [raw_produce(1, "budget", -1)]
+    requests += [raw_produce(i, "budget", 1) for i in range(2, count + 1)]
+    host, port = own.state.host, own.state.kafka_base_port + leader
+    try:
+        with socket.create_connection((host, port), timeout=60) as sock:
+            # From a thread: once muted, the broker stops reading and sendall may block.
+            sender = threading.Thread(
+                target=sock.sendall, args=(b"".join(frame for _, frame in requests),)
+            )
+            sender.start()
+            deadline = time.monotonic() + 30
+            while own.stats(leader)["connections_muted"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert own.stats(leader)["connections_muted"] == 1
+            assert 1 < log_end(own, leader, "budget") < count  # it stopped reading midway
+            own.clear_faults()
+            answered = read_answers(sock, count)
+            sender.join(30)
+    finally:
+        own.clear_faults()
+    assert [cid for cid, _ in answered] == list(range(1, count + 1))
+    offsets = []
+    for (header, _), (_, payload) in zip(requests, answered, strict=True):
+        part = decode_response(header, payload)["responses"][0]["partition_responses"][0]
+        assert part["error_code"] == 0
+        offsets.append(part["base_offset"])
+    assert offsets == list(range(count))
 
 
 def test_the_fault_api_fails_kafka_produces_too(cluster):
