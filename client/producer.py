@@ -121,7 +121,9 @@ class Producer(ClusterClient):
     @takes_record
     async def enqueue(self, fields: RecordFields) -> DeliveryHandle:
         """Like send_nowait, but waits (up to ``max.block.ms``) for metadata or buffer space."""
-        sender = self._open()
+        sender = self._sender
+        if sender is None:  # not self._open() each time: one call less per record
+            sender = self._open()
         topic, _, _, partition, _, _ = fields
         if partition is None and topic not in self._cluster.topics:
             await self.wait_for_partitions(topic)
