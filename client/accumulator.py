@@ -159,14 +159,13 @@ class Parked:
 class DeliveryHandle:
     """The outcome of one ``send_nowait``: ``await handle`` gives its RecordMetadata or raises."""
 
-    __slots__ = ("_batch", "_index", "_parked")
+    __slots__ = ("_batch", "_index")
+    # Set only on a ParkedHandle: one store less for each of the millions made per run.
+    _parked: Parked | None = None
 
-    def __init__(
-        self, batch: ProducerBatch | None, index: int, parked: Parked | None = None
-    ) -> None:
+    def __init__(self, batch: ProducerBatch | None, index: int) -> None:
         self._batch = batch
         self._index = index
-        self._parked = parked
 
     def done(self) -> bool:
         if self._batch is None:
@@ -205,6 +204,17 @@ class DeliveryHandle:
 
     def __await__(self) -> Generator[Any, None, RecordMetadata]:
         return self.wait().__await__()
+
+
+class ParkedHandle(DeliveryHandle):
+    """A record sent before its topic's partition count was known: bound to its batch
+    when the sender places it."""
+
+    __slots__ = ("_parked",)
+
+    def __init__(self, parked: Parked) -> None:
+        super().__init__(None, 0)
+        self._parked = parked
 
 
 class RecordAccumulator:
