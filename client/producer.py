@@ -121,7 +121,9 @@ class Producer(ClusterClient):
     @takes_record
     async def enqueue(self, fields: RecordFields) -> DeliveryHandle:
         """Like send_nowait, but waits (up to ``max.block.ms``) for metadata or buffer space."""
-        sender = self._open()
+        sender = self._sender
+        if sender is None:  # not self._open() each time: one call less per record
+            sender = self._open()
         topic, _, _, partition, _, _ = fields
         if partition is None and topic not in self._cluster.topics:
             await self.wait_for_partitions(topic)
@@ -161,17 +163,17 @@ class Producer(ClusterClient):
             hdrs = normalize_headers(headers)
             nbytes = record_size(key, value, hdrs)
         else:
-            hdrs = []
+            hdrs = None  # no per-record list: the batched row holds only bytes and ints
             nbytes = RECORD_OVERHEAD + (len(value) if value else 0) + (len(key) if key else 0)
         if nbytes > self._max_request_size:
             raise MessageTooLarge(
                 f"the record is about {nbytes} bytes, larger than max.request.size "
                 f"({self._max_request_size})"
             )
-        wire = (timestamp, key, value, hdrs)
         parts = self._cluster.topics.get(topic)
         if not parts:
-            return self._sender.park(topic, (self._place, partition, wire, nbytes)), False
+            record = (timestamp, key, value, hdrs)
+            return self._sender.park(topic, (self._place, partition, record, nbytes)), False
         count = len(parts)
         if partition is None:
             partition = self._partitioner.partition(topic, key, count, nbytes)
@@ -179,7 +181,9 @@ class Producer(ClusterClient):
             return DeliveryHandle(
                 self._sender.fail_invalid_partition(topic, partition, count), 0
             ), False
-        batch, index, created = self._acc.append(topic, partition, wire, nbytes)
+        batch, index, created = self._acc.append(
+            topic, partition, timestamp, key, value, hdrs, nbytes
+        )
         if created:
             self._sender.wake()
         return DeliveryHandle(batch, index), created
@@ -199,7 +203,7 @@ class Producer(ClusterClient):
         elif not 0 <= partition < count:
             handle._bind(self._sender.fail_invalid_partition(topic, partition, count), 0)
             return
-        batch, index, _ = self._acc.append(topic, partition, record, nbytes)
+        batch, index, _ = self._acc.append(topic, partition, *record, nbytes)
         handle._bind(batch, index)
 
     async def flush(self) -> None:

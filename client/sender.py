@@ -19,7 +19,13 @@ from typing import Any
 
 import trio
 
-from minibroker.client.accumulator import DeliveryHandle, Parked, ProducerBatch, RecordAccumulator
+from minibroker.client.accumulator import (
+    DeliveryHandle,
+    Parked,
+    ParkedHandle,
+    ProducerBatch,
+    RecordAccumulator,
+)
 from minibroker.client.cluster import Cluster
 from minibroker.client.idempotence import FixedIdentity, IdempotenceState
 from minibroker.client.records import RecordMetadata
@@ -414,7 +420,7 @@ class Sender:
             entry = self.parked[topic] = (Parked(topic), now_ms())
             self.cluster.wanted.add(topic)
             self.need_metadata()
-        handle = DeliveryHandle(None, 0, entry[0])
+        handle = ParkedHandle(entry[0])
         entry[0].records.append((*item, handle))
         return handle
 

@@ -29,7 +29,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import count
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -149,17 +149,12 @@ class Record:
 
 def encode_batch(
     records: Sequence[tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
-    *,
-    base_offset: int = 0,
-    leader_epoch: int = -1,
-    attributes: int = 0,
-    producer_id: int = NO_PRODUCER_ID,
-    producer_epoch: int = 0,
-    base_sequence: int = 0,
+    **fields: int,
 ) -> bytes:
     """Encode ``(timestamp_ms, key, value, headers)`` tuples as one batch.
 
-    A ``producer_id`` >= 0 makes it an idempotent producer's batch (PRODUCER_FLAG).
+    ``fields`` are ``encode_rows``'s keywords (base_offset, leader_epoch, attributes,
+    producer_id, producer_epoch, base_sequence).
     """
     if not records:
         raise ValueError("a batch needs at least one record")
@@ -171,11 +166,36 @@ def encode_batch(
         if ts > max_ts:
             max_ts = ts
         if headers:
-            append((ts - first_ts, key, value, [list(h) for h in headers]))
+            append((ts - first_ts, key, value, headers))
         else:
             append((ts - first_ts, key, value))
+    return encode_rows(rows, first_ts, max_ts, **fields)
+
+
+def encode_rows(
+    rows: Sequence[tuple[Any, ...]],
+    first_ts: int,
+    max_ts: int,
+    *,
+    base_offset: int = 0,
+    leader_epoch: int = -1,
+    attributes: int = 0,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = 0,
+    base_sequence: int = 0,
+) -> bytes:
+    """Encode records already in their wire shape, ``(timestamp_delta, key, value)`` or
+    ``(timestamp_delta, key, value, headers)`` with headers ``(name, value)`` pairs
+    (msgpack writes a tuple and a list alike), as one batch. A ``producer_id`` >= 0
+    makes it an idempotent producer's batch (PRODUCER_FLAG).
+
+    The producer keeps its records in this shape from the moment it batches them, so
+    sealing a batch is one msgpack call, with no per-record Python work.
+    """
+    if not rows:
+        raise ValueError("a batch needs at least one record")
     payload = msgpack.packb(rows, use_bin_type=True)
-    count = len(records)
+    count = len(rows)
     if producer_id >= 0:
         attributes |= PRODUCER_FLAG
         payload = PRODUCER_FIELDS.pack(producer_id, producer_epoch, base_sequence) + payload

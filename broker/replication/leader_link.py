@@ -142,9 +142,10 @@ class LeaderLink:
     async def _gather(self) -> None:
         while not any(self.asks.values()):
             await self._arrived.park()
-        with trio.move_on_after(_GATHER_BOUND_S):
-            while self._waiting_for() > 0:
-                await self._arrived.park()
+        if self._waiting_for() > 0:  # a deadline only when someone is awaited: it is a
+            with trio.move_on_after(_GATHER_BOUND_S):  # cancel scope each round otherwise
+                while self._waiting_for() > 0:
+                    await self._arrived.park()
 
     async def _round(self, api_key: int, asks: dict[Key, _Ask]) -> None:
         topics: dict[str, list[dict]] = {}

@@ -7,14 +7,15 @@ from minibroker.protocol import read_records
 from minibroker.protocol.errors import NotEnoughReplicas
 
 
-def rec(value: bytes, ts: int = 1000, key: bytes | None = None, headers=()):
-    return (ts, key, value, list(headers))
+def rec(value: bytes, ts: int = 1000, key: bytes | None = None, headers=None):
+    """``RecordAccumulator.append``'s record parameters (timestamp, key, value, headers)."""
+    return (ts, key, value, headers)
 
 
 def fill(acc, n, *, topic="t", partition=0, value=b"x" * 90, now=0.0):
     out = []
     for _ in range(n):
-        out.append(acc.append(topic, partition, rec(value), record_size(None, value, []), now))
+        out.append(acc.append(topic, partition, *rec(value), record_size(None, value, []), now))
     return out
 
 
@@ -30,7 +31,7 @@ def test_records_share_a_batch_until_batch_size():
 
 def test_a_record_bigger_than_batch_size_gets_its_own_batch():
     acc = RecordAccumulator(batch_size=100, linger_ms=5, delivery_timeout_ms=120000)
-    _, index, created = acc.append("t", 0, rec(b"y" * 500), 510, 0.0)
+    _, index, created = acc.append("t", 0, *rec(b"y" * 500), 510, 0.0)
     assert (index, created) == (0, True)
     ready, _ = acc.ready(0.0)
     assert ready == [("t", 0)]
@@ -77,8 +78,8 @@ def test_closed_batches_go_out_unfilled_and_new_records_start_the_next():
 
 def test_pop_encodes_one_batch_readable_by_the_consumer_side():
     acc = RecordAccumulator(batch_size=10000, linger_ms=0, delivery_timeout_ms=120000)
-    acc.append("t", 0, (1000, b"k", b"v1", [("h", b"1")]), 20, 0.0)
-    acc.append("t", 0, (1005, None, b"v2", []), 20, 0.0)
+    acc.append("t", 0, 1000, b"k", b"v1", [("h", b"1")], 20, 0.0)
+    acc.append("t", 0, 1005, None, b"v2", None, 20, 0.0)
     batch = acc.pop(("t", 0))
     assert batch.count == 2 and batch.sealed
     records = read_records(batch.payload)
@@ -150,11 +151,11 @@ def test_retried_idempotent_batches_go_back_in_sequence_order():
     acc = RecordAccumulator(batch_size=10, linger_ms=0, delivery_timeout_ms=1000)
     sealed = []
     for seq in (0, 1, 2):
-        acc.append("t", 0, (1, None, b"x" * 20, []), 20, now_ms=0)
+        acc.append("t", 0, 1, None, b"x" * 20, None, 20, now_ms=0)
         popped = acc.pop(("t", 0))
         popped.base_sequence = seq
         sealed.append(popped)
-    fresh, _, _ = acc.append("t", 0, (1, None, b"y", []), 1, now_ms=0)
+    fresh, _, _ = acc.append("t", 0, 1, None, b"y", None, 1, now_ms=0)
     # Answers arrive out of order: 2 fails first, then 0, then 1.
     for i in (2, 0, 1):
         acc.reenqueue(sealed[i], 5)
@@ -174,3 +175,23 @@ def test_idempotence_state_sequences_and_epoch_bump():
     assert state.take_sequence(("t", 0), 1) == 0
     state.epoch = MAX_EPOCH
     assert not state.bump_epoch() and not state.has_producer_id  # a new id is needed
+
+
+def test_a_sealed_batch_is_the_bytes_encode_batch_makes_of_its_records():
+    """The accumulator keeps wire rows (timestamp deltas from the batch's first record);
+    sealed, they are byte for byte what encode_batch writes for the same records, also
+    when a later record carries an earlier timestamp (the batch's max stays the max)."""
+    from minibroker.protocol import encode_batch
+
+    records = [
+        (1000, b"k", b"v1", [("h", b"1"), ("g", None)]),
+        (1007, None, b"v2", None),
+        (990, b"k3", b"", None),
+    ]
+    acc = RecordAccumulator(batch_size=10000, linger_ms=0, delivery_timeout_ms=120000)
+    for ts, key, value, headers in records:
+        acc.append("t", 0, ts, key, value, headers, 20, 0.0)
+    batch = acc.pop(("t", 0))
+    expected = encode_batch([(ts, k, v, h or []) for ts, k, v, h in records])
+    assert batch.payload == expected
+    assert (batch.first_ts, batch.max_ts) == (1000, 1007)

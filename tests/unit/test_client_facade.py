@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
 
 from minibroker import client, protocol
 from minibroker.client import (
@@ -92,6 +93,24 @@ def test_takes_record_passes_positional_keyword_and_default_fields_in_record_ord
         r.take("t", colour="red")
     with pytest.raises(TypeError):
         r.take()
+
+
+class AsyncRecorder:
+    @takes_record
+    async def take(self, fields):
+        await trio.lowlevel.checkpoint()
+        return fields
+
+
+async def test_an_async_record_method_is_one_coroutine_the_facade_still_sees_as_async():
+    """The generated function returns the method's coroutine (no second coroutine per
+    record); what must know it is awaitable finds the coroutine function by unwrapping."""
+    call = AsyncRecorder().take("t", b"v", timestamp=3)
+    assert inspect.iscoroutine(call)
+    assert call.cr_code is AsyncRecorder.take.__wrapped__.__code__
+    assert await call == ("t", b"v", None, None, None, 3)
+    assert inspect.iscoroutinefunction(inspect.unwrap(Producer.enqueue))
+    assert inspect.iscoroutinefunction(inspect.unwrap(Producer.send))
 
 
 def test_import_client_errors_works_as_documented():

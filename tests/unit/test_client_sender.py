@@ -67,7 +67,7 @@ async def run_sender(answers, identity=None, **settings):
     cluster = ScriptedCluster(answers)
     acc = RecordAccumulator(config["batch.size"], 0, config["delivery.timeout.ms"])
     sender = Sender(config, cluster, acc, identity)
-    batch, index, _ = acc.append("t", 0, (1, None, b"v", []), 11)
+    batch, index, _ = acc.append("t", 0, 1, None, b"v", None, 11)
     handle = DeliveryHandle(batch, index)
     async with trio.open_nursery() as nursery:
         await nursery.start(sender.run)
@@ -137,9 +137,9 @@ async def test_deliver_and_flush_skip_the_linger():
     async with trio.open_nursery() as nursery:
         await nursery.start(sender.run)
         with trio.fail_after(10):
-            batch, index, _ = acc.append("t", 0, (1, None, b"v", []), 11)
+            batch, index, _ = acc.append("t", 0, 1, None, b"v", None, 11)
             assert (await sender.deliver(DeliveryHandle(batch, index))).offset == 5
-            later, _, _ = acc.append("t", 0, (1, None, b"w", []), 11)
+            later, _, _ = acc.append("t", 0, 1, None, b"w", None, 11)
             await sender.flush()
         assert later.done.is_set() and acc.ready(0.0)[0] == []
         nursery.cancel_scope.cancel()
@@ -196,7 +196,7 @@ def test_a_batch_of_unknown_fate_is_resolved_under_its_own_epoch_before_a_bump()
     acc = Acc(config["batch.size"], 0, config["delivery.timeout.ms"])
     sender = Sender(config, ScriptedCluster([]), acc)
     sender.idempotence.set_producer_id(42, 0)
-    batch, _, _ = acc.append("t", 0, (1, None, b"v", []), 11, now_ms=0)
+    batch, _, _ = acc.append("t", 0, 1, None, b"v", None, 11, now_ms=0)
     sender._seal(batch, ("t", 0))  # as the sender seals a batch it is about to send
     acc.pop(("t", 0))
     batch.attempts = 1
