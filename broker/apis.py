@@ -31,7 +31,7 @@ from minibroker.broker.metadata.cache import MetadataCache
 from minibroker.broker.network.cluster_auth import Authenticator
 from minibroker.broker.network.deferral import RequestDeferral
 from minibroker.broker.network.faults import FaultError, FaultInjector
-from minibroker.broker.network.pending import PendingResponse
+from minibroker.broker.network.pending import PendingResponse, then
 from minibroker.broker.network.session import ConnectionSession
 from minibroker.broker.raft.driver import QuorumDriver
 from minibroker.broker.raft.wire import QUORUM_APIS, SENDER_FIELDS
@@ -44,7 +44,9 @@ from minibroker.protocol import (
     api_name,
     supported_versions,
 )
+from minibroker.protocol.api import NEWEST_VERSIONS, SCHEMAS
 from minibroker.protocol.errors import ErrorCode
+from minibroker.protocol.schema import narrow
 
 Handler = Callable[[RequestHeader, dict, ConnectionSession], "dict | PendingResponse | None"]
 
@@ -64,6 +66,24 @@ WAIT_FOR_METADATA = frozenset(
         ApiKey.FIND_COORDINATOR,
     }
 )
+
+
+def answer_in_asked_version(api_key: int, handler: Handler) -> Handler:
+    """``handler`` answers in its API's newest version; a request in an older one gets the
+    answer narrowed to that version's response schema (static membership's v1 group APIs:
+    a v0 client, whose schemas reject unknown keys, must not see group_instance_id)."""
+    versions, newest = SCHEMAS[api_key], NEWEST_VERSIONS[api_key]
+    if newest == 0:
+        return handler
+
+    def answer(header: RequestHeader, body: dict, session: ConnectionSession) -> Any:
+        result = handler(header, body, session)
+        if header.api_version == newest:
+            return result
+        schema = versions[header.api_version][1]
+        return then(result, lambda answer: narrow(schema, answer))
+
+    return answer
 
 
 class RequestHandler:
@@ -145,7 +165,7 @@ class RequestHandler:
             host = session.peer.rpartition(":")[0] or session.peer
             return coordinator.join_group(body, header.client_id or "", host)
 
-        return {
+        handlers = {
             ApiKey.FIND_COORDINATOR: body_only(coordinator.find_coordinator),
             ApiKey.JOIN_GROUP: join,
             ApiKey.SYNC_GROUP: body_only(coordinator.sync_group),
@@ -157,6 +177,7 @@ class RequestHandler:
             ApiKey.DESCRIBE_GROUPS: body_only(coordinator.describe_groups),
             ApiKey.DELETE_GROUPS: body_only(coordinator.delete_groups),
         }
+        return {key: answer_in_asked_version(key, handler) for key, handler in handlers.items()}
 
     def refuse_unless_member(
         self, session: ConnectionSession, api_key: int, claimed: int | None = None

@@ -269,14 +269,18 @@ class Cluster:
         api_key: int,
         body: dict,
         *,
+        version: int | None = None,
         timeout: float | None = None,
         expect_response: bool = True,
     ) -> dict:
+        """``body`` to broker ``node_id`` in ``version`` (default: the connection's
+        negotiated one)."""
         conn = await self.connection(node_id)
         try:
             answer = await conn.request(
                 api_key,
                 body,
+                version,
                 timeout=self.request_timeout if timeout is None else timeout,
                 expect_response=expect_response,
             )

@@ -17,6 +17,7 @@ from typing import Any
 import trio
 
 from minibroker.protocol import ApiKey, api_name
+from minibroker.protocol.api import SCHEMAS
 from minibroker.protocol.connection import Connection, check_error
 from minibroker.protocol.errors import (
     BrokerNotAvailable,
@@ -55,6 +56,21 @@ def failure_reason(exc: KafkaError, address: str) -> str:
     return exc.message.removeprefix(f"cannot connect to {address}: ").removeprefix(f"{address}: ")
 
 
+def negotiated_versions(advertised: list[list[int]]) -> dict[int, int]:
+    """Per API both sides have: the newest version within both ranges (``advertised`` is
+    ApiVersions' ``[[api_key, min, max], ...]``)."""
+    out = {}
+    for entry in advertised:
+        if len(entry) != 3:
+            continue  # not an entry we can read: that API stays at version 0
+        key, low, high = entry
+        ours = SCHEMAS.get(key)
+        common = [v for v in ours or () if low <= v <= high]
+        if common:
+            out[key] = max(common)
+    return out
+
+
 class _Waiter:
     """A caller waiting for one response: one Event per request, never per record."""
 
@@ -78,6 +94,10 @@ class BrokerConnection:
         self._stream = stream
         self._send_lock = trio.Lock()
         self._conn = Connection(client_id)
+        # api key -> the version requests go in: the newest both sides have, from the
+        # broker's ApiVersions answer (Kafka's clients negotiate the same way). Without
+        # the handshake, or for an API the broker did not list, version 0.
+        self.versions: dict[int, int] = {}
         self._error: KafkaError | None = None
         self._closed = trio.Event()
 
@@ -127,7 +147,8 @@ class BrokerConnection:
         """ApiVersions before anything else; the connection is closed unless it is answered."""
         try:
             with trio.move_on_after(timeout):
-                await self.request(ApiKey.API_VERSIONS, {})
+                answer = await self.request(ApiKey.API_VERSIONS, {})
+                self.versions = negotiated_versions(answer["api_versions"])
                 return
             reason = no_answer(timeout)
         except NetworkException as exc:
@@ -150,11 +171,12 @@ class BrokerConnection:
         self,
         api_key: int,
         body: dict,
-        version: int = 0,
+        version: int | None = None,
         timeout: float | None = None,
         expect_response: bool = True,
     ) -> dict:
-        """Send one request and return its validated response body.
+        """Send one request (in ``version``, by default the negotiated one) and return its
+        validated response body.
 
         A top-level ``error_code`` raises the exception named after it (the rule, and its
         one exception, are protocol.connection.check_error's); no response within
@@ -164,6 +186,8 @@ class BrokerConnection:
         if self._error is not None:
             raise self._error
         waiter = _Waiter() if expect_response else None
+        if version is None:
+            version = self.versions.get(api_key, 0)
         corr, frame = self._conn.send_request(
             api_key, body, version, waiter=waiter, expect_response=expect_response
         )

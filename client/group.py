@@ -28,8 +28,8 @@ from minibroker.client.assignors import (
 )
 from minibroker.client.cluster import Cluster
 from minibroker.client.records import TopicPartition
-from minibroker.protocol import ApiKey
-from minibroker.protocol.errors import ErrorCode, KafkaError, error_class
+from minibroker.protocol import ApiKey, api_name
+from minibroker.protocol.errors import ErrorCode, KafkaError, UnsupportedVersion, error_class
 
 # Find the coordinator again and retry.
 COORDINATOR_ERRORS = frozenset(
@@ -94,7 +94,10 @@ class GroupMembership:
         while True:
             try:
                 node = await self._find_coordinator()
-                answer = await self.cluster.request(node, api_key, body)
+                version = (await self.cluster.connection(node)).versions.get(api_key, 0)
+                answer = await self.cluster.request(
+                    node, api_key, self._in_version(api_key, version, body), version=version
+                )
             except KafkaError as exc:
                 if not exc.retriable or time.monotonic() > deadline:
                     raise
@@ -107,6 +110,19 @@ class GroupMembership:
                 await trio.sleep(self.backoff)
                 continue
             return answer
+
+    def _in_version(self, api_key: int, version: int, body: dict) -> dict:
+        """``body`` as ``version`` of ``api_key`` has it: version 0 of the group APIs
+        predates static membership (no group_instance_id), so a static member cannot use
+        it (Kafka's clients refuse the same way)."""
+        if version >= 1 or "group_instance_id" not in body:
+            return body
+        if self.instance_id is not None:
+            raise UnsupportedVersion(
+                f"group.instance.id needs a broker with static membership ({api_name(api_key)} "
+                f"v1); the coordinator of group {self.group_id} speaks only v0"
+            )
+        return {k: v for k, v in body.items() if k != "group_instance_id"}
 
     # --- join and sync ----------------------------------------------------------------------
 

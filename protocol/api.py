@@ -571,16 +571,38 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.SASL_AUTHENTICATE: {0: (SASL_AUTHENTICATE_REQ, SASL_AUTHENTICATE_RESP)},
     # consumer groups (protocol/group_api.py)
     ApiKey.FIND_COORDINATOR: {0: (group_api.FIND_COORDINATOR_REQ, group_api.FIND_COORDINATOR_RESP)},
-    ApiKey.JOIN_GROUP: {0: (group_api.JOIN_GROUP_REQ, group_api.JOIN_GROUP_RESP)},
-    ApiKey.SYNC_GROUP: {0: (group_api.SYNC_GROUP_REQ, group_api.SYNC_GROUP_RESP)},
-    ApiKey.HEARTBEAT: {0: (group_api.HEARTBEAT_REQ, group_api.HEARTBEAT_RESP)},
-    ApiKey.LEAVE_GROUP: {0: (group_api.LEAVE_GROUP_REQ, group_api.LEAVE_GROUP_RESP)},
-    ApiKey.OFFSET_COMMIT: {0: (group_api.OFFSET_COMMIT_REQ, group_api.OFFSET_COMMIT_RESP)},
+    # Version 1 of a group API: static membership's group_instance_id (group_api.py).
+    ApiKey.JOIN_GROUP: {
+        0: (group_api.JOIN_GROUP_REQ, group_api.JOIN_GROUP_RESP),
+        1: (group_api.JOIN_GROUP_REQ_V1, group_api.JOIN_GROUP_RESP_V1),
+    },
+    ApiKey.SYNC_GROUP: {
+        0: (group_api.SYNC_GROUP_REQ, group_api.SYNC_GROUP_RESP),
+        1: (group_api.SYNC_GROUP_REQ_V1, group_api.SYNC_GROUP_RESP),
+    },
+    ApiKey.HEARTBEAT: {
+        0: (group_api.HEARTBEAT_REQ, group_api.HEARTBEAT_RESP),
+        1: (group_api.HEARTBEAT_REQ_V1, group_api.HEARTBEAT_RESP),
+    },
+    ApiKey.LEAVE_GROUP: {
+        0: (group_api.LEAVE_GROUP_REQ, group_api.LEAVE_GROUP_RESP),
+        1: (group_api.LEAVE_GROUP_REQ_V1, group_api.LEAVE_GROUP_RESP_V1),
+    },
+    ApiKey.OFFSET_COMMIT: {
+        0: (group_api.OFFSET_COMMIT_REQ, group_api.OFFSET_COMMIT_RESP),
+        1: (group_api.OFFSET_COMMIT_REQ_V1, group_api.OFFSET_COMMIT_RESP),
+    },
     ApiKey.OFFSET_FETCH: {0: (group_api.OFFSET_FETCH_REQ, group_api.OFFSET_FETCH_RESP)},
     ApiKey.LIST_GROUPS: {0: (group_api.LIST_GROUPS_REQ, group_api.LIST_GROUPS_RESP)},
-    ApiKey.DESCRIBE_GROUPS: {0: (group_api.DESCRIBE_GROUPS_REQ, group_api.DESCRIBE_GROUPS_RESP)},
+    ApiKey.DESCRIBE_GROUPS: {
+        0: (group_api.DESCRIBE_GROUPS_REQ, group_api.DESCRIBE_GROUPS_RESP),
+        1: (group_api.DESCRIBE_GROUPS_REQ, group_api.DESCRIBE_GROUPS_RESP_V1),
+    },
     ApiKey.DELETE_GROUPS: {0: (group_api.DELETE_GROUPS_REQ, group_api.DELETE_GROUPS_RESP)},
 }
+
+# The version our handlers answer in and our peers ask in when the other side has it.
+NEWEST_VERSIONS: dict[int, int] = {int(key): max(versions) for key, versions in SCHEMAS.items()}
 
 # APIs whose answer is about one item (one partition), so a non-zero top-level
 # error_code is that item's result, returned with the rest of the body for the caller to
@@ -637,6 +659,7 @@ __all__ = [
     "INT64",
     "ITEM_VERDICT_APIS",
     "LATEST_TIMESTAMP",
+    "NEWEST_VERSIONS",
     "SCHEMAS",
     "ApiKey",
     "api_name",

@@ -1,8 +1,12 @@
 """Body schemas of the consumer-group APIs (Kafka's classic group protocol).
 
-Kafka's field names, cut to what the classic protocol needs, with static membership
-(KIP-345: ``group_instance_id``, optional, None for a dynamic member) and no transactional
-commits. Assignments and subscriptions are
+Kafka's field names, cut to what the classic protocol needs, and no transactional commits.
+Static membership (KIP-345: ``group_instance_id``, optional, None for a dynamic member) is
+version 1 of each API whose request or response names it (JoinGroup, SyncGroup, Heartbeat,
+LeaveGroup, OffsetCommit, DescribeGroups), as in Kafka: version 0 keeps the shape it had
+before, so a client from before static membership, whose schemas reject unknown keys,
+still reads the answers (the broker narrows them to the version asked). The ``_V1``
+schemas are version 0's plus the instance id. Assignments and subscriptions are
 opaque bytes: the broker stores and forwards them and never looks inside (the group's
 leader assigns). api.py registers these under Kafka's api keys.
 
@@ -19,6 +23,7 @@ from minibroker.protocol.schema import (
     INT32,
     INT64,
     STRING,
+    Validator,
     array,
     integer,
     nullable,
@@ -35,8 +40,14 @@ _ERROR = INT16
 _MESSAGE = (nullable(STRING), None)
 _THROTTLE = {"throttle_time_ms": (INT32, 0)}
 _NAME = string(max_len=255)  # protocol type and protocol names
-# KIP-345's group.instance.id: None (the default) for a dynamic member.
+# KIP-345's group.instance.id: None (the default) for a dynamic member. Version 1 only.
 _INSTANCE = {"group_instance_id": (nullable(string(max_len=255)), None)}
+
+
+def _with_instance(schema: Validator) -> Validator:
+    """Version 1 of a request that names its member's instance at top level."""
+    return struct(schema.fields, {**schema.optional, **_INSTANCE})
+
 
 # --- FindCoordinator (10) ------------------------------------------------------------------
 
@@ -65,44 +76,56 @@ JOIN_GROUP_REQ = struct(
     {
         "rebalance_timeout_ms": (integer("int32", min=-1), -1),
         "reason": (nullable(STRING), None),
-        **_INSTANCE,
     },
 )
-JOIN_GROUP_RESP = struct(
-    {
-        "error_code": _ERROR,
-        "generation_id": GENERATION,
-        "protocol_name": nullable(_NAME),
-        "leader": MEMBER_ID,
-        "member_id": MEMBER_ID,
-        "members": array(struct({"member_id": MEMBER_ID, "metadata": BYTES}, _INSTANCE)),
-    },
-    {"protocol_type": (nullable(_NAME), None), "error_message": _MESSAGE, **_THROTTLE},
-)
+JOIN_GROUP_REQ_V1 = _with_instance(JOIN_GROUP_REQ)
+
+
+def _join_group_resp(member: dict) -> Validator:
+    return struct(
+        {
+            "error_code": _ERROR,
+            "generation_id": GENERATION,
+            "protocol_name": nullable(_NAME),
+            "leader": MEMBER_ID,
+            "member_id": MEMBER_ID,
+            "members": array(struct({"member_id": MEMBER_ID, "metadata": BYTES}, member)),
+        },
+        {"protocol_type": (nullable(_NAME), None), "error_message": _MESSAGE, **_THROTTLE},
+    )
+
+
+JOIN_GROUP_RESP, JOIN_GROUP_RESP_V1 = _join_group_resp({}), _join_group_resp(_INSTANCE)
 
 # --- Heartbeat (12) --------------------------------------------------------------------------
 
-HEARTBEAT_REQ = struct(
-    {"group_id": GROUP_ID, "generation_id": GENERATION, "member_id": MEMBER_ID}, _INSTANCE
-)
+HEARTBEAT_REQ = struct({"group_id": GROUP_ID, "generation_id": GENERATION, "member_id": MEMBER_ID})
+HEARTBEAT_REQ_V1 = _with_instance(HEARTBEAT_REQ)
 HEARTBEAT_RESP = struct({"error_code": _ERROR}, {"error_message": _MESSAGE, **_THROTTLE})
 
 # --- LeaveGroup (13), v3's shape: a batch of members ---------------------------------------
 
-# A static member may be named by its instance id alone (member_id ""): an admin's removal.
-LEAVE_GROUP_REQ = struct(
-    {
-        "group_id": GROUP_ID,
-        "members": array(struct({"member_id": MEMBER_ID}, _INSTANCE), max_len=10000),
-    }
-)
-LEAVE_GROUP_RESP = struct(
-    {
-        "error_code": _ERROR,
-        "members": array(struct({"member_id": MEMBER_ID, "error_code": _ERROR}, _INSTANCE)),
-    },
-    {"error_message": _MESSAGE, **_THROTTLE},
-)
+
+def _leave_group(member: dict) -> tuple[Validator, Validator]:
+    request = struct(
+        {
+            "group_id": GROUP_ID,
+            "members": array(struct({"member_id": MEMBER_ID}, member), max_len=10000),
+        }
+    )
+    response = struct(
+        {
+            "error_code": _ERROR,
+            "members": array(struct({"member_id": MEMBER_ID, "error_code": _ERROR}, member)),
+        },
+        {"error_message": _MESSAGE, **_THROTTLE},
+    )
+    return request, response
+
+
+LEAVE_GROUP_REQ, LEAVE_GROUP_RESP = _leave_group({})
+# v1: a static member may be named by its instance id alone (member_id ""): an admin's removal.
+LEAVE_GROUP_REQ_V1, LEAVE_GROUP_RESP_V1 = _leave_group(_INSTANCE)
 
 # --- SyncGroup (14) --------------------------------------------------------------------------
 
@@ -116,9 +139,9 @@ SYNC_GROUP_REQ = struct(
     {
         "protocol_type": (nullable(_NAME), None),
         "protocol_name": (nullable(_NAME), None),
-        **_INSTANCE,
     },
 )
+SYNC_GROUP_REQ_V1 = _with_instance(SYNC_GROUP_REQ)
 SYNC_GROUP_RESP = struct(
     {"error_code": _ERROR, "assignment": BYTES},
     {
@@ -151,9 +174,9 @@ OFFSET_COMMIT_REQ = struct(
                 }
             )
         ),
-    },
-    _INSTANCE,
+    }
 )
+OFFSET_COMMIT_REQ_V1 = _with_instance(OFFSET_COMMIT_REQ)
 _PARTITION_ERRORS = array(
     struct(
         {
@@ -200,34 +223,41 @@ OFFSET_FETCH_RESP = struct(
 # --- DescribeGroups (15) ---------------------------------------------------------------------
 
 DESCRIBE_GROUPS_REQ = struct({"groups": array(GROUP_ID, max_len=10000)})
-_MEMBER_DESCRIPTION = struct(
-    {
-        "member_id": MEMBER_ID,
-        "client_id": STRING,
-        "client_host": STRING,
-        "member_metadata": BYTES,
-        "member_assignment": BYTES,
-    },
-    _INSTANCE,
-)
-DESCRIBE_GROUPS_RESP = struct(
-    {
-        "groups": array(
-            struct(
-                {
-                    "error_code": _ERROR,
-                    "group_id": GROUP_ID,
-                    "group_state": STRING,
-                    "protocol_type": STRING,
-                    "protocol_data": STRING,
-                    "members": array(_MEMBER_DESCRIPTION),
-                },
-                {"error_message": _MESSAGE},
+
+
+def _describe_groups_resp(member: dict) -> Validator:
+    description = struct(
+        {
+            "member_id": MEMBER_ID,
+            "client_id": STRING,
+            "client_host": STRING,
+            "member_metadata": BYTES,
+            "member_assignment": BYTES,
+        },
+        member,
+    )
+    return struct(
+        {
+            "groups": array(
+                struct(
+                    {
+                        "error_code": _ERROR,
+                        "group_id": GROUP_ID,
+                        "group_state": STRING,
+                        "protocol_type": STRING,
+                        "protocol_data": STRING,
+                        "members": array(description),
+                    },
+                    {"error_message": _MESSAGE},
+                )
             )
-        )
-    },
-    _THROTTLE,
-)
+        },
+        _THROTTLE,
+    )
+
+
+DESCRIBE_GROUPS_RESP = _describe_groups_resp({})
+DESCRIBE_GROUPS_RESP_V1 = _describe_groups_resp(_INSTANCE)
 
 # --- ListGroups (16) -------------------------------------------------------------------------
 

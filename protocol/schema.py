@@ -153,6 +153,24 @@ def struct(
     return check
 
 
+def narrow(schema: Validator, value: Any) -> Any:
+    """``value`` (valid for a newer version) with only the keys ``schema`` knows, at every
+    depth: a newer version's answer in an older version's shape, for a peer that asked in
+    the older one (whose schema rejects unknown keys). Only structs lose keys; the rest
+    passes through as it is."""
+    fields = getattr(schema, "fields", None)
+    if fields is not None and type(value) is dict:
+        known = {**fields, **{name: v for name, (v, _) in schema.optional.items()}}
+        return {k: narrow(known[k], v) for k, v in value.items() if k in known}
+    item = getattr(schema, "item", None)
+    if item is not None and type(value) is list:
+        return [narrow(item, v) for v in value]
+    inner = getattr(schema, "inner", None)
+    if inner is not None and value is not None:
+        return narrow(inner, value)
+    return value
+
+
 def anything() -> Validator:
     return lambda value, path: value
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import trio
 
-from minibroker.broker.kafka.translate import then, within
-from minibroker.broker.network.pending import PendingResponse
+from minibroker.broker.kafka.translate import within
+from minibroker.broker.network.pending import PendingResponse, then
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import ErrorCode, KafkaError
 from minibroker.protocol.kafka import KafkaApi

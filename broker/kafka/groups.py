@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minibroker.broker.kafka.translate import then
+from minibroker.broker.network.pending import then
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import ErrorCode
 

@@ -20,11 +20,11 @@ from minibroker.broker.kafka.admin import CLUSTER_ID, AdminApis
 from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
 from minibroker.broker.kafka.fetch_session import FetchSessionCache
 from minibroker.broker.kafka.groups import GroupApis
-from minibroker.broker.kafka.translate import then
 from minibroker.broker.metadata.cache import MetadataCache
-from minibroker.broker.network.pending import PendingResponse
+from minibroker.broker.network.pending import PendingResponse, then
 from minibroker.broker.network.session import ConnectionSession
 from minibroker.protocol import ApiKey, RequestHeader, validate_request
+from minibroker.protocol.api import NEWEST_VERSIONS
 from minibroker.protocol.errors import ErrorCode, InvalidRequest
 from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader, api_versions_body
 
@@ -76,8 +76,11 @@ class KafkaRequestHandler(GroupApis, AdminApis):
         return self.handlers[header.api_key](header, body, session)
 
     def _native(self, header: KafkaRequestHeader, key: ApiKey, body: dict, session) -> Any:
-        """Run the native API on a body we built (validated: its defaults filled in)."""
-        native_header = RequestHeader(int(key), 0, header.correlation_id, header.client_id)
+        """Run the native API, in its newest version (so every field the Kafka request
+        carries, such as static membership's instance id, reaches the native handler), on a
+        body we built (validated: its defaults filled in)."""
+        version = NEWEST_VERSIONS[key]
+        native_header = RequestHeader(int(key), version, header.correlation_id, header.client_id)
         try:
             body = self.native.prepare(native_header, validate_request(native_header, body))
         except InvalidRequest as exc:

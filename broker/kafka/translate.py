@@ -11,17 +11,6 @@ from minibroker.broker.common.tasks import BackgroundTasks
 from minibroker.broker.network.pending import PendingResponse
 
 
-def then(result: Any, translate: Callable[[dict], dict]) -> Any:
-    """``translate`` the native answer now, or when its parked request completes."""
-    if isinstance(result, PendingResponse):
-        out = PendingResponse(result.max_bytes)
-        result.add_done_callback(lambda body: out.set(translate(body)))
-        return out
-    if result is None:
-        return None
-    return translate(result)
-
-
 def within(
     result: Any, timeout_ms: int, tasks: BackgroundTasks, timed_out: Callable[[], dict]
 ) -> Any:

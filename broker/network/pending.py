@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -47,3 +48,14 @@ class PendingResponse:
             await self._event.wait()
         assert self.body is not None
         return self.body
+
+
+def then(result: Any, translate: Callable[[dict], dict]) -> Any:
+    """``translate`` a handler's answer now, or when its parked request completes."""
+    if isinstance(result, PendingResponse):
+        out = PendingResponse(result.max_bytes)
+        result.add_done_callback(lambda body: out.set(translate(body)))
+        return out
+    if result is None:
+        return None
+    return translate(result)

@@ -7,7 +7,8 @@
 Comparing each change with the commit just before it hides a regression that arrives in
 small steps; comparing against a release point in one sitting does not. On a shared
 machine a figure moves with the neighbours' load by more than most regressions, so the
-two builds alternate run by run, the first of each round swaps every round (neither
+two builds (each a non-editable install in a venv of its own, builds.py: both pay the
+same to import) alternate run by run, the first of each round swaps every round (neither
 always runs after the other), and what is quoted is each figure's median over the runs.
 
 Every run gets a fresh ``cluster up`` (``--brokers``, default 3) on free ports below the
@@ -320,10 +321,11 @@ def run(args: argparse.Namespace) -> int:
     cache_dir = args.cache_dir or builds.default_cache_dir()
     sides = {
         "baseline": builds.revision(repo, args.baseline, cache_dir),
-        "working": builds.working_tree(repo),
+        "working": builds.working_tree(repo, cache_dir),
     }
     if any(step.argv[0] in KAFKA_BENCHES for step in steps):
-        builds.with_stock_clients(sides["baseline"], cache_dir)
+        for build in sides.values():
+            builds.with_stock_clients(build, cache_dir)
     load_start = psutil.getloadavg()
     started = time.monotonic()
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}

@@ -1,5 +1,6 @@
-"""`minibroker bench compare` end to end, small: it builds a revision into a venv of its
-own, runs both builds on fresh clusters, and prints one JSON line with both sides' figures."""
+"""`minibroker bench compare` end to end, small: it builds a revision and the working tree
+into venvs of their own, runs both builds on fresh clusters, and prints one JSON line with
+both sides' figures."""
 
 from __future__ import annotations
 
@@ -63,6 +64,18 @@ def test_compare_against_head_reports_both_builds_figures(tmp_path):
     # One progress line per run on stderr; the build is kept for the next compare.
     progress = [json.loads(x) for x in proc.stderr.splitlines() if x.startswith("{")]
     assert sorted(p["build"] for p in progress) == ["baseline", "working"]
-    assert (cache / head / "cli-module").read_text().strip() == "minibroker.deploy.cli"
-    python = cache / head / "venv" / "bin" / "python"
-    assert subprocess.run([python, "-c", "import confluent_kafka, kafka, aiokafka"]).returncode == 0
+    # Both sides ran from a built (non-editable) install of their own: the baseline keyed
+    # by its commit, the working tree by the git tree of its files; each got the stock
+    # clients for kafka-clients.
+    (tree,) = [d.name for d in cache.iterdir() if d.name.startswith("tree-") and d.is_dir()]
+    for key in (head, tree):
+        assert (cache / key / "cli-module").read_text().strip() == "minibroker.deploy.cli"
+        python = cache / key / "venv" / "bin" / "python"
+        imports = (
+            "import confluent_kafka, kafka, aiokafka, minibroker.deploy as d; print(d.__file__)"
+        )
+        where = subprocess.run(
+            [python, "-c", imports], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert where.returncode == 0, where.stderr
+        assert Path(where.stdout.strip()).is_relative_to(cache / key / "venv")

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import minibroker.protocol as p
 from minibroker.broker.coordinator import GroupState
 from minibroker.broker.network.pending import PendingResponse
+from minibroker.protocol.api import NEWEST_VERSIONS
 from tests.unit.test_group_coordinator import Harness
 from tests.unit.test_protocol import json_like
 
@@ -172,7 +173,7 @@ def answered(h: Harness, api: int, raw: dict, parked: list) -> dict | None:
     if isinstance(answer, PendingResponse):
         parked.append((api, answer))
         return None
-    p.validate_response(api, 0, answer)
+    p.validate_response(api, NEWEST_VERSIONS[api], answer)
     return answer
 
 
@@ -189,7 +190,7 @@ def check_parked(parked: list, known: list[str], generations: set[int]) -> None:
     """Answers set meanwhile are valid too."""
     for api, pending in list(parked):
         if pending.body is not None:
-            p.validate_response(api, 0, pending.body)
+            p.validate_response(api, NEWEST_VERSIONS[api], pending.body)
             parked.remove((api, pending))
             learn(api, pending.body, known, generations)
 
@@ -217,7 +218,7 @@ def test_a_junk_field_is_refused_or_answered(h, api, data, junk):
         field = data.draw(st.sampled_from(sorted(raw)))
         raw[field] = junk
     try:
-        p.validate_request(p.RequestHeader(api, 0, 1, "fuzz"), raw)
+        p.validate_request(p.RequestHeader(api, NEWEST_VERSIONS[api], 1, "fuzz"), raw)
     except p.InvalidRequest:
         return
     answered(h, api, raw, [])
@@ -293,7 +294,7 @@ def request_run(h: Harness, data: st.DataObject) -> None:
             if behaved:
                 raw = repaired(h, raw, member)
             try:
-                p.validate_request(p.RequestHeader(api, 0, 1, "fuzz"), raw)
+                p.validate_request(p.RequestHeader(api, NEWEST_VERSIONS[api], 1, "fuzz"), raw)
             except p.InvalidRequest:
                 continue  # a junk-free body can still break a bound (an empty group id)
             answer = answered(h, api, raw, parked)

@@ -27,6 +27,7 @@ from minibroker.broker.metadata.image import PartitionState
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
 from minibroker.broker.replication.replica_manager import ReplicaManager
+from minibroker.protocol.api import NEWEST_VERSIONS
 from minibroker.protocol.errors import ErrorCode
 
 SESSION = 10_000
@@ -71,7 +72,9 @@ class Harness:
         self.service.manager.owned[0] = 1
 
     def call(self, api: p.ApiKey, raw: dict):
-        body = p.validate_request(p.RequestHeader(api, 0, 1, "test"), raw)
+        # In the newest version, the coordinator's own (the broker narrows for older ones).
+        version = NEWEST_VERSIONS[api]
+        body = p.validate_request(p.RequestHeader(api, version, 1, "test"), raw)
         s = self.service
         if api == p.ApiKey.JOIN_GROUP:
             return s.join_group(body, "client", "127.0.0.1")
