@@ -128,4 +128,5 @@ COOPERATIVE = frozenset({"cooperative-sticky"})
 
 
 def is_cooperative(strategies: Iterable[str]) -> bool:
-    return all(s in COOPERATIVE for s in strategies)
+    offered = list(strategies)
+    return bool(offered) and all(s in COOPERATIVE for s in offered)

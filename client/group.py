@@ -74,7 +74,8 @@ class GroupMembership:
         self.generation = -1
         self.protocol: str | None = None
         self.rejoin_needed = True
-        self.cooperative = is_cooperative(config["partition.assignment.strategy"])
+        # (an Admin's outsider membership offers no strategies: never cooperative)
+        self.cooperative = is_cooperative(config.get("partition.assignment.strategy", ()))
         self.joining = False  # a JoinGroup/SyncGroup round is in flight
         self.lost = False  # the generation was lost while owning partitions (see above)
         self.last_poll = time.monotonic()
