@@ -239,6 +239,7 @@ class NativeCooperative:
     """Our consumer with cooperative-sticky, its listener's calls recorded."""
 
     name = "minibroker-coop"
+    strategy = "cooperative-sticky"
 
     def __init__(self, cluster, group: str, topic: str) -> None:
         self.events: list[tuple[str, set[int]]] = []
@@ -247,7 +248,7 @@ class NativeCooperative:
             "enable.auto.commit": False,
             "session.timeout.ms": SESSION_MS,
             "heartbeat.interval.ms": HEARTBEAT_MS,
-            "partition.assignment.strategy": "cooperative-sticky",
+            "partition.assignment.strategy": self.strategy,
         }
         self.c = SyncConsumer(cluster.bootstrap, group_id=group, **settings)
         events = self.events
@@ -317,6 +318,43 @@ def test_cooperative_sticky_members_of_stock_and_our_clients_share_a_topic(clust
         ]
         assert {p for p, _ in first.records} == kept
         assert {p for p, _ in second.records} == moved
+    finally:
+        for member in members:
+            member.close()
+
+
+class NativeEager(NativeCooperative):
+    """Ours in the middle of a rolling upgrade: it prefers range but offers
+    cooperative-sticky too, so it rebalances eagerly (Kafka's rule)."""
+
+    name = "minibroker-eager"
+    strategy = "range,cooperative-sticky"
+
+
+def test_a_group_mixing_strategies_agrees_on_cooperative_sticky(cluster):
+    """The coordinator picks the one protocol every member offers; the eager member revokes
+    everything at each rebalance and claims nothing, the cooperative one keeps its own."""
+    topic, group = "coop-mixed", "g-coop-mixed"
+    create_and_fill(cluster.kafka_bootstrap, topic, 4, 0)
+    first = Poller(NativeCooperative(cluster, group, topic))
+    members = [first]
+    try:
+        until(lambda: first.assigned == {0, 1, 2, 3}, "the first member to own all four")
+        second = Poller(NativeEager(cluster, group, topic))
+        members.append(second)
+        until(
+            lambda: len(first.assigned) == 2 and len(second.assigned) == 2,
+            "two partitions each",
+        )
+        assert first.assigned.isdisjoint(second.assigned)
+        revoked = [p for kind, p in first.member.events[1:] if kind == "revoked"]
+        assert set().union(*revoked) == second.assigned  # the cooperative one kept its two
+
+        async def protocol() -> str:
+            async with Admin(cluster.bootstrap) as admin:
+                return (await admin.describe_consumer_group(group)).protocol
+
+        assert trio.run(protocol) == "cooperative-sticky"
     finally:
         for member in members:
             member.close()
