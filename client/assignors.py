@@ -8,28 +8,48 @@ so a group may mix our consumers with stock Kafka clients.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import struct
+from collections.abc import Callable, Iterable, Mapping
 
 from minibroker.client.records import TopicPartition
+from minibroker.client.sticky import MemberSubscription, PartitionCounts, cooperative_sticky_assign
 from minibroker.protocol.kafka import consumer_protocol
 from minibroker.protocol.kafka.consumer_protocol import ASSIGNMENT, SUBSCRIPTION
 
-
-def encode_subscription(topics: list[str]) -> bytes:
-    return consumer_protocol.encode_subscription(sorted(topics))
-
-
-def decode_subscription(data: bytes) -> list[str]:
-    return list(consumer_protocol.decode(SUBSCRIPTION, data)["topics"])
+# Java's CooperativeStickyAssignor also puts the generation in the user data (an int32),
+# for leaders that read subscriptions older than v2.
+_GENERATION_USER_DATA = struct.Struct(">i")
 
 
-def encode_assignment(partitions: list[TopicPartition]) -> bytes:
+def _by_topic(partitions: Iterable[TopicPartition]) -> dict[str, list[int]]:
     by_topic: dict[str, list[int]] = {}
     for tp in partitions:
         by_topic.setdefault(tp.topic, []).append(tp.partition)
-    return consumer_protocol.encode_assignment(
-        {t: sorted(ps) for t, ps in sorted(by_topic.items())}
-    )
+    return {t: sorted(ps) for t, ps in sorted(by_topic.items())}
+
+
+def encode_subscription(
+    topics: list[str], owned: Iterable[TopicPartition] = (), generation: int = -1
+) -> bytes:
+    """Kafka's current subscription (v3, as its clients write it): the partitions this
+    member owns and the generation it got them in are what a sticky leader keeps in place."""
+    return consumer_protocol.encode_subscription(sorted(topics), _by_topic(owned), generation)
+
+
+def decode_subscription(data: bytes) -> MemberSubscription:
+    body = consumer_protocol.decode(SUBSCRIPTION, data)
+    generation = body["generation_id"]
+    user_data = body["user_data"]
+    if generation < 0 and user_data and len(user_data) == _GENERATION_USER_DATA.size:
+        (generation,) = _GENERATION_USER_DATA.unpack(user_data)
+    owned = [
+        TopicPartition(o["topic"], p) for o in body["owned_partitions"] for p in o["partitions"]
+    ]
+    return MemberSubscription(list(body["topics"]), owned, generation)
+
+
+def encode_assignment(partitions: list[TopicPartition]) -> bytes:
+    return consumer_protocol.encode_assignment(_by_topic(partitions))
 
 
 def decode_assignment(data: bytes) -> list[TopicPartition]:
@@ -42,7 +62,6 @@ def decode_assignment(data: bytes) -> list[TopicPartition]:
 
 
 Subscriptions = Mapping[str, list[str]]  # member id -> topics
-PartitionCounts = Mapping[str, int]  # topic -> partitions
 
 
 def range_assign(
@@ -86,4 +105,28 @@ def round_robin_assign(
     return out
 
 
-ASSIGNORS = {"range": range_assign, "roundrobin": round_robin_assign}
+Assignor = Callable[
+    [Mapping[str, MemberSubscription], PartitionCounts], dict[str, list[TopicPartition]]
+]
+
+
+def _topics_only(assign: Callable[[Subscriptions, PartitionCounts], dict]) -> Assignor:
+    """Range and round-robin look at topics only (owned partitions mean nothing to them)."""
+    return lambda members, counts: assign({m: s.topics for m, s in members.items()}, counts)
+
+
+# Kafka's protocol names: the group agrees on one of them (the coordinator's vote).
+ASSIGNORS: dict[str, Assignor] = {
+    "range": _topics_only(range_assign),
+    "roundrobin": _topics_only(round_robin_assign),
+    "cooperative-sticky": cooperative_sticky_assign,
+}
+# Assignors that support KIP-429's incremental protocol. A consumer rebalances
+# cooperatively only if every assignor it offers does (Kafka's rule: the group may pick
+# any of them), so "range,cooperative-sticky" stays eager until range is dropped.
+COOPERATIVE = frozenset({"cooperative-sticky"})
+
+
+def is_cooperative(strategies: Iterable[str]) -> bool:
+    offered = list(strategies)
+    return bool(offered) and all(s in COOPERATIVE for s in offered)

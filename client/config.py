@@ -81,18 +81,29 @@ def _bool(key: str, value: Any) -> bool:
     raise ValueError(f"config '{key}': expected true or false, got {value!r}")
 
 
+# Kafka's protocol names, and what its class names (ConsumerConfig accepts those) reduce to.
+_ASSIGNOR_NAMES = {
+    "range": "range",
+    "roundrobin": "roundrobin",
+    "cooperative-sticky": "cooperative-sticky",
+    "cooperativesticky": "cooperative-sticky",
+}
+
+
 def _assignors(key: str, value: Any) -> list[str]:
     """``"range,roundrobin"`` (or a list): the group protocols a consumer offers, by Kafka's
-    short names (``range``, ``roundrobin``; the class names are accepted too)."""
+    short names (``range``, ``roundrobin``, ``cooperative-sticky``; the class names, e.g.
+    ``org.apache.kafka.clients.consumer.CooperativeStickyAssignor``, are accepted too)."""
+    known = "range, roundrobin, cooperative-sticky"
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, list | tuple) or not items:
-        raise ValueError(f"config '{key}': expected a list of range, roundrobin")
+        raise ValueError(f"config '{key}': expected a list of {known}")
     out = []
     for item in items:
         name = str(item).strip().lower().rsplit(".", 1)[-1].removesuffix("assignor")
-        if name not in ("range", "roundrobin"):
-            raise ValueError(f"config '{key}': {item!r} is not one of range, roundrobin")
-        out.append(name)
+        if name not in _ASSIGNOR_NAMES:
+            raise ValueError(f"config '{key}': {item!r} is not one of {known}")
+        out.append(_ASSIGNOR_NAMES[name])
     return out
 
 

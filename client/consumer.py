@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections import defaultdict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import trio
@@ -32,7 +32,15 @@ from minibroker.protocol.errors import KafkaError, OffsetOutOfRange
 
 
 class RebalanceListener(Protocol):
-    """Kafka's ConsumerRebalanceListener; either method may be a coroutine function."""
+    """Kafka's ConsumerRebalanceListener; any method may be a coroutine function.
+
+    ``on_partitions_revoked``: partitions taken away while this member still belonged to
+    the group (commit their progress here); ``on_partitions_assigned``: the partitions this
+    rebalance added (under cooperative-sticky possibly none: it runs after every rebalance,
+    as Kafka's). ``on_partitions_lost`` (optional; Kafka's default calls
+    on_partitions_revoked): the member had already lost its generation, so the partitions
+    may be someone else's and committing them would fail.
+    """
 
     def on_partitions_revoked(self, partitions: set[TopicPartition]) -> Any: ...
     def on_partitions_assigned(self, partitions: set[TopicPartition]) -> Any: ...
@@ -211,8 +219,8 @@ class Consumer(ClusterClient):
                 records = self._drain(limit)
                 continue
             with trio.move_on_at(deadline):
+                data = self._data  # before any wait: a signal meanwhile must wake this poll
                 await self._resolve_positions()
-                data = self._data
                 self._start_fetches()
                 records = self._drain(limit)
                 if not records:
@@ -372,11 +380,15 @@ class Consumer(ClusterClient):
 
     def _group_needs_poll(self) -> bool:
         group = self._group
-        return (
-            group is not None
-            and self._subscription is not None
-            and (group.rejoin_needed or self._join is not None)
-        )
+        if group is None or self._subscription is None:
+            return False
+        if group.lost and self._states:
+            return True
+        if self._join is None:
+            return group.rejoin_needed
+        # Cooperative: a join in flight needs this poll only once it is done (it wakes the
+        # poll); the partitions kept meanwhile are fetched as usual.
+        return not group.cooperative or self._join.done.is_set()
 
     async def _poll_group(self, deadline: float) -> None:
         """What Kafka's poll does for the group first: rejoin if needed, auto-commit."""
@@ -386,6 +398,8 @@ class Consumer(ClusterClient):
         if group.fatal is not None:
             raise group.fatal
         group.last_poll = time.monotonic()
+        if group.lost:
+            await self._lose_partitions(group)
         if group.rejoin_needed or self._join is not None:
             await self._rejoin(group, deadline)
         if self.config["enable.auto.commit"] and time.monotonic() >= self._next_auto_commit:
@@ -400,34 +414,74 @@ class Consumer(ClusterClient):
         A join that is not done by then stays in flight (its JoinGroup is parked at the
         coordinator until the whole group has joined) for the next poll to wait on, as
         Kafka's does: several consumers polled one after another from one task can all
-        get through a rebalance that needs every one of them."""
+        get through a rebalance that needs every one of them.
+
+        Eager (range, roundrobin) revokes everything before joining. Cooperative revokes only
+        the partitions of topics no longer subscribed, keeps consuming the rest while the
+        join runs, and does not wait for it: the join wakes the poll when it is done."""
         if self._join is None:
-            revoked = set(self._states)
-            if revoked:
-                if self.config["enable.auto.commit"] and group.generation >= 0:
-                    try:
-                        await group.commit(self._positions())
-                    except KafkaError:
-                        pass  # the group moved on: the next owner starts from the last commit
-                await self._notify("on_partitions_revoked", revoked)
-                self.assign([])
-            self._join = _Join(list(self._subscription or []))
-            self._background.nursery.start_soon(self._join.run, group)
+            topics = list(self._subscription or [])
+            if group.cooperative:
+                revoked = {tp for tp in self._states if tp.topic not in topics}
+            else:
+                revoked = set(self._states)
+            await self._revoke(group, revoked)
+            self._join = _Join(topics, self._signal)
+            self._background.nursery.start_soon(self._join.run, group, self.assignment)
         join = self._join
-        with trio.move_on_at(deadline):
-            await join.done.wait()
+        if not group.cooperative:
+            with trio.move_on_at(deadline):
+                await join.done.wait()
         if not join.done.is_set():
             return
         self._join = None
         if join.error is not None:
             raise join.error
-        self.assign(join.assigned)
-        for tp, offset in join.committed.items():
-            if offset >= 0 and tp in self._states:
+        if group.lost:  # lost mid-join: what was held is not this generation's to revoke
+            await self._lose_partitions(group)
+        assigned = set(join.assigned)
+        revoked = self.assignment() - assigned
+        if revoked and group.cooperative:
+            # KIP-429: these go to their new owners in the next generation, which this
+            # member's rejoin (its subscription no longer claims them) starts.
+            group.rejoin_needed = True
+        await self._revoke(group, revoked)
+        added = assigned - self.assignment()
+        self.assign(sorted(self.assignment() | added))
+        for tp in added:
+            offset = join.committed.get(tp, -1)
+            if offset >= 0:
                 self._states[tp].seek(offset)
         if join.topics != self._subscription:
             group.rejoin_needed = True  # subscribe() changed the topics meanwhile
-        await self._notify("on_partitions_assigned", set(join.assigned))
+        await self._notify("on_partitions_assigned", added)
+
+    async def _revoke(self, group: GroupMembership, revoked: set[TopicPartition]) -> None:
+        """Kafka's onPartitionsRevoked: commit their progress (enable.auto.commit), tell
+        the listener, stop fetching them."""
+        if not revoked:
+            return
+        if self.config["enable.auto.commit"] and group.generation >= 0:
+            positions = self._positions()
+            try:
+                await group.commit({tp: positions[tp] for tp in revoked if tp in positions})
+            except KafkaError:
+                pass  # the group moved on: the next owner starts from the last commit
+        await self._notify("on_partitions_revoked", revoked)
+        self.assign(tp for tp in self._states if tp not in revoked)
+
+    async def _lose_partitions(self, group: GroupMembership) -> None:
+        """Kafka's onPartitionsLost: no commit (it would be refused, or worse, land on
+        partitions that already have new owners), the listener told, nothing kept."""
+        group.lost = False
+        lost = self.assignment()
+        if not lost:
+            return
+        self.assign([])
+        if self._listener is not None and hasattr(self._listener, "on_partitions_lost"):
+            await self._notify("on_partitions_lost", lost)
+        else:
+            await self._notify("on_partitions_revoked", lost)
 
     async def _notify(self, method: str, partitions: set[TopicPartition]) -> None:
         if self._listener is None:
@@ -491,20 +545,26 @@ class _Join:
     """One rebalance from this member's side, run in the consumer's background: JoinGroup,
     SyncGroup, then the committed offsets of what it was given."""
 
-    def __init__(self, topics: list[str]) -> None:
+    def __init__(self, topics: list[str], wake: Callable[[], None]) -> None:
         self.topics = topics
+        self.wake = wake  # a poll waiting for records learns the join is done
         self.done = trio.Event()
         self.cancel_scope = trio.CancelScope()
         self.assigned: list[TopicPartition] = []
         self.committed: dict[TopicPartition, int] = {}
         self.error: BaseException | None = None
 
-    async def run(self, group: GroupMembership) -> None:
+    async def run(self, group: GroupMembership, owned: Callable[[], set[TopicPartition]]) -> None:
+        """``owned``: the partitions the consumer holds (cooperative: kept through the join,
+        so only the others need their committed offsets)."""
         with self.cancel_scope:
             try:
-                self.assigned = await group.join(self.topics)
-                if self.assigned:
-                    self.committed = await group.committed(self.assigned)
+                self.assigned = await group.join(self.topics, owned)
+                held = set() if group.lost else owned()  # lost: all of it comes anew
+                added = [tp for tp in self.assigned if tp not in held]
+                if added:
+                    self.committed = await group.committed(added)
             except Exception as exc:  # handed to the poll that waits for it
                 self.error = exc
             self.done.set()
+            self.wake()

@@ -9,6 +9,12 @@ With ``group.instance.id`` the member is static (KIP-345): every request names i
 instance, it never sends LeaveGroup (a restart takes its member over; only its session
 timeout removes it), and FENCED_INSTANCE_ID (another process took the instance over) is
 fatal, raised from the next poll, as Kafka's FencedInstanceIdException.
+
+When every assignor it offers is cooperative (KIP-429) the member keeps its partitions
+through a join: its subscription says what it owns and since which generation, and the
+Consumer revokes only what the new assignment takes away. A member that lost its
+generation (kicked out, fenced, left for max.poll.interval.ms) has ``lost`` set: its
+partitions may be someone else's already, so they are lost, not revoked (no commit).
 """
 
 from __future__ import annotations
@@ -25,11 +31,18 @@ from minibroker.client.assignors import (
     decode_subscription,
     encode_assignment,
     encode_subscription,
+    is_cooperative,
 )
 from minibroker.client.cluster import Cluster
 from minibroker.client.records import TopicPartition
 from minibroker.protocol import ApiKey, api_name
-from minibroker.protocol.errors import ErrorCode, KafkaError, UnsupportedVersion, error_class
+from minibroker.protocol.errors import (
+    ErrorCode,
+    KafkaError,
+    RebalanceInProgress,
+    UnsupportedVersion,
+    error_class,
+)
 
 # Find the coordinator again and retry.
 COORDINATOR_ERRORS = frozenset(
@@ -67,6 +80,10 @@ class GroupMembership:
         self.generation = -1
         self.protocol: str | None = None
         self.rejoin_needed = True
+        # (an Admin's outsider membership offers no strategies: never cooperative)
+        self.cooperative = is_cooperative(config.get("partition.assignment.strategy", ()))
+        self.joining = False  # a JoinGroup/SyncGroup round is in flight
+        self.lost = False  # the generation was lost while owning partitions (see above)
         self.last_poll = time.monotonic()
         self.join_started = 0.0  # monotonic time the latest join began (benchmarks read it)
         self.backoff = config["retry.backoff.ms"] / 1000
@@ -127,17 +144,36 @@ class GroupMembership:
     # --- join and sync ----------------------------------------------------------------------
 
     def reset(self) -> None:
-        self.member_id = ""
-        self.generation = -1
+        self._lose_generation()
         self.rejoin_needed = True
 
-    async def join(self, topics: Iterable[str]) -> list[TopicPartition]:
-        """Join (again) until a generation's SyncGroup hands this member its partitions."""
+    def _lose_generation(self) -> None:
+        """This member's id or generation is no longer the group's (Kafka's
+        resetGenerationOnResponseError): whatever it owned is lost."""
+        if self.generation >= 0:
+            self.lost = True
+        self.member_id = ""
+        self.generation = -1
+
+    async def join(
+        self, topics: Iterable[str], owned: Callable[[], Iterable[TopicPartition]] = tuple
+    ) -> list[TopicPartition]:
+        """Join (again) until a generation's SyncGroup hands this member its partitions.
+        ``owned`` says what the member holds as each JoinGroup is sent (nothing once lost)."""
         self.join_started = time.monotonic()
-        topics = sorted(topics)
+        self.joining = True
+        try:
+            return await self._join(sorted(topics), owned)
+        finally:
+            self.joining = False
+
+    async def _join(
+        self, topics: list[str], owned: Callable[[], Iterable[TopicPartition]]
+    ) -> list[TopicPartition]:
         strategies = self.config["partition.assignment.strategy"]
-        subscription = encode_subscription(topics)
         while True:
+            holding = () if self.lost else owned()
+            subscription = encode_subscription(topics, holding, self.generation)
             joined = await self.call(
                 ApiKey.JOIN_GROUP,
                 {
@@ -156,7 +192,7 @@ class GroupMembership:
                 continue
             if code in MEMBERSHIP_ERRORS:
                 if code is not ErrorCode.REBALANCE_IN_PROGRESS:
-                    self.member_id = ""
+                    self._lose_generation()
                 continue
             if code is not ErrorCode.NONE:
                 raise error_class(code)(joined.get("error_message") or f"joining {self.group_id}")
@@ -181,7 +217,7 @@ class GroupMembership:
             code = ErrorCode.parse(synced["error_code"])
             if code in MEMBERSHIP_ERRORS:
                 if code is not ErrorCode.REBALANCE_IN_PROGRESS:
-                    self.member_id = ""
+                    self._lose_generation()
                 continue
             if code is not ErrorCode.NONE:
                 raise error_class(code)(synced.get("error_message") or f"syncing {self.group_id}")
@@ -198,7 +234,7 @@ class GroupMembership:
     async def _assign(self, members: list[dict]) -> list[dict]:
         """The leader's job: run the agreed assignor over every member's subscription."""
         subscriptions = {m["member_id"]: decode_subscription(m["metadata"]) for m in members}
-        topics = sorted({t for ts in subscriptions.values() for t in ts})
+        topics = sorted({t for s in subscriptions.values() for t in s.topics})
         await self.cluster.refresh(topics)
         counts = {t: self.cluster.partition_count(t) or 0 for t in topics}
         plan = ASSIGNORS[self.protocol or "range"](subscriptions, counts)
@@ -213,7 +249,9 @@ class GroupMembership:
         max_poll = self.config["max.poll.interval.ms"] / 1000
         while True:
             await trio.sleep(interval)
-            if self.generation < 0 or self.rejoin_needed:
+            # Heartbeats go on while a rejoin waits for the next poll (they keep the session),
+            # not during the join itself (the coordinator counts the JoinGroup as one).
+            if self.generation < 0 or self.joining:
                 continue
             if time.monotonic() - self.last_poll > max_poll:
                 self.log("poll_interval_exceeded", group=self.group_id, member=self.member_id)
@@ -244,7 +282,7 @@ class GroupMembership:
                 continue
             if code in MEMBERSHIP_ERRORS:
                 if code is not ErrorCode.REBALANCE_IN_PROGRESS:
-                    self.member_id = ""
+                    self._lose_generation()
                 self.rejoin_needed = True
                 wake()
 
@@ -271,6 +309,11 @@ class GroupMembership:
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         if not offsets:
             return
+        if self.joining:
+            # Kafka's generationIfStable: mid-join the generation is in flux (a commit with
+            # the new one before SyncGroup is refused and would ask for yet another rejoin).
+            raise RebalanceInProgress(f"group {self.group_id} is rebalancing: poll(), then commit")
+        generation = self.generation
         topics: dict[str, list] = {}
         for tp, offset in offsets.items():
             topics.setdefault(tp.topic, []).append(
@@ -278,7 +321,7 @@ class GroupMembership:
             )
         body = {
             "group_id": self.group_id,
-            "generation_id": self.generation,
+            "generation_id": generation,
             "member_id": self.member_id,
             "group_instance_id": self.instance_id,
             "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()],
@@ -299,7 +342,10 @@ class GroupMembership:
             break
         for topic, partition, code in codes:
             if code in MEMBERSHIP_ERRORS:
-                self.rejoin_needed = True
+                # A commit of an older generation that a rebalance overtook says nothing
+                # about this one (Kafka checks the generation is still the one sent).
+                if generation == self.generation and not self.joining:
+                    self.rejoin_needed = True
                 raise CommitFailed(
                     f"commit of {topic}-{partition} refused ({code.name}): the "
                     "group rebalanced; poll() again to rejoin"

@@ -38,8 +38,22 @@ def decode(name: str, data: bytes) -> dict:
     return body
 
 
-def encode_subscription(topics: list[str], user_data: bytes | None = None) -> bytes:
-    return encode(SUBSCRIPTION, {"topics": topics, "user_data": user_data})
+def encode_subscription(
+    topics: list[str],
+    owned: dict[str, list[int]] | None = None,
+    generation: int = -1,
+    user_data: bytes | None = None,
+) -> bytes:
+    """v3, Kafka's current: ``owned`` (topic -> partitions) and ``generation`` let a sticky
+    leader keep partitions where they are; readers of older versions stop before them."""
+    body = {
+        "topics": topics,
+        "user_data": user_data,
+        "owned_partitions": [{"topic": t, "partitions": ps} for t, ps in (owned or {}).items()],
+        "generation_id": generation,
+        "rack_id": None,
+    }
+    return encode(SUBSCRIPTION, body, 3)
 
 
 def encode_assignment(partitions: dict[str, list[int]], user_data: bytes | None = None) -> bytes:
