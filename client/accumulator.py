@@ -55,6 +55,7 @@ class ProducerBatch:
         "done",
         "error",
         "first_ts",
+        "last_error",
         "max_ts",
         "partition",
         "payload",
@@ -82,6 +83,9 @@ class ProducerBatch:
         self.done = trio.Event()
         self.base_offset = -1
         self.error: BaseException | None = None
+        # What the attempt before a retry failed with: delivery.timeout.ms ends a batch
+        # being retried with it (client/sender.py _expiry_error).
+        self.last_error: BaseException | None = None
         self.acked_at = 0.0
         # An idempotent producer's sequence, set when the batch is first sent; -1: none.
         self.base_sequence = -1

@@ -151,7 +151,13 @@ class Sender:
                     await self._wakeup.wait()
                 self._wakeup = trio.Event()
 
-    def _expiry_error(self, batch: ProducerBatch) -> KafkaError:
+    def _expiry_error(self, batch: ProducerBatch) -> BaseException:
+        """A batch being retried ends with its last attempt's error (as one whose next
+        backoff would pass the deadline does, in _retry_or_fail), whether the deadline
+        is noticed there or here: which of the two sees it is a race with the loop's
+        wake-up, and the caller should not see a different error for it."""
+        if batch.last_error is not None:
+            return batch.last_error
         age = now_ms() - batch.created_ms
         return RequestTimedOut(
             f"expiring {batch.count or len(batch.records)} record(s) for {batch.topic}-{batch.partition}:"
@@ -355,6 +361,7 @@ class Sender:
             and now + self.backoff_ms < batch.deadline_ms
         ):
             self._metadata_needed = True
+            batch.last_error = error
             self.acc.reenqueue(batch, now + self.backoff_ms)
         else:
             self._fail(batch, error)
