@@ -289,6 +289,9 @@ FETCH_REQ = struct(
                 "partition_max_bytes": (integer("int32", min=0), 1048576),
                 "current_leader_epoch": (INT32, -1),
                 "last_fetched_epoch": (INT32, -1),
+                # A follower's own HW (-1: not given). The leader leaves a partition with
+                # no records, no error and this HW out of its answer: see fetch_request.py.
+                "high_watermark": (INT64, -1),
             },
         ),
     },

@@ -238,8 +238,24 @@ def _array_header(payload: memoryview) -> tuple[int, int]:
     raise CorruptBatch("records are not a msgpack array")
 
 
-def check_batch(buf: bytes | bytearray | memoryview, pos: int, size: int) -> BatchHeader:
-    """Validate the batch at ``pos`` (``size`` bytes): header fields, CRC, record count.
+class CheckedBatches(bytearray):
+    """Batches the broker built from a stock client's produce (``wrap_kafka_batch``), their
+    CRC computed a moment ago over bytes whose CRC-32C it had just checked.
+
+    The log checks everything of these but their CRC (``check_batch(crc=False)``): Kafka
+    checks a produce's CRC once on the way in, and a second pass over the same bytes was
+    a third of the leader's CRC time. A bytearray, built in one pass: the leader patches
+    offsets in place, so a bytes value would be copied into one at append.
+    """
+
+    __slots__ = ()
+
+
+def check_batch(
+    buf: bytes | bytearray | memoryview, pos: int, size: int, *, crc: bool = True
+) -> BatchHeader:
+    """Validate the batch at ``pos`` (``size`` bytes): header fields, CRC (unless ``crc``
+    is False: see CheckedBatches), record count.
 
     This is per-batch work only: one C-level CRC and a glance at the msgpack array header.
     ``record_count`` must equal the array's element count, ``last_offset_delta`` must be
@@ -260,9 +276,12 @@ def check_batch(buf: bytes | bytearray | memoryview, pos: int, size: int) -> Bat
             f"is not record_count - 1 (record_count {header.record_count})"
         )
     view = memoryview(buf)[pos + CRC_START : pos + size]
-    crc = zlib.crc32(view)
-    if crc != header.crc:
-        raise CorruptBatch(f"batch at byte {pos}: CRC {crc:#010x} != stored {header.crc:#010x}")
+    if crc:
+        computed = zlib.crc32(view)
+        if computed != header.crc:
+            raise CorruptBatch(
+                f"batch at byte {pos}: CRC {computed:#010x} != stored {header.crc:#010x}"
+            )
     records_at = header.records_at
     if size < records_at:
         raise CorruptBatch(f"batch at byte {pos}: cut off inside its producer fields")
@@ -342,9 +361,13 @@ def restamp_producer(
 
 
 def wrap_kafka_batch(
-    buf: bytes | bytearray | memoryview, pos: int, kafka: kafka_records.KafkaBatchHeader
-) -> bytes:
-    """Our batch carrying a stock client's v2 batch (checked with kafka_records.check_batch).
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    kafka: kafka_records.KafkaBatchHeader,
+    out: bytearray | None = None,
+) -> bytearray:
+    """Our batch carrying a stock client's v2 batch (checked with kafka_records.check_batch),
+    appended to ``out`` (a new CheckedBatches if None), which is returned.
 
     Per batch, never per record: the header fields are copied from Kafka's, an idempotent
     producer's fields too (so the log's sequence checks apply to stock clients unchanged),
@@ -370,7 +393,12 @@ def wrap_kafka_batch(
     )
     crc = zlib.crc32(tail, zlib.crc32(fixed))
     length = 8 + len(fixed) + len(tail)
-    return b"".join((struct.pack(">qiiI", 0, length, -1, crc), fixed, tail))
+    if out is None:
+        out = CheckedBatches()
+    out += struct.pack(">qiiI", 0, length, -1, crc)
+    out += fixed
+    out += tail
+    return out
 
 
 def unwrap_kafka_batch(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> bytes:

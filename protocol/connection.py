@@ -128,7 +128,9 @@ class Connection:
         parsed: the stream is out of step and must be closed.
         """
         responses = []
-        for payload in self._decoder.feed(data):
+        decoder = self._decoder
+        frames = decoder.feed_bytes(data) if type(data) is bytes else decoder.feed(data)
+        for payload in frames:
             correlation_id, raw = decode_response_envelope(payload)
             pending = self._pending.pop(correlation_id, None)
             if pending is None:

@@ -50,6 +50,20 @@ class FrameDecoder:
     def buffered(self) -> int:
         return len(self._buf)
 
+    def feed_bytes(self, data: bytes) -> list[bytes] | tuple[memoryview]:
+        """``feed`` for bytes the caller will not reuse (a socket read's own ``bytes``).
+
+        When they are exactly one whole frame and nothing is buffered (a peer's answer
+        read in one go: a follower's Fetch answer, most of the bytes it replicates) the
+        frame is a view into them: neither copied into the buffer nor copied out of it.
+        A view, not bytes: a caller decodes it (msgpack reads any buffer) and keeps none.
+        """
+        if not self._buf and len(data) > FRAME_HEADER_SIZE:
+            (length,) = _LEN.unpack_from(data)
+            if length == len(data) - FRAME_HEADER_SIZE and length <= self.max_frame_bytes:
+                return (memoryview(data)[FRAME_HEADER_SIZE:],)
+        return self.feed(data)
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Add bytes; return every frame now complete (possibly none).
 

@@ -2,7 +2,8 @@
 
 Produce: each v2 batch is checked (length, magic, CRC-32C, a codec we can serve) and
 wrapped in our batch header (protocol/batch.py wrap_kafka_batch): per batch, one C-level
-CRC each way, no record decoded, so a stock client's produce costs the broker what our
+CRC each way, no record decoded (the log takes the wrapped batches' CRC as checked:
+CheckedBatches), so a stock client's produce costs the broker what our
 own client's does. Compressed batches stay compressed: the broker never opens them.
 
 Fetch: a wrapped batch is unwrapped (the offset and epoch the leader gave, then the
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from minibroker.protocol.batch import (
     KAFKA_FLAG,
+    CheckedBatches,
     CorruptBatch,
     decode_rows,
     iter_batches,
@@ -34,11 +36,11 @@ class RefusedBatch(Exception):
         self.message = message
 
 
-def wrap_produce(records: bytes | None) -> bytes:
+def wrap_produce(records: bytes | None) -> CheckedBatches:
     """The partition's records as our batches, or RefusedBatch."""
     if not records:
         raise RefusedBatch(ErrorCode.CORRUPT_MESSAGE, "the produce carries no records")
-    out = []
+    out = CheckedBatches()
     try:
         for pos, size in kafka_records.iter_batches(records):
             header = kafka_records.check_batch(records, pos, size)
@@ -49,12 +51,12 @@ def wrap_produce(records: bytes | None) -> bytes:
                     "transactional and control batches are not served: minibroker has no "
                     "transactions (use an idempotent producer without transactional.id)",
                 )
-            out.append(wrap_kafka_batch(records, pos, header))
+            wrap_kafka_batch(records, pos, header, out)
     except kafka_records.UnsupportedCompression as exc:
         raise RefusedBatch(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, str(exc)) from None
     except ProtocolError as exc:
         raise RefusedBatch(ErrorCode.CORRUPT_MESSAGE, str(exc)) from None
-    return out[0] if len(out) == 1 else b"".join(out)
+    return out
 
 
 def to_kafka(records: bytes) -> bytes:

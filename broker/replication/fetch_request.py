@@ -17,11 +17,22 @@ class FetchRequest:
 
     ``fetch_max_bytes`` is the broker's cap (Kafka's broker-side ``fetch.max.bytes``): it
     bounds the whole response and each partition within it, whatever the client asks.
+
+    ``known_hw``: the HW a follower says it has, per partition that gave one. The leader
+    leaves a partition out of its answer when it has no records for it, no error and the
+    same HW (ReplicaManager._read): the effect of Kafka's incremental replica fetch
+    sessions (KIP-227) on the answer, without session state on the leader. The follower
+    states what it knows in each request, so a lost answer costs nothing: the next
+    request still carries the old HW and gets the new one. An idle partition then costs
+    its follower no decoding and no wake-up per round (30 idle 3-partition topics made
+    the brokers use 1.6x the CPU for 0.75x the produce rate when every round answered
+    every followed partition).
     """
 
     __slots__ = (
         "epochs",
         "for_follower",
+        "known_hw",
         "max_bytes",
         "max_wait_ms",
         "min_bytes",
@@ -39,6 +50,16 @@ class FetchRequest:
             for t in body["topics"]
             for p in t["partitions"]
         }
+        self.known_hw: dict[Key, int] = (
+            {
+                (t["name"], p["partition"]): p["high_watermark"]
+                for t in body["topics"]
+                for p in t["partitions"]
+                if p.get("high_watermark", -1) >= 0
+            }
+            if self.for_follower
+            else {}
+        )
         self.min_bytes = body["min_bytes"]
         self.max_wait_ms = min(body["max_wait_ms"], MAX_FETCH_WAIT_MS)
         self.max_bytes = min(body["max_bytes"], fetch_max_bytes)

@@ -14,7 +14,9 @@ partition work) and asks again within a scheduler pass, so waiting for all of th
 costs nothing and keeps the round whole. A member that asks while a round is out
 joins the next one, as a partition added to Kafka's fetch session does; but a member
 asking for the first time (a partition just followed: a new topic, a new leader) calls
-back a Fetch round that is out. That round may be parked at the leader for
+back a Fetch round that is out. A partition the leader leaves out of a Fetch answer
+(nothing new, HW unchanged: FetchRequest.known_hw) is not woken: its ask rides the next
+round as it is, so an idle partition costs its follower nothing per round. That round may be parked at the leader for
 ``replica.fetch.wait.max.ms``, and a new topic's first acks=all write waited it out
 (200-500 ms after CreateTopics, against ~10 ms before links were shared): the round's
 asks go out again at once, with the newcomer in them.
@@ -180,9 +182,17 @@ class LeaderLink:
             for t in answer["topics"]
             for part in t["partitions"]
         }
+        pending = self.asks[api_key]
         for key, ask in asks.items():
             ask.answer = parts.get(key)
             if ask.answer is None:
+                if ask.part.get("high_watermark", -1) >= 0:
+                    # Unchanged at the leader (a follower Fetch that gave its HW: see
+                    # FetchRequest.known_hw): the member sleeps on, its ask unchanged
+                    # rides the next round (unless the member left meanwhile).
+                    if ask.member in self.members:
+                        pending.setdefault(key, ask)
+                    continue
                 ask.error = KafkaError(
                     f"leader {self.leader_id} left {key[0]}-{key[1]} out of its "
                     f"{ApiKey(api_key).name} answer"

@@ -85,6 +85,9 @@ class ReplicaFetcher:
             "fetch_offset": self.partition.log_end_offset,
             "partition_max_bytes": self.config["replica.fetch.max.bytes"],
             "current_leader_epoch": self.leader_epoch,
+            # The leader leaves us out of its answer while we have all of it, HW
+            # included; our ask then rides the link's next round (leader_link.py).
+            "high_watermark": self.partition.high_watermark,
         }
 
     async def _truncate(self) -> None:

@@ -463,10 +463,31 @@ class ReplicaManager:
         budget = fetch.max_bytes
         total = 0
         stop_now = False
+        known_hw = fetch.known_hw
+        count_fetches = fetch.for_follower and update_follower_state
         for key, offset, max_bytes in fetch.targets:
             entry = {"partition": key[1], "error_code": 0, "high_watermark": -1, "records": b""}
-            topics.setdefault(key[0], []).append(entry)
             partition = self.partitions.get(key)
+            counted = not count_fetches
+            if (
+                known_hw
+                and partition is not None
+                and partition.high_watermark == known_hw.get(key)
+                and offset == partition.log.log_end_offset
+                and partition.is_leader
+                and fetch.epochs[key] in (-1, partition.leader_epoch)
+                and fetch.replica_id in partition.replicas
+            ):
+                # The follower has all of it, HW included: nothing to answer (see
+                # FetchRequest.known_hw). The fetch still counts as the follower's; if it
+                # moved the HW, the answer carries the new one.
+                if counted or not partition.update_follower_fetch_state(
+                    fetch.replica_id, offset, self.now_ms()
+                ):
+                    continue
+                self._hw_increased(key)
+                counted = True
+            topics.setdefault(key[0], []).append(entry)
             if partition is None:
                 entry["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 stop_now = True
@@ -513,10 +534,8 @@ class ReplicaManager:
             entry["records"] = data
             total += len(data)
             budget = max(0, budget - len(data))
-            if (
-                fetch.for_follower
-                and update_follower_state
-                and partition.update_follower_fetch_state(fetch.replica_id, offset, self.now_ms())
+            if not counted and partition.update_follower_fetch_state(
+                fetch.replica_id, offset, self.now_ms()
             ):
                 self._hw_increased(key)
         body = {"topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}

@@ -161,3 +161,55 @@ async def test_a_new_member_calls_back_a_parked_fetch_and_both_ride_the_next_rou
     assert last_api == ApiKey.FETCH
     assert sorted(p["partition"] for p in last_body["topics"][0]["partitions"]) == [0, 1]
     assert answers["old"]["partition"] == 0 and answers["new"]["partition"] == 1
+
+
+class OmittingLeader(FakeLeader):
+    """Leaves a partition out of its Fetch answer until ``changed`` names it (a leader
+    that has nothing new for a follower that gave its HW)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed: set[int] = set()
+
+    async def request(self, api_key: int, body: dict, *, timeout: float) -> dict:
+        answer = await super().request(api_key, body, timeout=timeout)
+        for t in answer["topics"]:
+            t["partitions"] = [p for p in t["partitions"] if p["partition"] in self.changed]
+        self.changed.clear()
+        return answer
+
+
+async def test_a_partition_left_out_sleeps_on_and_rides_the_next_round():
+    """A follower ask that gave its HW and was left out of the answer is not woken (no
+    error, no answer): it goes out again, unchanged, until the leader answers it."""
+    leader = OmittingLeader()
+    link = link_to(leader)
+    busy, idle = object(), object()
+    link.join(busy)
+    link.join(idle)
+    idle_answers = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link.run)
+
+        async def idle_member():
+            part = {"partition": 1, "fetch_offset": 5, "high_watermark": 5}
+            idle_answers.append(await link.ask(idle, ApiKey.FETCH, ("a", 1), part))
+
+        nursery.start_soon(idle_member)
+        with trio.fail_after(5):
+            for _ in range(3):
+                leader.changed.add(0)
+                await link.ask(busy, ApiKey.FETCH, ("a", 0), {"partition": 0, "high_watermark": 0})
+            assert idle_answers == []  # three rounds, never woken
+            leader.changed.update((0, 1))
+            await link.ask(busy, ApiKey.FETCH, ("a", 0), {"partition": 0, "high_watermark": 0})
+            while not idle_answers:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    # Every round carried the idle partition's ask, as it was asked.
+    fetches = [body for api, body in leader.requests if api == ApiKey.FETCH]
+    assert len(fetches) == 4
+    for body in fetches:
+        parts = {p["partition"]: p for t in body["topics"] for p in t["partitions"]}
+        assert parts[1] == {"partition": 1, "fetch_offset": 5, "high_watermark": 5}
+    assert idle_answers[0]["answered"] == 4

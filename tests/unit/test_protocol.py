@@ -59,6 +59,20 @@ def test_frames_split_across_feeds():
     assert decoder.buffered == 0
 
 
+def test_one_whole_frame_of_bytes_is_a_view_into_them_and_anything_else_is_fed():
+    """feed_bytes: a read that is exactly one frame is not copied; a split, a pair of
+    frames, a frame after buffered bytes or an oversized one take feed's way."""
+    decoder = p.FrameDecoder(max_frame_bytes=1024)
+    data = p.encode_frame(b"x" * 300)
+    (view,) = decoder.feed_bytes(data)
+    assert isinstance(view, memoryview) and view.obj is data and view == b"x" * 300
+    assert decoder.feed_bytes(data + data) == [b"x" * 300] * 2
+    assert decoder.feed_bytes(data[:10]) == [] and decoder.buffered == 10
+    assert decoder.feed_bytes(data[10:]) == [b"x" * 300] and decoder.buffered == 0
+    with pytest.raises(p.FrameTooLarge):
+        decoder.feed_bytes(p.encode_frame(b"y" * 2000))
+
+
 def test_oversized_frame_refused_before_buffering():
     decoder = p.FrameDecoder(max_frame_bytes=1024)
     with pytest.raises(p.FrameTooLarge, match="2147483648 bytes exceeds"):

@@ -49,12 +49,21 @@ def produce(manager: ReplicaManager, n: int = 3, acks: int = -1):
     return manager.produce(p.validate_request(p.RequestHeader(p.ApiKey.PRODUCE, 0, 1, None), raw))
 
 
-def fetch(manager: ReplicaManager, replica_id: int, offset: int, max_wait_ms: int = 0):
+def fetch(
+    manager: ReplicaManager,
+    replica_id: int,
+    offset: int,
+    max_wait_ms: int = 0,
+    known_hw: int | None = None,
+):
+    part = {"partition": 0, "fetch_offset": offset}
+    if known_hw is not None:
+        part["high_watermark"] = known_hw
     raw = {
         "replica_id": replica_id,
         "max_wait_ms": max_wait_ms,
         "min_bytes": 1,
-        "topics": [{"name": "t", "partitions": [{"partition": 0, "fetch_offset": offset}]}],
+        "topics": [{"name": "t", "partitions": [part]}],
     }
     body = p.validate_request(p.RequestHeader(p.ApiKey.FETCH, 0, 1, None), raw)
     return manager.fetch(manager.fetch_request(body))
@@ -224,3 +233,36 @@ def test_internal_topics_take_appends_only_from_internal_callers(manager):
     assert log.log_end_offset == 0
     accepted = only_partition(manager.produce(body, internal_topics_allowed=True))
     assert accepted["error_code"] == ErrorCode.NONE and log.log_end_offset == 1
+
+
+def test_a_follower_that_has_everything_is_left_out_of_the_answer(manager):
+    """A follower fetch that gives its HW gets no entry for a partition with no records
+    for it and the same HW (FetchRequest.known_hw), and an entry as soon as either
+    differs; the fetch still counts as the follower's (its LEO moves the HW)."""
+    produce(manager)  # LEO 3, HW 0
+    fetch(manager, 1, 3, known_hw=0)
+    p = manager.partitions[("t", 0)]
+    assert p.replica_states[1].log_end_offset == 3
+    # Follower 2 fetches at the LEO: its fetch moves the HW to 3, so the answer names it.
+    answer = fetch(manager, 2, 3, known_hw=0)
+    assert only_partition(answer)["high_watermark"] == 3 and p.high_watermark == 3
+    # Nothing new and the HW it has: left out.
+    assert fetch(manager, 2, 3, known_hw=3) == {"topics": []}
+    # An old HW, records it lacks, or no HW given: answered.
+    assert only_partition(fetch(manager, 1, 3, known_hw=0))["high_watermark"] == 3
+    assert only_partition(fetch(manager, 1, 0, known_hw=3))["records"] != b""
+    assert only_partition(fetch(manager, 1, 3))["high_watermark"] == 3
+    # Left out, the fetch still keeps the follower caught up (ISR bookkeeping).
+    manager.partitions[("t", 0)].replica_states[2].last_caught_up_ms = -1
+    assert fetch(manager, 2, 3, known_hw=3) == {"topics": []}
+    assert p.replica_states[2].last_caught_up_ms >= 0
+
+
+def test_a_parked_follower_fetch_answers_only_what_changed(manager):
+    produce(manager)
+    fetch(manager, 1, 3)
+    fetch(manager, 2, 3)  # HW 3 everywhere
+    parked = fetch(manager, 1, 3, max_wait_ms=10_000, known_hw=3)
+    assert isinstance(parked, PendingResponse) and parked.body is None
+    produce(manager, 2)
+    assert only_partition(parked.body)["records"] != b""

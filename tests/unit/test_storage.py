@@ -15,6 +15,7 @@ from minibroker.broker.storage import Log, LogAppendError, LogConfig
 from minibroker.broker.storage import log as log_module
 from minibroker.broker.storage import segment as segment_module
 from minibroker.protocol import check_batch, encode_batch, iter_batches, read_records, unpack_header
+from minibroker.protocol.batch import CheckedBatches
 from minibroker.protocol.errors import CorruptMessage, MessageTooLarge, OffsetOutOfRange
 
 BIG = 1 << 20
@@ -218,6 +219,23 @@ def test_corrupt_batch_is_refused_and_nothing_is_written(tmp_path: Path, mangle)
         log.append_as_follower(bad)
     assert log.log_end_offset == 1
     assert read_all(log) == [(0, b"ok")]
+
+
+def test_checked_batches_skip_only_the_crc_check(tmp_path: Path) -> None:
+    """Batches the broker just wrapped (CheckedBatches) are not CRC'd a second time by the
+    leader's append; every other check still applies, and a follower checks the CRC."""
+    log = open_log(tmp_path)
+    good = batch([b"x", b"y"])
+    stale_crc = good[:-3] + bytes([good[-3] ^ 0xFF]) + good[-2:]  # the CRC no longer matches
+    with pytest.raises(CorruptMessage, match="CRC"):
+        log.append_as_leader(bytearray(stale_crc), 0)
+    assert log.append_as_leader(CheckedBatches(stale_crc), 0).record_count == 2
+    with pytest.raises(CorruptMessage, match="not record_count - 1"):
+        torn = good[:22] + (5).to_bytes(4, "big") + good[26:]  # last_offset_delta
+        log.append_as_leader(CheckedBatches(torn), 0)
+    with pytest.raises(CorruptMessage, match="CRC"):
+        log.append_as_follower(batch([b"z"], base_offset=2)[:-1] + b"\x00")
+    assert log.log_end_offset == 2
 
 
 def test_follower_append_copies_verbatim_and_checks_continuity(tmp_path: Path) -> None:
