@@ -22,6 +22,7 @@ from tests.integration.test_consumer_groups import FAST, GROUP_CONFIG, setup_top
 from tests.integration.test_kafka_groups import (
     HEARTBEAT_MS,
     SESSION_MS,
+    Native,
     Poller,
     Rd,
     create_and_fill,
@@ -235,8 +236,9 @@ class RdCooperative(Rd):
         )
 
 
-class NativeCooperative:
-    """Our consumer with cooperative-sticky, its listener's calls recorded."""
+class NativeCooperative(Native):
+    """Our consumer with cooperative-sticky, its listener's calls recorded (polling,
+    assignment and close as the groups tests' adapter)."""
 
     name = "minibroker-coop"
     strategy = "cooperative-sticky"
@@ -261,15 +263,6 @@ class NativeCooperative:
                 events.append(("assigned", {tp.partition for tp in parts}))
 
         self.c.subscribe([topic], Listener())
-
-    def poll(self) -> list[tuple[int, int]]:
-        return [(r.partition, r.offset) for r in self.c.poll(timeout_ms=200)]
-
-    def assigned(self) -> set[int]:
-        return {tp.partition for tp in self.c.assignment()}
-
-    def close(self) -> None:
-        self.c.close()
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,6 @@ import time
 import pytest
 import trio
 from confluent_kafka import Consumer as RdConsumer
-from confluent_kafka import KafkaError
 
 from minibroker.client import Consumer
 from minibroker.deploy.testing import start_cluster
@@ -32,6 +31,7 @@ from tests.integration.test_kafka_groups import (
     GROUP_CONFIG,
     HEARTBEAT_MS,
     Poller,
+    Rd,
     create_and_fill,
     describe,
     until,
@@ -51,8 +51,9 @@ def cluster(tmp_path_factory):
     cluster.close()
 
 
-class RdMember:
-    """A confluent-kafka group consumer that records its rebalance callbacks."""
+class RdMember(Rd):
+    """A confluent-kafka group consumer that records its rebalance callbacks (polling,
+    assignment and close as the groups tests' adapter)."""
 
     def __init__(self, cluster, group: str, topic: str, instance: str | None = None) -> None:
         config = {
@@ -76,24 +77,6 @@ class RdMember:
 
     def _on_revoke(self, consumer, partitions) -> None:
         self.revokes += 1
-
-    def poll(self) -> list[tuple[int, int]]:
-        message = self.c.poll(0.2)
-        if message is None:
-            return []
-        error = message.error()
-        if error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-            # A topic just created may not be in every broker's metadata yet: librdkafka
-            # reports it and retries on its own (not fatal), so poll again.
-            return []
-        assert error is None, error
-        return [(message.partition(), message.offset())]
-
-    def assigned(self) -> set[int]:
-        return {tp.partition for tp in self.c.assignment()}
-
-    def close(self) -> None:
-        self.c.close()
 
 
 class Listener:
