@@ -35,6 +35,15 @@ def mb(*args: str, timeout: float = 60, cwd=None, env=None) -> subprocess.Comple
     )
 
 
+def cluster_ports(brokers: int = 3) -> tuple[int, list[str]]:
+    """The base port and ``cluster up``'s port arguments, the Kafka listeners' ports
+    included and checked free in this worker's share: left alone, ``cluster up`` puts
+    them at --base-port + 100, which nothing checked (CI: one was taken by another
+    worker's broker between rounds)."""
+    base = free_port_range(2 * brokers)
+    return base, ["--base-port", str(base), "--kafka-base-port", str(base + brokers)]
+
+
 def status(data_dir) -> dict:
     run = mb("cluster", "status", "--data-dir", str(data_dir), "--json")
     assert run.returncode == 0, run.stderr
@@ -43,8 +52,8 @@ def status(data_dir) -> dict:
 
 def test_up_status_pause_resume_kill_restart_down(tmp_path):
     data_dir = tmp_path / "c"
-    base = free_port_range(3)
-    up = mb("cluster", "up", "--data-dir", str(data_dir), "--base-port", str(base), "--detach")
+    base, ports = cluster_ports(3)
+    up = mb("cluster", "up", "--data-dir", str(data_dir), *ports, "--detach")
     try:
         assert up.returncode == 0, up.stderr
         assert f"bootstrap 127.0.0.1:{base}," in up.stdout
@@ -77,7 +86,7 @@ def test_up_status_pause_resume_kill_restart_down(tmp_path):
         wait_until(full_isr_again, 30, "broker 1 to rejoin every ISR")
 
         # A second cluster on overlapping ports is refused before anything starts.
-        clash = mb("cluster", "up", "--data-dir", str(tmp_path / "d"), "--base-port", str(base))
+        clash = mb("cluster", "up", "--data-dir", str(tmp_path / "d"), *ports)
         assert clash.returncode != 0
         assert clash.stderr.count("\n") == 1 and f"port {base} " in clash.stderr
         assert "in use" in clash.stderr and "Traceback" not in clash.stderr
@@ -143,8 +152,8 @@ def test_a_cluster_json_listing_another_clusters_broker_never_signals_it(tmp_pat
 
 def test_with_broker_0_dead_clients_use_the_others_and_commands_name_the_dead_one(tmp_path):
     data_dir = tmp_path / "c"
-    base = free_port_range(3)
-    up = mb("cluster", "up", "--data-dir", str(data_dir), "--base-port", str(base), "--detach")
+    base, ports = cluster_ports(3)
+    up = mb("cluster", "up", "--data-dir", str(data_dir), *ports, "--detach")
     try:
         assert up.returncode == 0, up.stderr
         assert mb("cluster", "kill", "0", "--data-dir", str(data_dir)).returncode == 0
@@ -160,7 +169,7 @@ def test_with_broker_0_dead_clients_use_the_others_and_commands_name_the_dead_on
         assert stats.returncode == 0, stats.stderr
         assert stats.stdout.startswith("broker 1 ")
 
-        again = mb("cluster", "up", "--data-dir", str(data_dir), "--base-port", str(base))
+        again = mb("cluster", "up", "--data-dir", str(data_dir), *ports)
         assert again.returncode != 0 and again.stderr.count("\n") == 1
         assert "broker 0 is dead" in again.stderr
         assert "minibroker cluster restart 0" in again.stderr
@@ -205,10 +214,10 @@ def test_down_stops_the_controller_last_so_no_controlled_shutdown_fails(tmp_path
     """All brokers SIGTERMed at once (or the controller first) left the others telling a
     dead controller they were leaving: controlled_shutdown_failed in 8 of ~10 downs."""
     data_dir = tmp_path / "c"
-    base = free_port_range(3)
+    _, ports = cluster_ports(3)
     controllers = []
     for round_ in range(3):  # the controller is whoever wins the election: vary it
-        up = mb("cluster", "up", "--data-dir", str(data_dir), "--base-port", str(base), "--detach")
+        up = mb("cluster", "up", "--data-dir", str(data_dir), *ports, "--detach")
         try:
             assert up.returncode == 0, up.stderr
             controllers.append(status(data_dir)["quorum"]["active_controller"])
@@ -227,9 +236,9 @@ def test_cluster_up_from_elsewhere_prints_a_data_dir_that_works_there(tmp_path):
     dir as an absolute path; what `cluster up` prints must work from there."""
     repo_data, elsewhere = tmp_path / "repo" / "minibroker-data", tmp_path / "elsewhere"
     elsewhere.mkdir()
-    base = free_port_range(1)
+    _, ports = cluster_ports(1)
     up = mb(
-        "cluster", "up", "--brokers", "1", "--base-port", str(base), "--detach",
+        "cluster", "up", "--brokers", "1", *ports, "--detach",
         "--data-dir", str(repo_data), cwd=elsewhere,
     )  # fmt: skip
     try:
@@ -241,7 +250,7 @@ def test_cluster_up_from_elsewhere_prints_a_data_dir_that_works_there(tmp_path):
         mb("cluster", "down", "--data-dir", str(repo_data))
     # Under the current directory the path stays short and relative.
     up = mb(
-        "cluster", "up", "--brokers", "1", "--base-port", str(base), "--detach",
+        "cluster", "up", "--brokers", "1", *ports, "--detach",
         "--data-dir", str(repo_data), cwd=tmp_path / "repo",
     )  # fmt: skip
     try:

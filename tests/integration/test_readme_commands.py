@@ -29,12 +29,15 @@ def on_ports(text: str, base: int) -> str:
 
 
 def test_the_command_line_tour(tmp_path):
-    base = free_port_range(3)
+    base = free_port_range(6)  # 3 brokers and their Kafka listeners, all checked free
     script = on_ports(readme_block("## The command line"), base)
     assert f"MINIBROKER_BOOTSTRAP=127.0.0.1:{base},127.0.0.1:{base + 1},127.0.0.1:{base + 2}" in (
         script
     )
-    script = script.replace("cluster up --detach", f"cluster up --detach --base-port {base}")
+    script = script.replace(
+        "cluster up --detach",
+        f"cluster up --detach --base-port {base} --kafka-base-port {base + 3}",
+    )
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     try:
         run = subprocess.run(
