@@ -138,10 +138,9 @@ class GroupCoordinator(StaticMembership):
     ) -> dict:
         """KIP-394: a member without an id is given one and must join again with it, so a
         client that retries a lost answer never leaves a ghost member behind."""
-        if group.is_in(DEAD):
-            return join_error("", ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        if not group.supports_protocols(protocol_type, protocols):
-            return join_error("", ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
+        refusal = group.join_refusal(protocol_type, protocols)
+        if refusal is not None:
+            return join_error("", refusal)
         if len(group.members) + len(group.pending_members) >= self.config["group.max.size"]:
             return join_error("", ErrorCode.GROUP_MAX_SIZE_REACHED)
         member_id = f"{client_id}-{uuid.uuid4()}"
@@ -164,10 +163,9 @@ class GroupCoordinator(StaticMembership):
         protocol_type: str,
         protocols: list[tuple[str, bytes]],
     ) -> dict | PendingResponse:
-        if group.is_in(DEAD):
-            return join_error(member_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        if not group.supports_protocols(protocol_type, protocols):
-            return join_error(member_id, ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
+        refusal = group.join_refusal(protocol_type, protocols)
+        if refusal is not None:
+            return join_error(member_id, refusal)
         if member_id in group.pending_members:
             member = MemberMetadata(
                 member_id,

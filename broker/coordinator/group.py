@@ -323,6 +323,17 @@ class GroupMetadata:
 
     # --- protocols ------------------------------------------------------------------------
 
+    def join_refusal(
+        self, protocol_type: str, protocols: list[tuple[str, bytes]]
+    ) -> ErrorCode | None:
+        """Why a JoinGroup cannot join this group at all, whoever sends it (Kafka's
+        doJoinGroup checks these before telling new, known and static members apart)."""
+        if self.is_in(GroupState.DEAD):
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if not self.supports_protocols(protocol_type, protocols):
+            return ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+        return None
+
     def supports_protocols(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
         """A new member must speak the group's protocol type and one of its protocols."""
         if not self.members:

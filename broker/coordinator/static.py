@@ -58,10 +58,9 @@ class StaticMembership:
                 return join_error(member_id, error)
             return self._join_known_member(group, member_id, *args)
         _, _, rebalance_ms, session_ms, protocol_type, protocols = args
-        if group.is_in(DEAD):
-            return join_error("", ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        if not group.supports_protocols(protocol_type, protocols):
-            return join_error("", ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
+        refusal = group.join_refusal(protocol_type, protocols)
+        if refusal is not None:
+            return join_error("", refusal)
         new_id = f"{instance_id}-{uuid.uuid4()}"  # Kafka's generateMemberId for statics
         old_id = group.static_member_id(instance_id)
         if old_id is not None:
