@@ -9,6 +9,7 @@ waits on an Event set by arriving data: no busy loop.
 from __future__ import annotations
 
 import inspect
+import math
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
@@ -217,8 +218,10 @@ class Consumer(ClusterClient):
             if self._group_needs_poll():
                 await self._poll_group(deadline)
                 records = self._drain(limit)
+                # auto.commit.interval.ms=0 is due again at once: let the commit run
+                await trio.lowlevel.checkpoint()
                 continue
-            with trio.move_on_at(deadline):
+            with trio.move_on_at(min(deadline, trio.current_time() + self._time_to_group_poll())):
                 data = self._data  # before any wait: a signal meanwhile must wake this poll
                 await self._resolve_positions()
                 self._start_fetches()
@@ -382,6 +385,8 @@ class Consumer(ClusterClient):
         group = self._group
         if group is None or self._subscription is None:
             return False
+        if self._time_to_group_poll() <= 0:
+            return True
         if group.lost and self._states:
             return True
         if self._join is None:
@@ -389,6 +394,20 @@ class Consumer(ClusterClient):
         # Cooperative: a join in flight needs this poll only once it is done (it wakes the
         # poll); the partitions kept meanwhile are fetched as usual.
         return not group.cooperative or self._join.done.is_set()
+
+    def _time_to_group_poll(self) -> float:
+        """Kafka's timeToNextPoll: how long a poll may wait for records before the group's
+        own work is due: the next auto-commit, and a heartbeat interval after the last
+        group poll. A poll that waits longer than this wakes and runs ``_poll_group``, so a
+        member that has read everything still commits its positions while it waits for more,
+        and one waiting inside poll() is polling (max.poll.interval.ms), as Kafka's."""
+        group = self._group
+        if group is None or self._subscription is None:
+            return math.inf
+        due = group.last_poll + self.config["heartbeat.interval.ms"] / 1000
+        if self.config["enable.auto.commit"]:
+            due = min(due, self._next_auto_commit)
+        return due - time.monotonic()
 
     async def _poll_group(self, deadline: float) -> None:
         """What Kafka's poll does for the group first: rejoin if needed, auto-commit."""

@@ -253,6 +253,47 @@ async def test_a_consumer_that_stops_polling_leaves_its_group(minibroker_cluster
         assert len(desc.members) == 1
 
 
+async def test_a_member_waiting_in_poll_commits_and_stays(minibroker_cluster_factory):
+    """Kafka's poll waits for records only until the group's own work is due (its
+    timeToNextPoll): a member that has read everything and waits in a long poll for more
+    commits its positions at the next auto-commit, and the wait counts as polling, so it
+    outlasts max.poll.interval.ms without leaving the group."""
+    cluster = minibroker_cluster_factory(3, GROUP_CONFIG)
+    bootstrap = cluster.bootstrap
+    await setup_topic(bootstrap, "tw", 2, 5)
+    settings = {**FAST, "auto.commit.interval.ms": 1000, "max.poll.interval.ms": 1000}
+    async with (
+        Consumer(bootstrap, group_id="gw", **settings) as consumer,
+        Admin(bootstrap) as admin,
+    ):
+        consumer.subscribe(["tw"])
+        seen = 0
+        with trio.fail_after(60):
+            while seen < 10:
+                seen += len(await consumer.poll(timeout_ms=100))
+        long_poll_returned = trio.Event()
+
+        async def long_poll() -> None:
+            assert await consumer.poll(timeout_ms=600_000) == []  # nothing more is produced
+            long_poll_returned.set()
+
+        async def committed_all() -> bool:
+            offsets = await admin.list_consumer_group_offsets("gw")
+            return offsets == {TopicPartition("tw", 0): 5, TopicPartition("tw", 1): 5}
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(long_poll)
+            await wait_for(committed_all)
+            # The span under test, not a wait for an event: 2.5x max.poll.interval.ms more
+            # inside that one poll, after which the member must still be in the group.
+            await trio.sleep(2.5)
+            desc = await admin.describe_consumer_group("gw")
+            assert not long_poll_returned.is_set()
+            nursery.cancel_scope.cancel()
+    assert "poll_interval_exceeded" not in [e for e, _ in consumer.group_events]
+    assert desc.state == "Stable" and len(desc.members) == 1
+
+
 async def test_commits_and_joins_survive_the_coordinator_s_death(minibroker_cluster_factory):
     cluster = minibroker_cluster_factory(3, GROUP_CONFIG)
     bootstrap = cluster.bootstrap
