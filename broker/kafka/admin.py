@@ -151,19 +151,30 @@ class AdminApis:
         return not listed.intersection(names)
 
     def elect_leaders(self, header, body, session) -> Any:
-        """The native ElectLeaders has Kafka's shape; v0 carries no top-level error, so a
-        request-wide failure (no controller, a fault) is named on each asked partition."""
+        """The native ElectLeaders has Kafka's shape. A request-wide failure (no controller,
+        a fault, the deadline) is named on each asked partition as well, as Kafka's
+        ElectLeadersRequest.getErrorResponse does (v0 has no top-level error to carry it)."""
+        timeout_ms = max(body["timeout_ms"], 0)
         native = {
             "election_type": body["election_type"],
             "topic_partitions": body["topic_partitions"],
-            "timeout_ms": max(body["timeout_ms"], 0),
+            "timeout_ms": timeout_ms,
         }
-        result = self._native(header, ApiKey.ELECT_LEADERS, native, session)
+        result = within(
+            self._native(header, ApiKey.ELECT_LEADERS, native, session),
+            timeout_ms,
+            self.native.link.tasks,
+            lambda: {
+                "error_code": int(ErrorCode.REQUEST_TIMED_OUT),
+                "error_message": f"the election did not complete within {timeout_ms} ms; "
+                "it may still complete: describe the topic before retrying",
+            },
+        )
 
         def answer(a: dict) -> dict:
             code = a.get("error_code", 0)
             results = a.get("replica_election_results") or []
-            if code and header.api_version == 0:
+            if code and not results:
                 results = [
                     {
                         "topic": t["topic"],

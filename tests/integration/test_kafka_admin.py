@@ -228,6 +228,29 @@ def test_elect_leaders_v0_names_a_request_wide_failure_on_each_partition(cluster
     ]
 
 
+def test_an_election_past_its_timeout_answers_request_timed_out_on_each_partition(cluster):
+    rd_create(cluster, "elect-late")
+    controller = cluster.controller
+    asked = (controller + 1) % 3
+    header = KafkaRequestHeader(KafkaApi.ELECT_LEADERS, 1, 4, "t")
+    body = {
+        "election_type": 0,
+        "topic_partitions": [{"topic": "elect-late", "partitions": [0]}],
+        "timeout_ms": 300,
+    }
+    # The controller answers the forwarded election 5 s late: past the request's deadline.
+    cluster.delay_api(controller, "elect_leaders", 5000)
+    try:
+        answer = ask(cluster, asked, header, body)
+    finally:
+        cluster.clear_faults(controller)
+    assert answer["error_code"] == ErrorCode.REQUEST_TIMED_OUT
+    [topic] = answer["replica_election_results"]
+    assert [(p["partition_id"], p["error_code"]) for p in topic["partition_result"]] == [
+        (0, ErrorCode.REQUEST_TIMED_OUT)
+    ]
+
+
 # --- DescribeCluster -----------------------------------------------------------------------
 
 
