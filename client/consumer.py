@@ -221,13 +221,16 @@ class Consumer(ClusterClient):
                 # auto.commit.interval.ms=0 is due again at once: let the commit run
                 await trio.lowlevel.checkpoint()
                 continue
-            with trio.move_on_at(min(deadline, trio.current_time() + self._time_to_group_poll())):
+            with trio.move_on_at(deadline):
                 data = self._data  # before any wait: a signal meanwhile must wake this poll
                 await self._resolve_positions()
                 self._start_fetches()
                 records = self._drain(limit)
                 if not records:
-                    await data.wait()
+                    # Only the wait for data ends when the group's work is due: a positions
+                    # lookup cut short there would start over every heartbeat interval.
+                    with trio.move_on_after(max(self._time_to_group_poll(), 0.0)):
+                        await data.wait()
                     records = self._drain(limit)
         self._raise_errors()
         self._start_fetches()  # prefetch while the caller works on these
