@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,6 +38,11 @@ from minibroker.deploy.broker_cli import CommandError
 
 # Written last into a build's directory: a build without it was interrupted.
 READY_FILE = "cli-module"
+# Working-tree builds kept, the last used first: one is made for every edit benched. Older
+# ones go once unused for a day: a compare holds no lock while it runs a build, so the age
+# is what keeps a long compare's venv from being removed under it by another's pruning.
+TREE_BUILDS_KEPT = 3
+TREE_BUILD_IDLE_S = 24 * 3600
 # What `bench kafka-clients` imports, as the test extra pins them (pyproject.toml).
 STOCK_CLIENTS = {"confluent_kafka": "confluent-kafka>=2.3", "kafka": "kafka-python>=2.2",
                  "aiokafka": "aiokafka>=0.11"}  # fmt: skip
@@ -101,7 +107,9 @@ def working_tree(repo: Path, cache_dir: Path) -> Build:
     tree = _snapshot(repo)
     dirty = tree != _git(repo, "rev-parse", "HEAD^{tree}")
     label = f"working tree ({head[:7]}{'+changes' if dirty else ''})"
-    return _built(repo, tree, f"tree-{tree}", label, head, cache_dir)
+    build = _built(repo, tree, f"tree-{tree}", label, head, cache_dir)
+    prune_tree_builds(cache_dir, TREE_BUILDS_KEPT, TREE_BUILD_IDLE_S)
+    return build
 
 
 def revision(repo: Path, rev: str, cache_dir: Path) -> Build:
@@ -135,8 +143,32 @@ def _built(repo: Path, source: str, key: str, label: str, commit: str, cache_dir
     with _locked(cache_dir / f"{key}.lock"):
         if not (home / READY_FILE).exists():
             _build(repo, source, home)
+        os.utime(home)  # last used: what prune_tree_builds keeps
     module = (home / READY_FILE).read_text().strip()
     return Build(label, commit, key, str(home / "venv" / "bin" / "python"), module)
+
+
+def prune_tree_builds(cache_dir: Path, keep: int, idle_s: float) -> list[str]:
+    """Remove the working-tree builds past the ``keep`` used last that have been unused for
+    ``idle_s`` (revision builds stay: a baseline is compared against again and again); one
+    being built (its lock held) is left alone. Returns the names removed."""
+    trees = [p for p in cache_dir.glob("tree-*") if p.is_dir()]
+    trees.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    cutoff = time.time() - idle_s
+    removed = []
+    for old in trees[keep:]:
+        if old.stat().st_mtime > cutoff:
+            continue
+        lock = cache_dir / f"{old.name}.lock"
+        with open(lock, "w") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            shutil.rmtree(old, ignore_errors=True)
+            lock.unlink(missing_ok=True)
+        removed.append(old.name)
+    return removed
 
 
 def with_stock_clients(build: Build, cache_dir: Path) -> None:

@@ -1,14 +1,18 @@
 """`bench compare`'s pure parts: the bench chain it is given, the order builds run in,
-figures out of a bench's JSON line, medians and ratios, and where a revision's CLI lives."""
+figures out of a bench's JSON line, medians and ratios, where a revision's CLI lives, and
+which working-tree builds are pruned."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
 
-from minibroker.deploy.bench.builds import cli_module
+from minibroker.deploy.bench.builds import cli_module, prune_tree_builds
 from minibroker.deploy.bench.compare import (
     Step,
     check_arguments,
@@ -22,6 +26,7 @@ from minibroker.deploy.broker_cli import CommandError
 from minibroker.deploy.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
+DAY = 24 * 3600
 
 
 def test_options_after_the_double_dash_belong_to_the_bench_not_to_compare():
@@ -165,3 +170,29 @@ def test_this_revision_runs_minibroker_deploy_cli():
 def test_a_revision_without_the_command_is_refused():
     with pytest.raises(CommandError, match="no 'minibroker' command"):
         cli_module('[project]\nname = "minibroker"\n')
+
+
+def test_working_tree_builds_past_the_last_used_go_once_idle(tmp_path: Path):
+    now = time.time()
+    ages = {"tree-a": 0, "tree-b": 10, "tree-c": 2 * DAY, "tree-d": 3 * DAY, "tree-e": 50}
+    for name, age in {**ages, "0123abcd": 9 * DAY}.items():
+        (tmp_path / name / "venv").mkdir(parents=True)
+        os.utime(tmp_path / name, (now - age, now - age))
+    removed = prune_tree_builds(tmp_path, keep=2, idle_s=DAY)
+    # kept: the two used last (a, b), one past them but used within the day (e), and the
+    # revision build however old; removed: the idle ones past the two
+    assert sorted(removed) == ["tree-c", "tree-d"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [
+        "0123abcd", "tree-a", "tree-b", "tree-e"
+    ]  # fmt: skip
+
+
+def test_a_working_tree_build_being_built_is_not_removed(tmp_path: Path):
+    old = time.time() - 3 * DAY
+    for name in ("tree-new", "tree-busy"):
+        (tmp_path / name).mkdir()
+    os.utime(tmp_path / "tree-busy", (old, old))
+    with open(tmp_path / "tree-busy.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as _built holds it while building
+        assert prune_tree_builds(tmp_path, keep=1, idle_s=DAY) == []
+    assert (tmp_path / "tree-busy").is_dir()
