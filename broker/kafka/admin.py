@@ -86,11 +86,8 @@ class AdminApis:
                 self._native(header, ApiKey.DELETE_TOPICS, native, session),
                 timeout_ms,
                 self.native.link.tasks,
-                lambda: {
-                    "error_code": int(ErrorCode.REQUEST_TIMED_OUT),
-                    "error_message": f"the deletion did not complete within {timeout_ms} ms; "
-                    "it may still complete: list the topics before retrying",
-                },
+                "the deletion",
+                "list the topics",
             )
             result = self._after_removal(result, trio.current_time() + timeout_ms / 1000)
 
@@ -164,11 +161,8 @@ class AdminApis:
             self._native(header, ApiKey.ELECT_LEADERS, native, session),
             timeout_ms,
             self.native.link.tasks,
-            lambda: {
-                "error_code": int(ErrorCode.REQUEST_TIMED_OUT),
-                "error_message": f"the election did not complete within {timeout_ms} ms; "
-                "it may still complete: describe the topic before retrying",
-            },
+            "the election",
+            "describe the topic",
         )
 
         def answer(a: dict) -> dict:

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import trio
 
 from minibroker.broker.common.tasks import BackgroundTasks
 from minibroker.broker.network.pending import PendingResponse
+from minibroker.protocol.errors import ErrorCode
 
 
-def within(
-    result: Any, timeout_ms: int, tasks: BackgroundTasks, timed_out: Callable[[], dict]
-) -> Any:
-    """The native answer if it comes within ``timeout_ms``, else ``timed_out()``: Kafka's
-    request deadline for admin APIs (a controller change still under way may yet commit,
-    as in Kafka, where the deadline ends the wait, not the change)."""
+def within(result: Any, timeout_ms: int, tasks: BackgroundTasks, what: str, check: str) -> Any:
+    """The native answer if it comes within ``timeout_ms``, else REQUEST_TIMED_OUT saying
+    ``what`` did not complete and to ``check`` before retrying: Kafka's request deadline
+    for admin APIs (a controller change still under way may yet commit, as in Kafka,
+    where the deadline ends the wait, not the change)."""
     if not isinstance(result, PendingResponse):
         return result
     out = PendingResponse(result.max_bytes)
@@ -30,7 +29,13 @@ def within(
     async def deadline() -> None:
         with trio.move_on_after(max(timeout_ms, 0) / 1000):
             await out.wait()
-        settle(timed_out())
+        settle(
+            {
+                "error_code": int(ErrorCode.REQUEST_TIMED_OUT),
+                "error_message": f"{what} did not complete within {timeout_ms} ms; "
+                f"it may still complete: {check} before retrying",
+            }
+        )
 
     tasks.start_soon(deadline)
     return out
