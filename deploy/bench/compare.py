@@ -265,7 +265,17 @@ def _bench(
     return figures
 
 
-def run_once(build: Build, steps: Sequence[Step], args: argparse.Namespace) -> dict[str, float]:
+def has_kafka_listener(build: Build, timeout: float) -> bool:
+    """Whether ``build``'s ``cluster up`` starts Kafka listeners (takes --kafka-base-port):
+    builds from before the listener do not know the flag."""
+    with tempfile.TemporaryDirectory(prefix="minibroker-compare-") as tmp:
+        _, out = _cli(build, Path(tmp), ["cluster", "up", "--help"], timeout)
+    return "--kafka-base-port" in out
+
+
+def run_once(
+    build: Build, steps: Sequence[Step], args: argparse.Namespace, kafka_listener: bool
+) -> dict[str, float]:
     """Every step against a fresh cluster of ``build``, stopped afterwards whatever happens."""
     with tempfile.TemporaryDirectory(prefix="minibroker-compare-") as tmp:
         cwd = Path(tmp)
@@ -274,7 +284,9 @@ def run_once(build: Build, steps: Sequence[Step], args: argparse.Namespace) -> d
         up = ["cluster", "up", "--detach", "--data-dir", str(data_dir)]
         up += ["--brokers", str(args.brokers), "--base-port", str(base_port)]
         bootstrap = {False: f"127.0.0.1:{base_port}"}
-        if any(step.argv[0] in KAFKA_BENCHES for step in steps):
+        # Kafka listener ports checked free whether a step uses them or not: left to
+        # `cluster up`, they are base + 100, which nothing checked.
+        if kafka_listener or any(step.argv[0] in KAFKA_BENCHES for step in steps):
             kafka_base = free_port_range(args.brokers)
             up += ["--kafka-base-port", str(kafka_base)]
             bootstrap[True] = ",".join(f"127.0.0.1:{kafka_base + i}" for i in range(args.brokers))
@@ -326,11 +338,14 @@ def run(args: argparse.Namespace) -> int:
     if any(step.argv[0] in KAFKA_BENCHES for step in steps):
         for build in sides.values():
             builds.with_stock_clients(build, cache_dir)
+    kafka_listener = {
+        side: has_kafka_listener(build, args.timeout) for side, build in sides.items()
+    }
     load_start = psutil.getloadavg()
     started = time.monotonic()
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
     for i, side in enumerate(run_order(args.rounds)):
-        figures = run_once(sides[side], steps, args)
+        figures = run_once(sides[side], steps, args, kafka_listener[side])
         runs[side].append(figures)
         progress = {"round": i // 2 + 1, "build": side, "figures": figures}
         print(json.dumps(progress), file=sys.stderr, flush=True)

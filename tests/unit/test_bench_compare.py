@@ -7,16 +7,18 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from minibroker.deploy.bench.builds import cli_module, prune_tree_builds
+from minibroker.deploy.bench.builds import Build, cli_module, prune_tree_builds
 from minibroker.deploy.bench.compare import (
     Step,
     check_arguments,
     flatten_figures,
+    has_kafka_listener,
     last_json_line,
     parse_steps,
     run_order,
@@ -170,6 +172,13 @@ def test_this_revision_runs_minibroker_deploy_cli():
 def test_a_revision_without_the_command_is_refused():
     with pytest.raises(CommandError, match="no 'minibroker' command"):
         cli_module('[project]\nname = "minibroker"\n')
+
+
+def test_this_revision_s_cluster_up_is_given_its_kafka_listener_ports():
+    """Its `cluster up --help` names --kafka-base-port, so compare passes checked-free ports
+    rather than leaving the listeners at base + 100."""
+    build = Build("here", "HEAD", "here", sys.executable, "minibroker.deploy.cli")
+    assert has_kafka_listener(build, timeout=60)
 
 
 def test_working_tree_builds_past_the_last_used_go_once_idle(tmp_path: Path):
