@@ -86,8 +86,15 @@ async def test_a_fourth_member_moves_only_what_balance_needs_and_the_rest_keep_c
     # revoked partition waits for it, and the test can watch the others consume meanwhile.
     release_newcomer = trio.Event()
 
+    # Members leave only once none polls: each leave is a rebalance of its own, which would
+    # hand the leaver's partitions (uncommitted reads and all) to a member still in its last
+    # poll, and the logs would judge that instead of the rebalance under test.
+    polling: set[str] = set()
+    none_polling = trio.Event()
+
     async def member(name: str, hold: trio.Event | None = None) -> None:
         listener = Recorder(name, log, clock, hold)
+        polling.add(name)
         async with Consumer(bootstrap, group_id=group, **COOPERATIVE) as c:
             listener.consumer = c
             c.subscribe([topic], listener)
@@ -95,6 +102,10 @@ async def test_a_fourth_member_moves_only_what_balance_needs_and_the_rest_keep_c
             while not stop.is_set():
                 records = await c.poll(timeout_ms=200)
                 seen.extend((name, r.partition, r.offset) for r in records)
+            polling.discard(name)
+            if not polling:
+                none_polling.set()
+            await none_polling.wait()
 
     async def producer_loop() -> None:
         """A record into every partition every 50 ms: there is always something new."""
