@@ -48,6 +48,14 @@ class AdminApis:
             KafkaApi.DESCRIBE_CLUSTER: self.describe_cluster,
         }
 
+    def _controller_change(
+        self, header, key: ApiKey, native: dict, session, what: str, check: str
+    ) -> Any:
+        """The native API's answer (the controller decides) within the request's own
+        ``timeout_ms``, else REQUEST_TIMED_OUT saying ``what`` may still complete."""
+        result = self._native(header, key, native, session)
+        return within(result, native["timeout_ms"], self.native.link.tasks, what, check)
+
     def delete_topics(self, header, body, session) -> Any:
         """Kafka's ControllerApis.deleteTopics: names (v0-5) or names and ids (v6+) in, one
         result per topic out; duplicates and ids that name nothing are refused per topic, the
@@ -82,12 +90,8 @@ class AdminApis:
         result: Any = {"responses": []}
         if names:
             native = {"topic_names": names, "timeout_ms": timeout_ms}
-            result = within(
-                self._native(header, ApiKey.DELETE_TOPICS, native, session),
-                timeout_ms,
-                self.native.link.tasks,
-                "the deletion",
-                "list the topics",
+            result = self._controller_change(
+                header, ApiKey.DELETE_TOPICS, native, session, "the deletion", "list the topics"
             )
             result = self._after_removal(result, trio.current_time() + timeout_ms / 1000)
 
@@ -157,12 +161,8 @@ class AdminApis:
             "topic_partitions": body["topic_partitions"],
             "timeout_ms": timeout_ms,
         }
-        result = within(
-            self._native(header, ApiKey.ELECT_LEADERS, native, session),
-            timeout_ms,
-            self.native.link.tasks,
-            "the election",
-            "describe the topic",
+        result = self._controller_change(
+            header, ApiKey.ELECT_LEADERS, native, session, "the election", "describe the topic"
         )
 
         def answer(a: dict) -> dict:
