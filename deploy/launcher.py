@@ -31,7 +31,34 @@ class BrokerStartError(RuntimeError):
 # Test and default ports stay below the kernel's ephemeral range (Linux: 32768-60999), which
 # it hands out to outgoing connections: a port picked there can be taken by any client
 # socket between our check and the broker's bind, and "in use" would then be misleading.
-TEST_PORTS = (20000, 32767)
+DEFAULT_TEST_PORTS = (20000, 32767)
+PORT_RANGE_ENV = "MINIBROKER_PORT_RANGE"
+
+
+def parse_port_range(value: str | None = None) -> tuple[int, int]:
+    """The ports tests and the pytest plugin pick from: MINIBROKER_PORT_RANGE=lo-hi, so two
+    suites (or a suite and a CI job) on one machine can be kept apart, or the default."""
+    if value is None:
+        value = os.environ.get(PORT_RANGE_ENV, "")
+    if not value.strip():
+        return DEFAULT_TEST_PORTS
+    low_text, sep, high_text = value.strip().partition("-")
+    try:
+        if not sep:
+            raise ValueError
+        low, high = int(low_text), int(high_text)
+    except ValueError:
+        raise ValueError(
+            f"{PORT_RANGE_ENV}={value!r} is not a port range: write it as lo-hi, e.g. 21000-22999"
+        ) from None
+    if not 1024 <= low < high <= 65535 or high - low < 63:
+        raise ValueError(
+            f"{PORT_RANGE_ENV}={value!r}: need 1024 <= lo < hi <= 65535 and at least 64 ports"
+        )
+    return low, high
+
+
+TEST_PORTS = parse_port_range()
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -59,7 +86,7 @@ def _bind_all(host: str, ports: range) -> bool:
 
 
 def worker_ports() -> tuple[int, int]:
-    """TEST_PORTS, or this pytest-xdist worker's own share of them: a port one worker
+    """TEST_PORTS (MINIBROKER_PORT_RANGE), or this pytest-xdist worker's own share of them: a port one worker
     checked free is never the one another worker's broker binds a moment later."""
     low, high = TEST_PORTS
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...

@@ -12,10 +12,12 @@ import pytest
 
 from minibroker.deploy.broker_cli import describe_start_error
 from minibroker.deploy.launcher import (
+    DEFAULT_TEST_PORTS,
     TEST_PORTS,
     ephemeral_range,
     free_port,
     free_port_range,
+    parse_port_range,
     port_holder,
 )
 from minibroker.protocol import FrameDecoder
@@ -54,6 +56,14 @@ def test_test_ports_come_from_below_the_ephemeral_range():
         assert TEST_PORTS[0] <= free_port() <= TEST_PORTS[1]
         base = free_port_range(3)
         assert TEST_PORTS[0] <= base and base + 2 <= TEST_PORTS[1]
+
+
+def test_port_range_comes_from_the_environment_or_says_what_is_wrong():
+    assert parse_port_range("") == DEFAULT_TEST_PORTS
+    assert parse_port_range(" 21000-22999 ") == (21000, 22999)
+    for bad in ("21000", "a-b", "22999-21000", "80-2000", "21000-21010", "21000-70000"):
+        with pytest.raises(ValueError, match="MINIBROKER_PORT_RANGE"):
+            parse_port_range(bad)
 
 
 def test_port_holder_tells_a_listener_from_an_outgoing_connection():
