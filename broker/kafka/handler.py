@@ -19,7 +19,7 @@ from minibroker.broker.common.topic_config import TOPIC_CONFIGS
 from minibroker.broker.kafka.admin import CLUSTER_ID, AdminApis
 from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
 from minibroker.broker.kafka.fetch_session import FetchSessionCache
-from minibroker.broker.kafka.groups import GroupApis
+from minibroker.broker.kafka.groups import TRANSACTIONS_NOT_SERVED, GroupApis
 from minibroker.broker.metadata.cache import MetadataCache
 from minibroker.broker.network.pending import PendingResponse, then
 from minibroker.broker.network.session import ConnectionSession
@@ -28,10 +28,6 @@ from minibroker.protocol.api import NEWEST_VERSIONS
 from minibroker.protocol.errors import ErrorCode, InvalidRequest
 from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader, api_versions_body
 
-_TRANSACTIONS = (
-    "transactions are not served by minibroker: drop transactional.id (an idempotent "
-    "producer, enable.idempotence=true, is served)"
-)
 _RESOURCE_TOPIC = 2
 
 
@@ -150,7 +146,7 @@ class KafkaRequestHandler(GroupApis, AdminApis):
                 try:
                     if body["transactional_id"] is not None:
                         raise RefusedBatch(
-                            ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _TRANSACTIONS
+                            ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, TRANSACTIONS_NOT_SERVED
                         )
                     records = wrap_produce(p["records"])
                 except RefusedBatch as exc:

@@ -493,3 +493,47 @@ def test_the_fault_api_fails_kafka_produces_too(cluster):
     finally:
         cluster.clear_faults(leader)
     assert outcome and outcome[0].code() == RdKafkaError.NOT_ENOUGH_REPLICAS
+
+
+# --- transactions are not served: a transactional producer is told so at once ------------
+
+
+def test_a_transactional_producer_is_refused_at_once_not_left_retrying(cluster):
+    """FindCoordinator for a transactional id answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    which no client retries: init_transactions() ends with it, well inside its timeout."""
+    from confluent_kafka import KafkaException
+
+    producer = RdProducer(
+        {"bootstrap.servers": cluster.kafka_bootstrap, "transactional.id": "eos-app"}
+    )
+    started = time.monotonic()
+    with pytest.raises(KafkaException) as raised:
+        producer.init_transactions(60)
+    assert time.monotonic() - started < 30
+    error = raised.value.args[0]
+    assert error.code() == RdKafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, error
+
+    from kafka import KafkaProducer
+    from kafka.errors import TransactionalIdAuthorizationFailedError
+
+    with pytest.raises(TransactionalIdAuthorizationFailedError):
+        KafkaProducer(
+            bootstrap_servers=cluster.kafka_bootstrap,
+            transactional_id="eos-app-2",
+            enable_idempotence=True,
+        ).init_transactions()
+
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import TransactionalIdAuthorizationFailed
+
+    async def start_aiokafka() -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=cluster.kafka_bootstrap, transactional_id="eos-app-3"
+        )
+        try:
+            await asyncio.wait_for(producer.start(), 30)
+        finally:
+            await producer.stop()
+
+    with pytest.raises(TransactionalIdAuthorizationFailed):
+        asyncio.run(start_aiokafka())
