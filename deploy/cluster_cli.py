@@ -274,16 +274,18 @@ _NOT_RUNNING = ("stopped", "dead")
 def supervise(state: ClusterState) -> int:
     """Foreground: report brokers that stop or die; Ctrl-C (or SIGTERM) stops them all
     cleanly, and the exit code says which (130, 143) unless one would not stop (2)."""
-    print("supervising; Ctrl-C stops the cluster", flush=True)
     interrupted_by = [signal.SIGINT]
 
     def on_sigterm(*_: object) -> None:
         interrupted_by[0] = signal.SIGTERM
         raise KeyboardInterrupt
 
+    # Before the line that says we supervise: a SIGTERM sent on reading it must stop
+    # the brokers, not end this process by default and leave them running.
     signal.signal(signal.SIGTERM, on_sigterm)
     reported: set[int] = set()
     try:
+        print("supervising; Ctrl-C stops the cluster", flush=True)
         while True:
             time.sleep(0.5)
             fresh = ClusterState.load(state.data_dir)  # other shells may restart brokers

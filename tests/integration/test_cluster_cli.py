@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -212,6 +213,32 @@ def test_a_taken_kafka_listener_port_is_named_and_nothing_is_left_behind(tmp_pat
     assert "--kafka-base-port" in up.stderr and "--listen" not in up.stderr
     assert f"port {base}" not in up.stderr and f"port {base + 1}" not in up.stderr
     assert not data_dir.exists()
+
+
+def test_a_foreground_cluster_stopped_by_sigterm_reports_each_broker_and_exits_143(tmp_path):
+    data_dir = tmp_path / "c"
+    _, ports = cluster_ports(1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minibroker.deploy.cli", "cluster", "up", "--brokers", "1",
+         "--data-dir", str(data_dir), *ports],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with_root(),
+    )  # fmt: skip
+    try:
+        lines = []
+        while not lines or not lines[-1].startswith("supervising"):
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            lines.append(line)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if proc.returncode != 143:  # it did not stop them: do it here
+            mb("cluster", "down", "--data-dir", str(data_dir))
+    assert proc.returncode == 143, out + err
+    assert "broker 0: stopped cleanly" in out.splitlines() and "stopped (data kept)" in out
 
 
 def test_control_of_a_missing_cluster_or_broker_is_one_line(tmp_path):
