@@ -63,6 +63,9 @@ class ClusterState:
     started: dict[int, float] = field(default_factory=dict)
     # Broker i's Kafka listener (kafka.listener) is on kafka_base_port + i; 0: none.
     kafka_base_port: int = 0
+    # The brokers this object launched (not saved): one launched a moment ago holds no
+    # lock yet, so nothing proves it ours but having launched it (see ``stop_together``).
+    launched: dict[int, BrokerProcess] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def root(self) -> Path:
@@ -263,6 +266,7 @@ class ClusterState:
         self.check_ports([broker_id])
         bp = self.broker_process(broker_id)
         bp.start()
+        self.launched[broker_id] = bp
         self.pids[broker_id] = bp.pid
         try:
             self.started[broker_id] = bp.process.create_time()
@@ -335,6 +339,11 @@ class ClusterState:
         shutdown), ``exited`` (after SIGTERM, but not cleanly: see its broker.log),
         ``killed`` (SIGKILLed after the timeout), ``running`` (still there, even after
         SIGKILL), or ``not running`` (it was not, so nothing was sent)."""
+        for i in broker_ids:
+            # Launched here a moment ago (cluster up interrupted, say): wait until it holds
+            # its data dir, or has exited, so that it is stopped rather than missed.
+            if i in self.launched and self.process(i) is None:
+                self.launched[i].wait_locked(timeout)
         procs = {i: proc for i in broker_ids if (proc := self.process(i)) is not None}
         outcomes = {i: "not running" for i in broker_ids if i not in procs}
         for proc in procs.values():

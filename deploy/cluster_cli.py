@@ -109,6 +109,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     # The warm parent boots (imports the broker) while we check the settings and the
     # data dir; counted in the cold start, which runs from here.
     t0 = time.monotonic()
+    # From here a SIGTERM is an interrupt like Ctrl-C: brokers started are stopped, not
+    # left running by this process ending at once (the exit code says which: 130, 143).
+    interrupted_by = interrupt_on_sigterm()
     fork_server()
 
     try:
@@ -162,7 +165,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         state.stop_all()
         _restore(state.path, previous)
         if isinstance(exc, KeyboardInterrupt):
-            raise
+            return 128 + interrupted_by[0]
         return _fail(exc)
     cold_ms = (time.monotonic() - t0) * 1000
     noun = "broker" if state.brokers == 1 else "brokers"
@@ -194,7 +197,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     if args.detach:
         return 0
-    return supervise(state)
+    return supervise(state, interrupted_by)
 
 
 def _read(path: Path) -> bytes | None:
@@ -271,18 +274,22 @@ def dead_brokers_hint(state: ClusterState) -> str:
 _NOT_RUNNING = ("stopped", "dead")
 
 
-def supervise(state: ClusterState) -> int:
-    """Foreground: report brokers that stop or die; Ctrl-C (or SIGTERM) stops them all
-    cleanly, and the exit code says which (130, 143) unless one would not stop (2)."""
-    interrupted_by = [signal.SIGINT]
+def interrupt_on_sigterm() -> list[signal.Signals]:
+    """Make SIGTERM raise KeyboardInterrupt as SIGINT does; the returned list's one item
+    says which of the two came (SIGINT until a SIGTERM does)."""
+    came = [signal.SIGINT]
 
     def on_sigterm(*_: object) -> None:
-        interrupted_by[0] = signal.SIGTERM
+        came[0] = signal.SIGTERM
         raise KeyboardInterrupt
 
-    # Before the line that says we supervise: a SIGTERM sent on reading it must stop
-    # the brokers, not end this process by default and leave them running.
     signal.signal(signal.SIGTERM, on_sigterm)
+    return came
+
+
+def supervise(state: ClusterState, interrupted_by: list[signal.Signals]) -> int:
+    """Foreground: report brokers that stop or die; Ctrl-C (or SIGTERM) stops them all
+    cleanly, and the exit code says which (130, 143) unless one would not stop (2)."""
     reported: set[int] = set()
     try:
         print("supervising; Ctrl-C stops the cluster", flush=True)

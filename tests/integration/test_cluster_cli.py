@@ -241,6 +241,32 @@ def test_a_foreground_cluster_stopped_by_sigterm_reports_each_broker_and_exits_1
     assert "broker 0: stopped cleanly" in out.splitlines() and "stopped (data kept)" in out
 
 
+def test_a_sigterm_while_cluster_up_starts_the_brokers_leaves_none_running(tmp_path):
+    """Sent once cluster.json names started brokers: before or after the first write,
+    `cluster up` stops them and exits 143 (it used to end at once, leaving them)."""
+    from minibroker.deploy.cluster import data_dir_holders
+
+    data_dir = tmp_path / "c"
+    _, ports = cluster_ports(1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minibroker.deploy.cli", "cluster", "up", "--brokers", "1",
+         "--data-dir", str(data_dir), *ports],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with_root(),
+    )  # fmt: skip
+    try:
+        wait_until((data_dir / "cluster.json").exists, 60, "the brokers to start", poll=0.005)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if proc.returncode != 143:
+            mb("cluster", "down", "--data-dir", str(data_dir))
+    assert proc.returncode == 143, out + err
+    assert data_dir_holders(data_dir) == {} and "Traceback" not in err
+
+
 def test_control_of_a_missing_cluster_or_broker_is_one_line(tmp_path):
     missing = mb("cluster", "pause", "0", "--data-dir", str(tmp_path / "none"))
     assert missing.returncode != 0 and missing.stderr.startswith("error: no cluster in ")
