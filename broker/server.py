@@ -54,9 +54,18 @@ from minibroker.broker.replication.housekeeping import run_housekeeping
 from minibroker.broker.replication.metadata_publisher import MetadataPublisher
 from minibroker.broker.replication.partition import Partition
 from minibroker.broker.replication.replica_manager import ReplicaManager
-from minibroker.broker.storage.dir_lock import lock_data_dir
+from minibroker.broker.storage.dir_lock import lock_data_dir, mark_clean_shutdown
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import KafkaError
+
+
+class ListenerBindError(OSError):
+    """A listener other than the broker's own port could not bind: which setting names it
+    (the start error must not blame --listen for a port it does not give)."""
+
+    def __init__(self, setting: str, host: str, port: int, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror)
+        self.setting, self.host, self.port = setting, host, port
 
 
 def _to_loop(token: trio.lowlevel.TrioToken, purgatory: Purgatory) -> Callable[[list], None]:
@@ -456,9 +465,11 @@ class Broker:
             coded = []
             if self.kafka_address:
                 host, port = self.kafka_address
-                coded = [
-                    (k, self.kafka_codec) for k in await trio.open_tcp_listeners(port, host=host)
-                ]
+                try:
+                    opened = await trio.open_tcp_listeners(port, host=host)
+                except OSError as exc:
+                    raise ListenerBindError("kafka.listener", host, port, exc) from exc
+                coded = [(k, self.kafka_codec) for k in opened]
             metrics_server = self._serve_metrics()
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.tasks.run)
@@ -542,5 +553,6 @@ def run_broker(
         broker.load_state()
         collect_garbage_rarely()
         trio.run(serve, broker)
+        mark_clean_shutdown(data_dir)  # only a shutdown that got this far was clean
     finally:
         os.close(fd)

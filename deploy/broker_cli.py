@@ -108,10 +108,16 @@ def describe_start_error(exc: OSError, host: str, port: int, data_dir: Path) -> 
             f"storage error in data dir {data_dir}: {reason}; its log "
             f"({data_dir / 'broker.log'} under `cluster up`) may be cut short on the same disk"
         )
+    from minibroker.broker.server import ListenerBindError
+
+    option = "--listen port"
+    if isinstance(exc, ListenerBindError):  # not the broker's own port: name the right one
+        host, port = exc.host, exc.port
+        option = f"{exc.setting} port (--set {exc.setting}=HOST:PORT)"
     if exc.errno == errno.EADDRINUSE:
         return (
             f"port {port} on {host} is in use (another broker or program listens there): "
-            "stop it or choose another --listen port"
+            f"stop it or choose another {option}"
         )
     if exc.errno == errno.EADDRNOTAVAIL:
         return f"cannot listen on {host}:{port}: {host} is not an address of this machine"

@@ -305,7 +305,7 @@ class ChaosRun:
             status = state.status_of(broker)
             if status == "paused":
                 await self._fault("resume", broker)
-            elif status == "dead":
+            elif status in ("stopped", "dead"):
                 await self._fault("restart", broker)
         with trio.move_on_after(timeout_s):
             while True:

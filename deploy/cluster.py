@@ -4,13 +4,15 @@ State (ports, pids, settings) lives in ``DATA_DIR/cluster.json`` so any shell ca
 drive a running cluster. Broker ``i`` listens on ``base_port + i`` and keeps its
 data in ``DATA_DIR/broker-i``.
 
-A pid in ``cluster.json`` is signalled only once it is proven to be *this* cluster's
-broker: the process started when we recorded it (pids are reused), and it holds this
-broker's data dir (its ``.lock`` names the pid and is open in the process), the absolute
-path a copied cluster.json or another cluster's broker with the same layout never
-matches. Brokers forked from the warm parent (deploy/forkserver.py) carry the parent's
-command line, so the data dir is the proof; a broker started as a command of its own
-(an older minibroker) is also recognised by its command line naming the data dir and port.
+A process is signalled only once it is proven to be *this* cluster's broker. The proof
+is the data dir: the kernel's lock table says the process holds the flock on broker i's
+``.lock`` under this cluster's absolute path (broker/storage/dir_lock.py), which a
+copied cluster.json or another cluster's broker with the same layout never matches, and
+a reused pid cannot hold. It does not depend on process start times, which psutil derives
+from the wall clock's idea of the boot time: an NTP step moves them all (issue 35: 8 s,
+and ``cluster down`` took running brokers for someone else's). A broker started as a
+command of its own by an older minibroker is also recognised by its recorded pid and start
+time together with its command line naming the data dir and port.
 """
 
 from __future__ import annotations
@@ -26,14 +28,9 @@ from pathlib import Path
 import psutil
 
 from minibroker.broker.common.atomic_file import write_atomic
+from minibroker.broker.storage.dir_lock import lock_holder, shut_down_cleanly
 from minibroker.deploy.cluster_secret import ensure_cluster_secret
-from minibroker.deploy.launcher import (
-    BrokerProcess,
-    holds_lock,
-    ping,
-    port_holder,
-    port_in_use,
-)
+from minibroker.deploy.launcher import BrokerProcess, ping, port_holder, port_in_use
 
 STATE_FILE = "cluster.json"
 _BROKER_MODULES = frozenset(
@@ -66,6 +63,9 @@ class ClusterState:
     started: dict[int, float] = field(default_factory=dict)
     # Broker i's Kafka listener (kafka.listener) is on kafka_base_port + i; 0: none.
     kafka_base_port: int = 0
+    # The brokers this object launched (not saved): one launched a moment ago holds no
+    # lock yet, so nothing proves it ours but having launched it (see ``stop_together``).
+    launched: dict[int, BrokerProcess] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def root(self) -> Path:
@@ -143,36 +143,48 @@ class ClusterState:
         return BrokerProcess(
             broker_id,
             self.port(broker_id),
-            self.root / f"broker-{broker_id}",
+            self.broker_dir(broker_id),
             config,
             self.host,
         )
 
+    def broker_dir(self, broker_id: int) -> Path:
+        return self.root / f"broker-{broker_id}"
+
+    def _alive(self, pid: int | None) -> psutil.Process | None:
+        if not pid:
+            return None
+        try:
+            proc = psutil.Process(pid)
+            return None if proc.status() == psutil.STATUS_ZOMBIE else proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+
     def _launched(self, broker_id: int) -> psutil.Process | None:
         """The live process with the pid and start time recorded at launch (not yet
         proven to be the broker: see ``process``)."""
-        pid = self.pids.get(broker_id)
         started = self.started.get(broker_id)
-        if pid is None or started is None:
+        proc = self._alive(self.pids.get(broker_id))
+        if proc is None or started is None:
             return None  # no start time recorded (an older cluster.json): never signal it
         try:
-            proc = psutil.Process(pid)
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return None
             create_time = proc.create_time()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except psutil.Error:
             return None
-        if abs(create_time - started) > 0.05:
-            return None
-        return proc
+        return proc if abs(create_time - started) <= 0.05 else None
 
     def process(self, broker_id: int) -> psutil.Process | None:
-        """The live OS process of a broker, proven to be this cluster's broker (see above)."""
+        """The live OS process of a broker, proven to be this cluster's broker (see above).
+
+        The holder of its data dir's lock, whichever pid cluster.json lists for it: a
+        recorded pid is a hint, the lock is the proof (a cluster.json that lost its pids,
+        as issue 35's did, still finds its running brokers)."""
+        proc = self._alive(lock_holder(self.broker_dir(broker_id)))
+        if proc is not None:
+            return proc
         proc = self._launched(broker_id)
         if proc is None:
             return None
-        if holds_lock(proc, self.root / f"broker-{broker_id}" / ".lock"):
-            return proc
         try:
             cmdline = proc.cmdline()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -190,18 +202,37 @@ class ClusterState:
             # deploy.cli, and the names before the one root package: brokers started by an
             # older minibroker, still ours to stop.
             not _BROKER_MODULES.isdisjoint(cmdline)
-            and option("--data-dir") == str(self.root / f"broker-{broker_id}")
+            and option("--data-dir") == str(self.broker_dir(broker_id))
             and option("--listen") == f"{self.host}:{self.port(broker_id)}"
         )
 
     def status_of(self, broker_id: int) -> str:
+        """``alive``, ``paused``; or not running: ``stopped`` (its last shutdown was clean)
+        or ``dead`` (killed, crashed, or never started)."""
         proc = self.process(broker_id)
-        if proc is None:
-            return "dead"
         try:
-            return "paused" if proc.status() == psutil.STATUS_STOPPED else "alive"
+            if proc is not None:
+                return "paused" if proc.status() == psutil.STATUS_STOPPED else "alive"
         except psutil.NoSuchProcess:
-            return "dead"
+            pass
+        return "stopped" if shut_down_cleanly(self.broker_dir(broker_id)) else "dead"
+
+    def running(self, broker_id: int) -> bool:
+        return self.status_of(broker_id) in ("alive", "paused")
+
+    def remember_running(self) -> None:
+        """Record the pid (and start time, as read now) of every running broker and forget
+        the others': what cluster.json must say after brokers were stopped. A running
+        broker's pid is never dropped, whatever happened to the clock."""
+        for i in range(self.brokers):
+            proc = self.process(i)
+            if proc is None:
+                self.pids.pop(i, None)
+                self.started.pop(i, None)
+                continue
+            self.pids[i] = proc.pid
+            with contextlib.suppress(psutil.Error):
+                self.started[i] = proc.create_time()
 
     def check_id(self, broker_id: int) -> None:
         if not 0 <= broker_id < self.brokers:
@@ -209,20 +240,33 @@ class ClusterState:
                 f"no broker {broker_id}: this cluster has brokers 0..{self.brokers - 1}"
             )
 
+    def check_ports(self, broker_ids: list[int]) -> None:
+        """Raise if a port these brokers listen on is taken, naming the port and the
+        option that chose it. Checked up front, before anything is written: a broker that
+        cannot bind exits with a log nobody reads, and the readiness ping would be
+        answered by whoever holds its port (another cluster)."""
+        for i in broker_ids:
+            if port_in_use(self.host, self.port(i)):
+                raise ClusterError(
+                    f"port {self.port(i)} for broker {i} is in use: "
+                    f"{port_holder(self.port(i))}; stop it or choose another --base-port"
+                )
+            kafka_port = self.kafka_base_port + i
+            if self.kafka_base_port and port_in_use(self.host, kafka_port):
+                raise ClusterError(
+                    f"Kafka listener port {kafka_port} for broker {i} is in use: "
+                    f"{port_holder(kafka_port)}; stop it or choose another --kafka-base-port "
+                    "(0: no Kafka listeners)"
+                )
+
     def start(self, broker_id: int) -> BrokerProcess:
-        if self.process(broker_id) is not None:
-            raise ClusterError(
-                f"broker {broker_id} is already running (pid {self.pids[broker_id]})"
-            )
-        if port_in_use(self.host, self.port(broker_id)):
-            # Checked up front: the readiness ping would otherwise be answered by whoever
-            # holds the port (another cluster), while our broker fails to bind and exits.
-            raise ClusterError(
-                f"port {self.port(broker_id)} for broker {broker_id} is in use: "
-                f"{port_holder(self.port(broker_id))}; stop it or choose another --base-port"
-            )
+        proc = self.process(broker_id)
+        if proc is not None:
+            raise ClusterError(f"broker {broker_id} is already running (pid {proc.pid})")
+        self.check_ports([broker_id])
         bp = self.broker_process(broker_id)
         bp.start()
+        self.launched[broker_id] = bp
         self.pids[broker_id] = bp.pid
         try:
             self.started[broker_id] = bp.process.create_time()
@@ -232,6 +276,7 @@ class ClusterState:
 
     def start_all(self) -> None:
         """Start every broker, record their pids, and wait until each answers."""
+        self.check_ports(list(range(self.brokers)))
         for i in range(self.brokers):
             self.start(i)
         self.save()
@@ -246,8 +291,9 @@ class ClusterState:
         self.save()
         self.wait_ready([broker_id])
 
-    def stop_all(self, controller: int | None = None) -> None:
+    def stop_all(self, controller: int | None = None) -> dict[int, str]:
         """Stop every broker cleanly; with the active ``controller`` known, it goes last.
+        Each broker's outcome (see ``stop_together``).
 
         A broker's controlled shutdown tells the controller it is leaving (so its
         partitions move at once); were the controller stopped first, the others would
@@ -259,12 +305,14 @@ class ClusterState:
         for i in range(self.brokers):
             if self.status_of(i) == "paused":
                 self.signal(i, signal.SIGCONT)
+        outcomes: dict[int, str] = {}
         if controller is None:
             for i in range(self.brokers):
-                self.stop_together([i])
-            return
-        self.stop_together([i for i in range(self.brokers) if i != controller])
-        self.stop_together([controller])
+                outcomes.update(self.stop_together([i]))
+        else:
+            outcomes.update(self.stop_together([i for i in range(self.brokers) if i != controller]))
+            outcomes.update(self.stop_together([controller]))
+        return dict(sorted(outcomes.items()))
 
     def signal(self, broker_id: int, sig: signal.Signals) -> None:
         self.check_id(broker_id)
@@ -276,40 +324,42 @@ class ClusterState:
         proc.send_signal(sig)
 
     def kill(self, broker_id: int) -> None:
+        self.check_id(broker_id)
+        proc = self.process(broker_id)
         self.signal(broker_id, signal.SIGKILL)
-        self._wait_gone(broker_id, 10)
+        if not _wait_exit(proc, 10):
+            raise ClusterError(f"broker {broker_id} (pid {proc.pid}) survived SIGKILL for 10 s")
 
-    def stop(self, broker_id: int, timeout: float = 15) -> None:
-        self.stop_together([broker_id], timeout)
+    def stop(self, broker_id: int, timeout: float = 15) -> str:
+        return self.stop_together([broker_id], timeout)[broker_id]
 
-    def stop_together(self, broker_ids: list[int], timeout: float = 15) -> None:
-        """SIGTERM these brokers at once and wait until each is gone; SIGKILL the ones
-        that are not after ``timeout``."""
+    def stop_together(self, broker_ids: list[int], timeout: float = 15) -> dict[int, str]:
+        """SIGTERM these brokers at once and wait until each process has exited; SIGKILL
+        the ones that have not after ``timeout``. Each one's outcome: ``stopped`` (a clean
+        shutdown), ``exited`` (after SIGTERM, but not cleanly: see its broker.log),
+        ``killed`` (SIGKILLed after the timeout), ``running`` (still there, even after
+        SIGKILL), or ``not running`` (it was not, so nothing was sent)."""
+        for i in broker_ids:
+            # Launched here a moment ago (cluster up interrupted, say): wait until it holds
+            # its data dir, or has exited, so that it is stopped rather than missed.
+            if i in self.launched and self.process(i) is None:
+                self.launched[i].wait_locked(timeout)
         procs = {i: proc for i in broker_ids if (proc := self.process(i)) is not None}
+        outcomes = {i: "not running" for i in broker_ids if i not in procs}
         for proc in procs.values():
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.send_signal(signal.SIGCONT)
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for i, proc in procs.items():
-            if not self._wait_gone(i, deadline - time.monotonic()):
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    proc.send_signal(signal.SIGKILL)
-                self._wait_gone(i, 10)
-
-    def _wait_gone(self, broker_id: int, timeout: float) -> bool:
-        pid = self.pids.get(broker_id)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                # Reap it if it is our child; otherwise just watch it disappear.
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            if self.process(broker_id) is None:
-                return True
-            time.sleep(0.01)
-        return False
+            if _wait_exit(proc, deadline - time.monotonic()):
+                clean = shut_down_cleanly(self.broker_dir(i))
+                outcomes[i] = "stopped" if clean else "exited"
+                continue
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGKILL)
+            outcomes[i] = "killed" if _wait_exit(proc, 10) else "running"
+        return outcomes
 
     def wait_ready(self, broker_ids: list[int], timeout: float = 20) -> None:
         deadline = time.monotonic() + timeout
@@ -320,10 +370,46 @@ class ClusterState:
                     f"brokers {pending} did not answer within {timeout}s; see their broker.log"
                 )
             for bid in list(pending):
-                if self._launched(bid) is None:
+                # The pid just launched, by pid alone: its start time read back now may
+                # differ from the one recorded if the clock moved meanwhile.
+                if bid not in self.started or self._alive(self.pids.get(bid)) is None:
                     log = self.broker_process(bid).tail_log()
                     raise ClusterError(f"broker {bid} exited during start: {log}")
                 if ping(self.host, self.port(bid), timeout=0.2):
                     pending.remove(bid)
             if pending:
                 time.sleep(0.005)
+
+
+def _wait_exit(proc: psutil.Process, timeout: float) -> bool:
+    """Wait until the process has exited (gone, or a zombie); False if not by ``timeout``.
+
+    Watched by pid, not by the proof of ownership: a broker releases its data dir a
+    little before its process ends, and "stopped" must mean the process is gone."""
+    deadline = time.monotonic() + max(timeout, 0)
+    while True:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(proc.pid, os.WNOHANG)  # reap it if it is our child
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
+def data_dir_holders(data_dir: Path) -> dict[Path, int]:
+    """Every directory in ``data_dir`` (itself, or one level down: broker-N) whose lock a
+    process holds now, with its pid (0: one we cannot name). What must stop before
+    anything there is deleted or started again."""
+    root = Path(data_dir)
+    if not root.is_dir():
+        return {}
+    found = {}
+    for d in [root, *sorted(p for p in root.iterdir() if p.is_dir())]:
+        pid = lock_holder(d)
+        if pid is not None:
+            found[d] = pid
+    return found

@@ -18,6 +18,7 @@ from minibroker.deploy.cluster import (
     LOCAL_CLUSTER_CONFIG,
     ClusterError,
     ClusterState,
+    data_dir_holders,
 )
 from minibroker.deploy.cluster_ops import (
     active_controller,
@@ -108,6 +109,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     # The warm parent boots (imports the broker) while we check the settings and the
     # data dir; counted in the cold start, which runs from here.
     t0 = time.monotonic()
+    # From here a SIGTERM is an interrupt like Ctrl-C: brokers started are stopped, not
+    # left running by this process ending at once (the exit code says which: 130, 143).
+    interrupted_by = interrupt_on_sigterm()
     fork_server()
 
     try:
@@ -129,8 +133,11 @@ def cmd_up(args: argparse.Namespace) -> int:
                 f"'minibroker cluster down --data-dir {typed(data_dir)}' to stop it"
             )
         )
-    if args.fresh and data_dir.exists():
-        shutil.rmtree(data_dir)
+    holders = data_dir_holders(data_dir)
+    if holders:
+        # Whoever they are (this cluster.json may not list them): --fresh would delete the
+        # data under running brokers, and a broker started there would not get its lock.
+        return _fail(ClusterError(in_use_message(data_dir, holders, args.fresh)))
     kafka_base = args.kafka_base_port
     if kafka_base is None:
         kafka_base = args.base_port + KAFKA_PORT_OFFSET
@@ -141,12 +148,24 @@ def cmd_up(args: argparse.Namespace) -> int:
         {**LOCAL_CLUSTER_CONFIG, **sets},
         kafka_base_port=kafka_base,
     )
+    try:
+        state.check_ports(list(range(state.brokers)))  # before --fresh deletes anything
+    except ClusterError as exc:
+        return _fail(exc)
+    if args.fresh and data_dir.exists():
+        shutil.rmtree(data_dir)
+    previous = _read(state.path)
     t0 = time.monotonic()
     try:
         state.start_all()
         first_acks_all_write(state)
-    except (ClusterError, OSError) as exc:
+    except (ClusterError, OSError, KeyboardInterrupt) as exc:
+        # Nothing left behind that says a cluster is here: its brokers are stopped and
+        # cluster.json is what it was (the brokers' logs stay, for the reason).
         state.stop_all()
+        _restore(state.path, previous)
+        if isinstance(exc, KeyboardInterrupt):
+            return 128 + interrupted_by[0]
         return _fail(exc)
     cold_ms = (time.monotonic() - t0) * 1000
     noun = "broker" if state.brokers == 1 else "brokers"
@@ -155,6 +174,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     if state.kafka_bootstrap:
         print(f"Kafka clients: bootstrap.servers={state.kafka_bootstrap}")
+    print(auto_create_line(state.config))
     # The figure depends on the machine's load far more than on minibroker: show both.
     print(
         f"cold start (start to first acks=all write acknowledged): {cold_ms:.0f} ms "
@@ -177,7 +197,52 @@ def cmd_up(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     if args.detach:
         return 0
-    return supervise(state)
+    return supervise(state, interrupted_by)
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _restore(path: Path, body: bytes | None) -> None:
+    if body is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_bytes(body)
+
+
+def in_use_message(data_dir: Path, holders: dict[Path, int], fresh: bool) -> str:
+    """``data dir X is in use: its lock is held by pid 12 (broker-0), ...``: one line."""
+    names = ", ".join(
+        f"{f'pid {pid}' if pid else 'a process'} ({d.name if d != data_dir else typed(d)})"
+        for d, pid in holders.items()
+    )
+    what = (
+        "--fresh would delete the data under them" if fresh else "a broker started there would fail"
+    )
+    return (
+        f"data dir {typed(data_dir)} is in use: locks held by {names}; {what}; stop them "
+        f"first ('minibroker cluster down --data-dir {typed(data_dir)}' stops this cluster's)"
+    )
+
+
+def auto_create_line(config: dict[str, str]) -> str:
+    """The one setting that changes what a client sees for a topic nobody created: a
+    stream framework may wait silently on it when off, a typo creates a topic when on."""
+    from minibroker.broker.common.config import load_config
+
+    on = load_config(None, config)["auto.create.topics.enable"]
+    if on:
+        return (
+            "topics: auto.create.topics.enable=true (created on first produce or metadata request)"
+        )
+    return (
+        "topics: auto.create.topics.enable=false (Kafka: true): create topics first "
+        "('minibroker topics create'), or --set auto.create.topics.enable=true"
+    )
 
 
 def machine_load() -> str:
@@ -191,43 +256,61 @@ def machine_load() -> str:
 
 def dead_brokers_hint(state: ClusterState) -> str:
     """``, but broker 0 is dead ('minibroker cluster restart 0 ...' brings it back)``, or ''."""
-    dead = [i for i in range(state.brokers) if state.status_of(i) == "dead"]
-    if not dead:
+    down = {i: st for i in range(state.brokers) if (st := state.status_of(i)) in _NOT_RUNNING}
+    if not down:
         return ""
-    if len(dead) == 1:
+    if len(down) == 1:
+        [(i, st)] = down.items()
         return (
-            f", but broker {dead[0]} is dead ('minibroker cluster restart {dead[0]} "
+            f", but broker {i} is {st} ('minibroker cluster restart {i} "
             f"--data-dir {typed(state.data_dir)}' brings it back)"
         )
     return (
-        f", but brokers {', '.join(map(str, dead))} are dead ('minibroker cluster restart N "
-        f"--data-dir {typed(state.data_dir)}' brings broker N back)"
+        f", but brokers {', '.join(f'{i} ({st})' for i, st in down.items())} are not running "
+        f"('minibroker cluster restart N --data-dir {typed(state.data_dir)}' brings broker N back)"
     )
 
 
-def supervise(state: ClusterState) -> int:
-    """Foreground: report brokers that die; Ctrl-C (or SIGTERM) stops them all cleanly."""
-    print("supervising; Ctrl-C stops the cluster", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+_NOT_RUNNING = ("stopped", "dead")
+
+
+def interrupt_on_sigterm() -> list[signal.Signals]:
+    """Make SIGTERM raise KeyboardInterrupt as SIGINT does; the returned list's one item
+    says which of the two came (SIGINT until a SIGTERM does)."""
+    came = [signal.SIGINT]
+
+    def on_sigterm(*_: object) -> None:
+        came[0] = signal.SIGTERM
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return came
+
+
+def supervise(state: ClusterState, interrupted_by: list[signal.Signals]) -> int:
+    """Foreground: report brokers that stop or die; Ctrl-C (or SIGTERM) stops them all
+    cleanly, and the exit code says which (130, 143) unless one would not stop (2)."""
     reported: set[int] = set()
     try:
+        print("supervising; Ctrl-C stops the cluster", flush=True)
         while True:
             time.sleep(0.5)
             fresh = ClusterState.load(state.data_dir)  # other shells may restart brokers
             for i in range(fresh.brokers):
                 status = fresh.status_of(i)
-                if status == "dead" and i not in reported:
+                if status in _NOT_RUNNING and i not in reported:
                     print(
-                        f"broker {i} is not running (restart: minibroker cluster restart {i} "
-                        f"--data-dir {typed(state.data_dir)})",
+                        f"broker {i} is not running ({status}; restart: minibroker cluster "
+                        f"restart {i} --data-dir {typed(state.data_dir)})",
                         flush=True,
                     )
                     reported.add(i)
-                elif status != "dead":
+                elif status not in _NOT_RUNNING:
                     reported.discard(i)
     except KeyboardInterrupt:
         print("stopping brokers...", flush=True)
-        return cmd_down(argparse.Namespace(data_dir=state.data_dir))
+        code = cmd_down(argparse.Namespace(data_dir=state.data_dir))
+        return code or 128 + interrupted_by[0]
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -240,10 +323,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(status))
     else:
         print(render_status(status))
+        running = any(x["state"] not in _NOT_RUNNING for x in status["brokers"])
         for b in status["brokers"]:
-            if b["state"] == "dead" and any(x["state"] != "dead" for x in status["brokers"]):
+            if b["state"] in _NOT_RUNNING and running:
                 print(
-                    f"broker {b['id']} is dead: 'minibroker cluster restart {b['id']} "
+                    f"broker {b['id']} is {b['state']}: 'minibroker cluster restart {b['id']} "
                     f"--data-dir {typed(args.data_dir)}' brings it back"
                 )
     return 0
@@ -268,14 +352,50 @@ def cmd_control(args: argparse.Namespace) -> int:
     return 0
 
 
+# What each outcome of ClusterState.stop_all is called in `cluster down`'s report.
+_DOWN_OUTCOMES = {
+    "stopped": "stopped cleanly",
+    "exited": "exited, but not cleanly: see its broker.log",
+    "killed": "killed: no clean shutdown within 15 s",
+    "running": "STILL RUNNING after SIGKILL",
+}
+
+
 def cmd_down(args: argparse.Namespace) -> int:
+    """Stop every broker, wait for each to exit and say how each went; exit 2 if any is
+    still running (its pid stays in cluster.json, so status and down still find it)."""
     try:
         state = ClusterState.load(args.data_dir)
     except ClusterError as exc:
         return _fail(exc)
-    state.stop_all(active_controller(state))
-    state.pids.clear()
-    state.started.clear()
+    outcomes = state.stop_all(active_controller(state))
+    state.remember_running()
     state.save()
-    print(f"cluster in {args.data_dir} stopped (data kept)")
+    left = []
+    for i, outcome in outcomes.items():
+        if outcome == "not running":
+            text = f"was not running ({state.status_of(i)})"
+        else:
+            text = _DOWN_OUTCOMES[outcome]
+        proc = state.process(i)
+        if proc is not None:
+            left.append(i)
+            if outcome != "running":
+                text += f"; now running again as pid {proc.pid}"
+        print(f"broker {i}: {text}")
+    holders = {
+        d: pid
+        for d, pid in data_dir_holders(state.root).items()
+        if d not in {state.broker_dir(i) for i in left}
+    }
+    if left or holders:
+        named = [f"broker {i} (pid {state.pids[i]})" for i in left]
+        named += [f"pid {pid or '?'} holding {d}" for d, pid in holders.items()]
+        print(
+            f"error: cluster in {typed(args.data_dir)} is not stopped: {', '.join(named)} "
+            "still running",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"cluster in {typed(args.data_dir)} stopped (data kept)")
     return 0

@@ -189,11 +189,12 @@ def gather_status(state: ClusterState) -> dict:
     for i in range(state.brokers):
         rss, cpu = figures.get(i, (None, None))
         s = stats.get(i)
+        proc = state.process(i)  # the live pid, even one cluster.json lost (issue 35)
         brokers.append(
             {
                 "id": i,
                 "port": state.port(i),
-                "pid": state.pids.get(i),
+                "pid": proc.pid if proc is not None else state.pids.get(i),
                 "state": state.status_of(i),
                 "rss_mb": rss,
                 "cpu_percent": cpu,

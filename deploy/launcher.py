@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 
+from minibroker.broker.storage.dir_lock import lock_holder
 from minibroker.deploy.forkserver import spawn
 from minibroker.protocol import ApiKey, FrameDecoder, decode_response_envelope, encode_request
 
@@ -169,14 +170,9 @@ BROKER_MODULE = "minibroker.deploy.broker_cli"
 
 
 def holds_lock(proc: psutil.Process, lock_path: Path) -> bool:
-    """True if ``proc`` is the broker holding this data dir: the lock file names its pid
-    (server.lock_data_dir writes it) and the process has the file open."""
-    try:
-        if lock_path.read_text().strip() != str(proc.pid):
-            return False
-        return any(f.path == str(lock_path) for f in proc.open_files())
-    except (OSError, psutil.Error):
-        return False
+    """True if ``proc`` is the broker holding this data dir: the kernel says its pid holds
+    the flock on ``lock_path`` (``dir_lock.lock_holder``), whatever the clock did."""
+    return lock_holder(lock_path.parent) == proc.pid
 
 
 class BrokerProcess:

@@ -160,7 +160,8 @@ class LocalCluster:
         self.state.restart(broker_id)
 
     def status(self, broker_id: int) -> str:
-        """``alive``, ``paused`` or ``dead``."""
+        """``alive``, ``paused``, or not running: ``stopped`` (cleanly) or ``dead``
+        (killed or crashed)."""
         self.state.check_id(broker_id)
         return self.state.status_of(broker_id)
 
@@ -173,12 +174,13 @@ class LocalCluster:
         minibroker's own), every broker back in sync. What a shared cluster runs between
         tests (``minibroker_shared_cluster``)."""
         statuses = {b: self.state.status_of(b) for b in range(self.brokers)}
+        down = ("stopped", "dead")
         for broker_id, status in statuses.items():
-            if status != "dead":
+            if status not in down:
                 # Paused or not: a SIGSTOP just sent may not show in the status yet.
                 self.state.signal(broker_id, signal.SIGCONT)
         for broker_id, status in statuses.items():
-            if status == "dead":
+            if status in down:
                 self._wait_port_free(broker_id)
                 self.state.restart(broker_id)
         self.impaired.clear()

@@ -22,16 +22,17 @@ class Spawner(Protocol):
 
 
 class NotRunningError(RuntimeError):
-    """A task was started before ``BackgroundTasks.run`` (or after it ended)."""
+    """A task was started before ``BackgroundTasks.run`` (a wiring bug)."""
 
 
 class BackgroundTasks:
     """One nursery for the broker's background tasks, open while ``run`` runs."""
 
-    __slots__ = ("_nursery",)
+    __slots__ = ("_nursery", "_shut_down")
 
     def __init__(self) -> None:
         self._nursery: trio.Nursery | None = None
+        self._shut_down = False
 
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         """Open the nursery and keep it open until cancelled (the broker's shutdown)."""
@@ -39,11 +40,24 @@ class BackgroundTasks:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 task_status.started()
-                await trio.sleep_forever()
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    self._shut_down = True
         finally:
             self._nursery = None
+            self._shut_down = True
 
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Start ``fn`` in the nursery; once the broker's shutdown began, do nothing.
+
+        A collaborator may still start one then: cancellation reaches a task only at its
+        next checkpoint, and the metadata publisher, back from a thread, follows a new
+        leader before it gets there. The nursery is closing (trio: "closed to new
+        arrivals"), the task would be cancelled at once: it is dropped, not raised into
+        the publisher, which crashed the shutdown (issue 35: no clean-shutdown marker)."""
+        if self._shut_down:
+            return
         if self._nursery is None:
             raise NotRunningError(f"cannot start {fn.__qualname__}: the broker is not running")
         self._nursery.start_soon(fn, *args)

@@ -56,6 +56,20 @@ def test_a_busy_port_is_one_line_naming_it(tmp_path):
     assert f"port {port} on 127.0.0.1 is in use" in line
 
 
+def test_a_busy_kafka_listener_port_is_named_with_its_setting_not_listen(tmp_path):
+    """Issue 36: the free native port and --listen were blamed for the Kafka listener's."""
+    native = free_port()
+    with socket.create_server(("127.0.0.1", free_port())) as holder:
+        port = holder.getsockname()[1]
+        result = run_broker(
+            "--listen", f"127.0.0.1:{native}", "--data-dir", str(tmp_path / "b"),
+            "--set", f"kafka.listener=127.0.0.1:{port}",
+        )  # fmt: skip
+    line = the_error_line(result)
+    assert f"port {port} on 127.0.0.1 is in use" in line
+    assert "kafka.listener" in line and "--listen" not in line and str(native) not in line
+
+
 def test_an_unusable_data_dir_is_named_as_the_data_dir_not_the_port(tmp_path):
     # As root a read-only directory is still writable; a path under a regular file fails
     # the same way (an OSError with a file name) on any account.

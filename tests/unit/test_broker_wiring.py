@@ -40,8 +40,44 @@ async def test_background_tasks_run_only_while_open():
         with trio.fail_after(5):
             await ran.wait()
         nursery.cancel_scope.cancel()
-    with pytest.raises(NotRunningError):
-        tasks.start_soon(job)
+    # Once shut down, a late start (a task past the cancel, not yet at a checkpoint) is
+    # dropped: raising it crashed the broker's clean shutdown.
+    late = trio.Event()
+
+    async def late_job() -> None:
+        late.set()
+
+    tasks.start_soon(late_job)
+    await trio.sleep(0)
+    assert not late.is_set()
+
+
+async def test_a_task_started_by_a_collaborator_past_the_shutdown_is_dropped():
+    """The metadata publisher, back from a thread after the shutdown's cancel (no
+    checkpoint yet), started a fetcher on the closed nursery: the broker's clean shutdown
+    ended in a traceback. Now the start is dropped and the shutdown completes."""
+    tasks = BackgroundTasks()
+    tasks_ended, started_late = trio.Event(), []
+
+    async def run_tasks(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await tasks.run(task_status=task_status)
+        finally:
+            tasks_ended.set()
+
+    async def publisher() -> None:
+        with trio.CancelScope(shield=True):  # stands in for the thread it waits on
+            await tasks_ended.wait()
+        tasks.start_soon(trio.sleep, 0)  # what follow() does
+        started_late.append(True)
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run_tasks)
+            nursery.start_soon(publisher)
+            await trio.sleep(0)
+            nursery.cancel_scope.cancel()
+    assert started_late == [True]
 
 
 async def test_a_new_controller_wakes_waiters_and_the_same_one_does_not():
