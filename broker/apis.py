@@ -28,6 +28,7 @@ from minibroker.broker.controller.membership import ControllerLink
 from minibroker.broker.controller.producer_ids import ProducerIdManager
 from minibroker.broker.coordinator import CoordinatorService
 from minibroker.broker.metadata.cache import MetadataCache
+from minibroker.broker.metadata.check import topic_name_error
 from minibroker.broker.network.cluster_auth import Authenticator
 from minibroker.broker.network.deferral import RequestDeferral
 from minibroker.broker.network.faults import FaultError, FaultInjector
@@ -312,8 +313,14 @@ class RequestHandler:
     def metadata(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         md = self.cache.metadata
         wanted = body["topics"]
-        if wanted and self.config["auto.create.topics.enable"]:
-            missing = [n for n in wanted if n not in md.topics]
+        # Kafka's getTopicMetadata: auto-creation only when the broker allows it and the
+        # request does too (AllowAutoTopicCreation: a consumer's metadata says no).
+        if (
+            wanted
+            and self.config["auto.create.topics.enable"]
+            and body.get("allow_auto_topic_creation", True)
+        ):
+            missing = [n for n in wanted if n not in md.topics and topic_name_error(n) is None]
             if missing:
                 self._auto_create(missing)
                 md = self.cache.metadata
@@ -321,6 +328,18 @@ class RequestHandler:
         topics = []
         for name in names:
             topic = md.topics.get(name)
+            illegal = topic_name_error(name) if topic is None else None
+            if illegal is not None:
+                # A name that can never exist (Kafka's Topic.validate): not retriable.
+                topics.append(
+                    {
+                        "name": name,
+                        "error_code": int(ErrorCode.INVALID_TOPIC_EXCEPTION),
+                        "partitions": [],
+                        "error_message": illegal,
+                    }
+                )
+                continue
             if topic is None:
                 topics.append(
                     {
@@ -424,7 +443,11 @@ class RequestHandler:
     ) -> dict | PendingResponse | None:
         if self.config["auto.create.topics.enable"]:
             topics = self.cache.metadata.topics
-            missing = [t["name"] for t in body["topics"] if t["name"] not in topics]
+            missing = [
+                t["name"]
+                for t in body["topics"]
+                if t["name"] not in topics and topic_name_error(t["name"]) is None
+            ]
             if missing:
                 self._auto_create(missing)
         # Kafka's rule: only the admin client id may write internal topics from outside.

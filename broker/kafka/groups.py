@@ -18,6 +18,7 @@ from typing import Any
 from minibroker.broker.network.pending import then
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import ErrorCode
+from minibroker.protocol.kafka.acl_operations import GROUP_OPERATIONS, authorized
 
 _MEMBER_ID_REQUIRED = int(ErrorCode.MEMBER_ID_REQUIRED)
 
@@ -169,6 +170,8 @@ class GroupApis:
                         {
                             "partition": p["partition_index"],
                             "committed_offset": p["committed_offset"],
+                            # v6+ (-1 before: unknown), kept for OffsetFetch v5+ (KIP-320)
+                            "committed_leader_epoch": p.get("committed_leader_epoch", -1),
                             "committed_metadata": p["committed_metadata"],
                         }
                         for p in t["partitions"]
@@ -235,7 +238,7 @@ class GroupApis:
                             {
                                 "partition_index": p["partition"],
                                 "committed_offset": p["committed_offset"],
-                                "committed_leader_epoch": -1,
+                                "committed_leader_epoch": p.get("committed_leader_epoch", -1),
                                 "metadata": p.get("metadata"),
                                 "error_code": p["error_code"],
                             }
@@ -265,6 +268,8 @@ class GroupApis:
         native = {"groups": body["groups"]}
         result = self._native(header, ApiKey.DESCRIBE_GROUPS, native, session)
 
+        operations = authorized(GROUP_OPERATIONS, body.get("include_authorized_operations", False))
+
         def answer(a: dict) -> dict:
             code = _code(a)
             groups = a.get("groups") or [
@@ -279,6 +284,7 @@ class GroupApis:
                         "group_state": g["group_state"],
                         "protocol_type": g.get("protocol_type", ""),
                         "protocol_data": g.get("protocol_data", ""),
+                        "authorized_operations": operations,
                         "members": [
                             {
                                 "member_id": m["member_id"],

@@ -21,12 +21,18 @@ from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
 from minibroker.broker.kafka.fetch_session import FetchSessionCache
 from minibroker.broker.kafka.groups import GroupApis
 from minibroker.broker.metadata.cache import MetadataCache
+from minibroker.broker.metadata.check import topic_name_error
 from minibroker.broker.network.pending import PendingResponse, then
 from minibroker.broker.network.session import ConnectionSession
-from minibroker.protocol import ApiKey, RequestHeader, validate_request
+from minibroker.protocol import INTERNAL_TOPICS, ApiKey, RequestHeader, validate_request
 from minibroker.protocol.api import NEWEST_VERSIONS
 from minibroker.protocol.errors import ErrorCode, InvalidRequest
 from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader, api_versions_body
+from minibroker.protocol.kafka.acl_operations import (
+    CLUSTER_OPERATIONS,
+    TOPIC_OPERATIONS,
+    authorized,
+)
 
 _TRANSACTIONS = (
     "transactions are not served by minibroker: drop transactional.id (an idempotent "
@@ -97,8 +103,15 @@ class KafkaRequestHandler(GroupApis, AdminApis):
         names = None if topics is None else [t["name"] for t in topics]
         if header.api_version == 0 and not names:
             names = None  # v0: an empty list means every topic
-        result = self._native(header, ApiKey.METADATA, {"topics": names}, session)
-        return then(result, lambda answer: self._metadata_answer(answer, names))
+        # Names that can never exist are answered here, at once (the native schema cannot
+        # carry one over 249 characters); the native handler refuses the rest the same way.
+        illegal = {n: why for n in names or () if (why := topic_name_error(n)) is not None}
+        native = {
+            "topics": None if names is None else [n for n in names if n not in illegal],
+            "allow_auto_topic_creation": body.get("allow_auto_topic_creation", True),
+        }
+        result = self._native(header, ApiKey.METADATA, native, session)
+        return then(result, lambda answer: self._metadata_answer(body, answer, names, illegal))
 
     def _kafka_brokers(self) -> list[dict]:
         """Every broker's Kafka listener, as Metadata and DescribeCluster advertise them."""
@@ -108,17 +121,23 @@ class KafkaRequestHandler(GroupApis, AdminApis):
             if b.kafka_port
         ]
 
-    def _metadata_answer(self, answer: dict, names: list[str] | None) -> dict:
+    def _metadata_answer(
+        self, request: dict, answer: dict, names: list[str] | None, illegal: dict[str, str]
+    ) -> dict:
         md = self.cache.metadata
         brokers = self._kafka_brokers()
         code = _failed(answer)
+        topic_ops = authorized(
+            TOPIC_OPERATIONS, request.get("include_topic_authorized_operations", False)
+        )
         if code:
-            topics = [{"name": n, "error_code": code} for n in names or ()]
+            topics = [{"name": n, "error_code": code} for n in names or () if n not in illegal]
         else:
             topics = [
                 {
                     "name": t["name"],
                     "error_code": t["error_code"],
+                    "is_internal": t["name"] in INTERNAL_TOPICS,
                     "partitions": [
                         {
                             "error_code": p["error_code"],
@@ -134,11 +153,18 @@ class KafkaRequestHandler(GroupApis, AdminApis):
                 }
                 for t in answer["topics"]
             ]
+        topics += [
+            {"name": n, "error_code": int(ErrorCode.INVALID_TOPIC_EXCEPTION)} for n in illegal
+        ]
+        for t in topics:  # Kafka sets them on every topic answered, errors included
+            t["topic_authorized_operations"] = topic_ops
+        cluster_ops = request.get("include_cluster_authorized_operations", False)
         return {
             "brokers": brokers,
             "cluster_id": CLUSTER_ID,
             "controller_id": md.controller_id,
             "topics": topics,
+            "cluster_authorized_operations": authorized(CLUSTER_OPERATIONS, cluster_ops),
         }
 
     def produce(self, header, body, session) -> Any:
@@ -146,8 +172,11 @@ class KafkaRequestHandler(GroupApis, AdminApis):
         topics = []
         for t in body["topic_data"]:
             partitions = []
+            illegal = topic_name_error(t["name"])  # never exists: refused at once
             for p in t["partition_data"]:
                 try:
+                    if illegal is not None:
+                        raise RefusedBatch(ErrorCode.INVALID_TOPIC_EXCEPTION, illegal)
                     if body["transactional_id"] is not None:
                         raise RefusedBatch(
                             ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _TRANSACTIONS
