@@ -6,7 +6,8 @@ version 1 of each API whose request or response names it (JoinGroup, SyncGroup, 
 LeaveGroup, OffsetCommit, DescribeGroups), as in Kafka: version 0 keeps the shape it had
 before, so a client from before static membership, whose schemas reject unknown keys,
 still reads the answers (the broker narrows them to the version asked). The ``_V1``
-schemas are version 0's plus the instance id. Assignments and subscriptions are
+schemas are version 0's plus the instance id. KIP-320's committed leader epoch is, the
+same way, OffsetCommit v2 (in) and OffsetFetch v1 (out). Assignments and subscriptions are
 opaque bytes: the broker stores and forwards them and never looks inside (the group's
 leader assigns). api.py registers these under Kafka's api keys.
 

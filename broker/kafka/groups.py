@@ -8,7 +8,9 @@ subscriptions and
 assignments are opaque bytes in both protocols and are passed through untouched (the
 group's leader assigns, the broker never looks inside). What differs is only the shape of
 old versions: JoinGroup before v4 has no MEMBER_ID_REQUIRED round (KIP-394), LeaveGroup
-before v3 names one member, OffsetFetch before v2 has no top-level error code.
+before v3 names one member, OffsetFetch before v2 has no top-level error code. The
+committed leader epoch (OffsetCommit v6+, OffsetFetch v5+; -1 when a version lacks it)
+is kept with the offset, so a consumer resuming after a restart can detect truncation.
 """
 
 from __future__ import annotations
@@ -268,7 +270,7 @@ class GroupApis:
         native = {"groups": body["groups"]}
         result = self._native(header, ApiKey.DESCRIBE_GROUPS, native, session)
 
-        operations = authorized(GROUP_OPERATIONS, body.get("include_authorized_operations", False))
+        asked = body.get("include_authorized_operations", False)  # v3+
 
         def answer(a: dict) -> dict:
             code = _code(a)
@@ -284,7 +286,10 @@ class GroupApis:
                         "group_state": g["group_state"],
                         "protocol_type": g.get("protocol_type", ""),
                         "protocol_data": g.get("protocol_data", ""),
-                        "authorized_operations": operations,
+                        # Kafka fills them in for a group described without error only
+                        "authorized_operations": authorized(
+                            GROUP_OPERATIONS, asked and g["error_code"] == 0
+                        ),
                         "members": [
                             {
                                 "member_id": m["member_id"],

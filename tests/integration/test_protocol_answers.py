@@ -40,6 +40,7 @@ from minibroker.protocol.kafka import (
 from minibroker.protocol.kafka import records as kafka_records
 from minibroker.protocol.kafka.acl_operations import (
     CLUSTER_OPERATIONS,
+    GROUP_OPERATIONS,
     NOT_REQUESTED,
     TOPIC_OPERATIONS,
 )
@@ -260,6 +261,15 @@ def test_metadata_answers_every_operation_when_asked(cluster):
         {"include_cluster_authorized_operations": True},
     )
     assert described["cluster_authorized_operations"] == CLUSTER_OPERATIONS
+
+
+def test_describe_groups_answers_every_group_operation_when_asked(cluster):
+    find_coordinator(cluster, "g-described")
+    for asked, expected in ((True, GROUP_OPERATIONS), (False, NOT_REQUESTED)):
+        body = {"groups": ["g-described"], "include_authorized_operations": asked}
+        (group,) = ask(cluster, ApiKey.DESCRIBE_GROUPS, 4, body)["groups"]
+        assert (group["error_code"], group["authorized_operations"]) == (0, expected)
+    assert GROUP_OPERATIONS == 328  # READ, DESCRIBE, DELETE
 
 
 def test_confluent_admin_sees_every_operation_allowed(cluster):
