@@ -40,6 +40,7 @@ from minibroker.broker.replication.fetch_request import FetchRequest
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.protocol import (
     ADMIN_CLIENT_ID,
+    INTERNAL_TOPICS,
     ApiKey,
     RequestHeader,
     api_name,
@@ -85,6 +86,13 @@ def answer_in_asked_version(api_key: int, handler: Handler) -> Handler:
         return then(result, lambda answer: narrow(schema, answer))
 
     return answer
+
+
+def _auto_creatable(name: str) -> bool:
+    """auto.create.topics.enable creates only what may exist and is nobody's own: not an
+    illegal name, nor an internal topic (created by its owner with its own settings: the
+    coordinator's offsets.topic.*, the health check's replication)."""
+    return name not in INTERNAL_TOPICS and topic_name_error(name) is None
 
 
 class RequestHandler:
@@ -320,7 +328,7 @@ class RequestHandler:
             and self.config["auto.create.topics.enable"]
             and body.get("allow_auto_topic_creation", True)
         ):
-            missing = [n for n in wanted if n not in md.topics and topic_name_error(n) is None]
+            missing = [n for n in wanted if n not in md.topics and _auto_creatable(n)]
             if missing:
                 self._auto_create(missing)
                 md = self.cache.metadata
@@ -446,7 +454,7 @@ class RequestHandler:
             missing = [
                 t["name"]
                 for t in body["topics"]
-                if t["name"] not in topics and topic_name_error(t["name"]) is None
+                if t["name"] not in topics and _auto_creatable(t["name"])
             ]
             if missing:
                 self._auto_create(missing)
