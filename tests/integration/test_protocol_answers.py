@@ -368,7 +368,14 @@ def offset_commit(cluster, group: str, topic: str, offset: int, epoch: int, vers
 
 def offset_fetch(cluster, group: str, topic: str, version: int = 5) -> tuple[int, int]:
     body = {"group_id": group, "topics": [{"name": topic, "partition_indexes": [0]}]}
-    answer = ask(cluster, ApiKey.OFFSET_FETCH, version, body)
+    deadline = time.monotonic() + BOUND_S
+    while True:
+        answer = ask(cluster, ApiKey.OFFSET_FETCH, version, body)
+        # A coordinator that just took its partition over reads it back first.
+        if answer.get("error_code") != ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+            break
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.05)
     partition = answer["topics"][0]["partitions"][0]
     return partition["committed_offset"], partition.get("committed_leader_epoch", -1)
 
