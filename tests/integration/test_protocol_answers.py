@@ -25,7 +25,7 @@ from confluent_kafka import Producer as RdProducer
 from confluent_kafka import TopicPartition as RdTopicPartition
 from confluent_kafka.admin import AclOperation, AdminClient, NewTopic
 
-from minibroker.client import Admin, Producer
+from minibroker.client import Admin, Consumer, Producer
 from minibroker.client.connection import BrokerConnection
 from minibroker.deploy.cluster_ops import acks_all_write
 from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
@@ -212,6 +212,19 @@ async def test_native_metadata_v1_honours_allow_auto_topic_creation(cluster):
     await ask_native(cluster, ApiKey.METADATA, 0, {"topics": ["native-v0-yes"]})  # as before
     cluster.wait_for_leader("native-v0-yes")  # created after the first would have been
     assert not exists(cluster, "native-no")
+
+
+async def test_a_bundled_consumer_with_allow_auto_create_topics_false_creates_nothing(cluster):
+    settings = {"allow.auto.create.topics": False, "metadata.max.age.ms": 100}
+    async with Consumer(cluster.bootstrap, group_id="g-bundled-never", **settings) as consumer:
+        consumer.subscribe(["bundled-never"])
+        for _ in range(3):  # polls that refresh the subscribed topic's metadata
+            await consumer.poll(timeout_ms=200)
+    async with Consumer(cluster.bootstrap, group_id="g-bundled-default") as consumer:
+        consumer.subscribe(["bundled-default"])  # the default allows it, as Kafka's consumer
+        await consumer.poll(timeout_ms=200)
+    cluster.wait_for_leader("bundled-default")  # created in order: the first would be too
+    assert not exists(cluster, "bundled-never")
 
 
 # --- illegal topic names ---------------------------------------------------------------------------
