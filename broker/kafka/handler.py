@@ -16,23 +16,20 @@ from typing import Any
 from minibroker.broker.common.clock import Clock, MonotonicClock
 from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.common.topic_config import TOPIC_CONFIGS
-from minibroker.broker.kafka.admin import CLUSTER_ID, AdminApis
+from minibroker.broker.kafka.admin import AdminApis
 from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
 from minibroker.broker.kafka.fetch_session import FetchSessionCache
 from minibroker.broker.kafka.groups import GroupApis
+from minibroker.broker.kafka.metadata import MetadataApis
+from minibroker.broker.kafka.translate import failed
 from minibroker.broker.metadata.cache import MetadataCache
 from minibroker.broker.metadata.check import topic_name_error
 from minibroker.broker.network.pending import PendingResponse, then
 from minibroker.broker.network.session import ConnectionSession
-from minibroker.protocol import INTERNAL_TOPICS, ApiKey, RequestHeader, validate_request
+from minibroker.protocol import ApiKey, RequestHeader, validate_request
 from minibroker.protocol.api import NEWEST_VERSIONS
 from minibroker.protocol.errors import ErrorCode, InvalidRequest
 from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader, api_versions_body
-from minibroker.protocol.kafka.acl_operations import (
-    CLUSTER_OPERATIONS,
-    TOPIC_OPERATIONS,
-    authorized,
-)
 
 _TRANSACTIONS = (
     "transactions are not served by minibroker: drop transactional.id (an idempotent "
@@ -41,12 +38,7 @@ _TRANSACTIONS = (
 _RESOURCE_TOPIC = 2
 
 
-def _failed(body: dict) -> int:
-    """A top-level native error (a bare error body: fault injected, refused) or 0."""
-    return body.get("error_code", 0) if "topics" not in body else 0
-
-
-class KafkaRequestHandler(GroupApis, AdminApis):
+class KafkaRequestHandler(MetadataApis, GroupApis, AdminApis):
     """Kafka's KafkaApis for stock clients, built on the native handler."""
 
     def __init__(
@@ -98,75 +90,6 @@ class KafkaRequestHandler(GroupApis, AdminApis):
     def api_versions(self, header, body, session) -> dict:
         return self._api_versions
 
-    def metadata(self, header, body, session) -> Any:
-        topics = body["topics"]
-        names = None if topics is None else [t["name"] for t in topics]
-        if header.api_version == 0 and not names:
-            names = None  # v0: an empty list means every topic
-        # Names that can never exist are answered here, at once (the native schema cannot
-        # carry one over 249 characters); the native handler refuses the rest the same way.
-        illegal = {n: why for n in names or () if (why := topic_name_error(n)) is not None}
-        native = {
-            "topics": None if names is None else [n for n in names if n not in illegal],
-            "allow_auto_topic_creation": body.get("allow_auto_topic_creation", True),
-        }
-        result = self._native(header, ApiKey.METADATA, native, session)
-        return then(result, lambda answer: self._metadata_answer(body, answer, names, illegal))
-
-    def _kafka_brokers(self) -> list[dict]:
-        """Every broker's Kafka listener, as Metadata and DescribeCluster advertise them."""
-        return [
-            {"node_id": b.node_id, "host": b.kafka_host or b.host, "port": b.kafka_port}
-            for b in self.cache.metadata.brokers.values()
-            if b.kafka_port
-        ]
-
-    def _metadata_answer(
-        self, request: dict, answer: dict, names: list[str] | None, illegal: dict[str, str]
-    ) -> dict:
-        md = self.cache.metadata
-        brokers = self._kafka_brokers()
-        code = _failed(answer)
-        topic_ops = authorized(
-            TOPIC_OPERATIONS, request.get("include_topic_authorized_operations", False)
-        )
-        if code:
-            topics = [{"name": n, "error_code": code} for n in names or () if n not in illegal]
-        else:
-            topics = [
-                {
-                    "name": t["name"],
-                    "error_code": t["error_code"],
-                    "is_internal": t["name"] in INTERNAL_TOPICS,
-                    "partitions": [
-                        {
-                            "error_code": p["error_code"],
-                            "partition_index": p["partition"],
-                            "leader_id": p["leader"],
-                            "leader_epoch": p["leader_epoch"],
-                            "replica_nodes": p["replicas"],
-                            "isr_nodes": p["isr"],
-                            "offline_replicas": p["offline_replicas"],
-                        }
-                        for p in t["partitions"]
-                    ],
-                }
-                for t in answer["topics"]
-            ]
-        topics += [
-            {"name": n, "error_code": int(ErrorCode.INVALID_TOPIC_EXCEPTION)} for n in illegal
-        ]
-        for t in topics:  # Kafka sets them on every topic answered, errors included
-            t["topic_authorized_operations"] = topic_ops
-        cluster_ops = request.get("include_cluster_authorized_operations", False)
-        return {
-            "brokers": brokers,
-            "cluster_id": CLUSTER_ID,
-            "controller_id": md.controller_id,
-            "topics": topics,
-            "cluster_authorized_operations": authorized(CLUSTER_OPERATIONS, cluster_ops),
-        }
-
     def produce(self, header, body, session) -> Any:
         refused: dict[tuple[str, int], RefusedBatch] = {}
         topics = []
@@ -200,7 +123,7 @@ class KafkaRequestHandler(GroupApis, AdminApis):
 
     @staticmethod
     def _produce_answer(request: dict, answer: dict, refused: dict) -> dict:
-        code = _failed(answer)
+        code = failed(answer)
         results = {
             (t["name"], p["partition"]): p
             for t in answer.get("topics", ())
@@ -260,7 +183,7 @@ class KafkaRequestHandler(GroupApis, AdminApis):
 
     @staticmethod
     def _fetch_answer(request: dict, answer: dict) -> dict:
-        code = _failed(answer)
+        code = failed(answer)
         if code:
             topics = [
                 {
@@ -320,7 +243,7 @@ class KafkaRequestHandler(GroupApis, AdminApis):
 
     @staticmethod
     def _list_offsets_answer(request: dict, answer: dict) -> dict:
-        code = _failed(answer)
+        code = failed(answer)
         topics = answer.get("topics") or [
             {
                 "name": t["name"],
@@ -385,7 +308,7 @@ class KafkaRequestHandler(GroupApis, AdminApis):
         )
 
         def answer(native_answer: dict) -> dict:
-            code = _failed(native_answer)
+            code = failed(native_answer)
             out = [
                 {
                     "name": t["name"],
@@ -442,7 +365,7 @@ class KafkaRequestHandler(GroupApis, AdminApis):
         result = self._native(header, ApiKey.OFFSET_FOR_LEADER_EPOCH, native, session)
 
         def answer(a: dict) -> dict:
-            code = _failed(a)
+            code = failed(a)
             topics = a.get("topics") or [
                 {
                     "name": t["name"],
