@@ -28,6 +28,7 @@ from minibroker.broker.controller.membership import ControllerLink
 from minibroker.broker.controller.producer_ids import ProducerIdManager
 from minibroker.broker.coordinator import CoordinatorService
 from minibroker.broker.metadata.cache import MetadataCache
+from minibroker.broker.metadata.check import topic_name_error
 from minibroker.broker.network.cluster_auth import Authenticator
 from minibroker.broker.network.deferral import RequestDeferral
 from minibroker.broker.network.faults import FaultError, FaultInjector
@@ -39,6 +40,7 @@ from minibroker.broker.replication.fetch_request import FetchRequest
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.protocol import (
     ADMIN_CLIENT_ID,
+    INTERNAL_TOPICS,
     ApiKey,
     RequestHeader,
     api_name,
@@ -84,6 +86,13 @@ def answer_in_asked_version(api_key: int, handler: Handler) -> Handler:
         return then(result, lambda answer: narrow(schema, answer))
 
     return answer
+
+
+def _auto_creatable(name: str) -> bool:
+    """auto.create.topics.enable creates only what may exist and is nobody's own: not an
+    illegal name, nor an internal topic (created by its owner with its own settings: the
+    coordinator's offsets.topic.*, the health check's replication)."""
+    return name not in INTERNAL_TOPICS and topic_name_error(name) is None
 
 
 class RequestHandler:
@@ -312,8 +321,14 @@ class RequestHandler:
     def metadata(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         md = self.cache.metadata
         wanted = body["topics"]
-        if wanted and self.config["auto.create.topics.enable"]:
-            missing = [n for n in wanted if n not in md.topics]
+        # Kafka's getTopicMetadata: auto-creation only when the broker allows it and the
+        # request does too (AllowAutoTopicCreation: a consumer's metadata says no).
+        if (
+            wanted
+            and self.config["auto.create.topics.enable"]
+            and body.get("allow_auto_topic_creation", True)
+        ):
+            missing = [n for n in wanted if n not in md.topics and _auto_creatable(n)]
             if missing:
                 self._auto_create(missing)
                 md = self.cache.metadata
@@ -321,6 +336,18 @@ class RequestHandler:
         topics = []
         for name in names:
             topic = md.topics.get(name)
+            illegal = topic_name_error(name) if topic is None else None
+            if illegal is not None:
+                # A name that can never exist (Kafka's Topic.validate): not retriable.
+                topics.append(
+                    {
+                        "name": name,
+                        "error_code": int(ErrorCode.INVALID_TOPIC_EXCEPTION),
+                        "partitions": [],
+                        "error_message": illegal,
+                    }
+                )
+                continue
             if topic is None:
                 topics.append(
                     {
@@ -424,7 +451,11 @@ class RequestHandler:
     ) -> dict | PendingResponse | None:
         if self.config["auto.create.topics.enable"]:
             topics = self.cache.metadata.topics
-            missing = [t["name"] for t in body["topics"] if t["name"] not in topics]
+            missing = [
+                t["name"]
+                for t in body["topics"]
+                if t["name"] not in topics and _auto_creatable(t["name"])
+            ]
             if missing:
                 self._auto_create(missing)
         # Kafka's rule: only the admin client id may write internal topics from outside.

@@ -72,6 +72,8 @@ class Cluster:
         self.api_version_timeout = config["api.version.request.timeout.ms"] / 1000
         self.hedge_delay = config["hedge.delay.ms"] / 1000
         self.max_age = config["metadata.max.age.ms"] / 1000
+        # A consumer's allow.auto.create.topics (producers and admins always allow it).
+        self.allow_auto_create: bool = config.get("allow.auto.create.topics", True)
         self.nursery = nursery
         self.brokers: dict[int, BrokerInfo] = {}
         self.controller_id = -1
@@ -148,7 +150,7 @@ class Cluster:
         self._refresh_names = set(names or ())
         self._refresh_error = None
         try:
-            body = await self.any_request(ApiKey.METADATA, {"topics": names})
+            body = await self.any_request(ApiKey.METADATA, self._metadata_request(names))
             self._apply(body)
             self.refresh_error = None
             return body
@@ -161,6 +163,11 @@ class Cluster:
             if self._refreshing is event:
                 self._refreshing = None
             event.set()
+
+    def _metadata_request(self, names: list[str] | None) -> dict:
+        if self.allow_auto_create:
+            return {"topics": names}
+        return {"topics": names, "allow_auto_topic_creation": False}  # Metadata v1+
 
     async def wait_for_topic(
         self, topic: str, timeout: float, backoff: float, keep_waiting: Container[int] = NOT_YET
@@ -327,6 +334,10 @@ class Cluster:
         address = f"{addr[0]}:{addr[1]}"
         try:
             conn = await self.connect(*addr)
+            if api_key == ApiKey.METADATA and conn.versions.get(api_key, 0) < 1:
+                # A broker from before Metadata v1 knows no allow_auto_topic_creation (and
+                # would refuse the request for it): ask as before, it decides alone.
+                body = {"topics": body["topics"]}
             with trio.move_on_after(timeout):
                 return await conn.request(api_key, body)
         except (BrokerNotAvailable, NetworkException) as exc:

@@ -241,6 +241,13 @@ SETTINGS: dict[str, Setting] = {
     "partition.assignment.strategy": Setting(
         _assignors, ["range", "roundrobin"], _C, "Assignors in order of preference."
     ),
+    "allow.auto.create.topics": Setting(
+        _bool,
+        True,
+        _C,
+        "May the consumer's metadata requests auto-create a topic (only if the broker's "
+        "auto.create.topics.enable is on)? false: a missing or deleted topic stays missing.",
+    ),
 }
 
 

@@ -9,9 +9,8 @@ import trio
 
 from minibroker.client import Admin, Consumer, NewTopic, Producer
 from minibroker.deploy.cluster import ClusterError, ClusterState
+from minibroker.protocol import ADMIN_CLIENT_ID, HEALTH_TOPIC
 from minibroker.protocol.errors import KafkaError, TopicAlreadyExists
-
-HEALTH_TOPIC = "__minibroker_health"
 
 
 async def acks_all_write(bootstrap: str, replication: int, timeout: float = 30) -> None:
@@ -24,11 +23,14 @@ async def acks_all_write(bootstrap: str, replication: int, timeout: float = 30) 
                     await admin.create_topics([NewTopic(HEALTH_TOPIC, 1, replication)])
                 except TopicAlreadyExists:
                     pass
-            async with Producer(
-                bootstrap,
-                acks="all",
-                **{"linger.ms": 0, "delivery.timeout.ms": 10000, "request.timeout.ms": 5000},
-            ) as producer:
+            # The health topic is internal: only the admin client id may write it.
+            settings = {
+                "client.id": ADMIN_CLIENT_ID,
+                "linger.ms": 0,
+                "delivery.timeout.ms": 10000,
+                "request.timeout.ms": 5000,
+            }
+            async with Producer(bootstrap, acks="all", **settings) as producer:
                 await producer.send(HEALTH_TOPIC, b"ready")
             return
         except KafkaError:

@@ -102,6 +102,16 @@ API_VERSIONS_RESP = struct(
 # --- Metadata ------------------------------------------------------------------------------
 
 METADATA_REQ = struct({}, {"topics": (nullable(array(TOPIC_NAME)), None)})
+# v1: Kafka's AllowAutoTopicCreation (Metadata v4+). False: a topic that does not exist is
+# answered UNKNOWN_TOPIC_OR_PARTITION even with auto.create.topics.enable (a consumer's
+# metadata must not create, or re-create a deleted, topic). Absent (v0): True, as before.
+METADATA_REQ_V1 = struct(
+    {},
+    {
+        "topics": (nullable(array(TOPIC_NAME)), None),
+        "allow_auto_topic_creation": (BOOL, True),
+    },
+)
 _PORT = integer("int32", min=0, max=65535)
 # kafka_host/kafka_port: the broker's Kafka listener (0: none), registered and advertised.
 _KAFKA_LISTENER = {"kafka_host": (STRING, ""), "kafka_port": (_PORT, 0)}
@@ -220,12 +230,15 @@ DELETE_TOPICS_RESP = struct(
 
 # --- Produce -------------------------------------------------------------------------------
 
-# Kafka's internal topics (Topic.isInternal): anyone may read them, but a Produce to one is
-# refused with INVALID_TOPIC_EXCEPTION unless its client.id is ADMIN_CLIENT_ID (Kafka's
-# AdminUtils.ADMIN_CLIENT_ID, the one exception KafkaApis makes); the broker's own writers
-# (the group coordinator) append to them directly.
+# Internal topics (Kafka's Topic.isInternal, plus minibroker's own health topic): anyone may
+# read them, but a Produce to one is refused with INVALID_TOPIC_EXCEPTION, from either
+# listener, unless its client.id is ADMIN_CLIENT_ID (Kafka's AdminUtils.ADMIN_CLIENT_ID,
+# the one exception KafkaApis makes). The broker's own writers go around the rule: the
+# group coordinator appends directly, the cluster's health check (`cluster up`'s acks=all
+# write, deploy/cluster_ops.py) produces with the admin client id.
 GROUP_METADATA_TOPIC = "__consumer_offsets"
-INTERNAL_TOPICS = frozenset({GROUP_METADATA_TOPIC})
+HEALTH_TOPIC = "__minibroker_health"
+INTERNAL_TOPICS = frozenset({GROUP_METADATA_TOPIC, HEALTH_TOPIC})
 ADMIN_CLIENT_ID = "__admin_client"
 
 PRODUCE_REQ = struct(
@@ -547,7 +560,7 @@ FAULTS_RESP = struct(
 # (request schema, response schema) per key and version.
 SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.API_VERSIONS: {0: (API_VERSIONS_REQ, API_VERSIONS_RESP)},
-    ApiKey.METADATA: {0: (METADATA_REQ, METADATA_RESP)},
+    ApiKey.METADATA: {0: (METADATA_REQ, METADATA_RESP), 1: (METADATA_REQ_V1, METADATA_RESP)},
     ApiKey.CREATE_TOPICS: {0: (CREATE_TOPICS_REQ, CREATE_TOPICS_RESP)},
     ApiKey.ELECT_LEADERS: {0: (ELECT_LEADERS_REQ, ELECT_LEADERS_RESP)},
     ApiKey.DELETE_TOPICS: {0: (DELETE_TOPICS_REQ, DELETE_TOPICS_RESP)},
@@ -594,8 +607,12 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.OFFSET_COMMIT: {
         0: (group_api.OFFSET_COMMIT_REQ, group_api.OFFSET_COMMIT_RESP),
         1: (group_api.OFFSET_COMMIT_REQ_V1, group_api.OFFSET_COMMIT_RESP),
+        2: (group_api.OFFSET_COMMIT_REQ_V2, group_api.OFFSET_COMMIT_RESP),
     },
-    ApiKey.OFFSET_FETCH: {0: (group_api.OFFSET_FETCH_REQ, group_api.OFFSET_FETCH_RESP)},
+    ApiKey.OFFSET_FETCH: {
+        0: (group_api.OFFSET_FETCH_REQ, group_api.OFFSET_FETCH_RESP),
+        1: (group_api.OFFSET_FETCH_REQ, group_api.OFFSET_FETCH_RESP_V1),
+    },
     ApiKey.LIST_GROUPS: {0: (group_api.LIST_GROUPS_REQ, group_api.LIST_GROUPS_RESP)},
     ApiKey.DESCRIBE_GROUPS: {
         0: (group_api.DESCRIBE_GROUPS_REQ, group_api.DESCRIBE_GROUPS_RESP),

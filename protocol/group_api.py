@@ -6,7 +6,8 @@ version 1 of each API whose request or response names it (JoinGroup, SyncGroup, 
 LeaveGroup, OffsetCommit, DescribeGroups), as in Kafka: version 0 keeps the shape it had
 before, so a client from before static membership, whose schemas reject unknown keys,
 still reads the answers (the broker narrows them to the version asked). The ``_V1``
-schemas are version 0's plus the instance id. Assignments and subscriptions are
+schemas are version 0's plus the instance id. KIP-320's committed leader epoch is, the
+same way, OffsetCommit v2 (in) and OffsetFetch v1 (out). Assignments and subscriptions are
 opaque bytes: the broker stores and forwards them and never looks inside (the group's
 leader assigns). api.py registers these under Kafka's api keys.
 
@@ -67,7 +68,9 @@ FIND_COORDINATOR_RESP = struct(
 JOIN_GROUP_REQ = struct(
     {
         "group_id": GROUP_ID,
-        "session_timeout_ms": integer("int32", min=0),
+        # Any int32: the coordinator answers INVALID_SESSION_TIMEOUT outside its bounds
+        # (group.min/max.session.timeout.ms), -1 included, as Kafka does.
+        "session_timeout_ms": INT32,
         "member_id": MEMBER_ID,
         "protocol_type": _NAME,
         "protocols": array(struct({"name": _NAME, "metadata": BYTES}), max_len=64),
@@ -154,29 +157,40 @@ SYNC_GROUP_RESP = struct(
 
 # --- OffsetCommit (8) ------------------------------------------------------------------------
 
-OFFSET_COMMIT_REQ = struct(
-    {
-        "group_id": GROUP_ID,
-        # -1 and "": a commit from outside the group (an admin's, or a consumer that assigns
-        # its own partitions), accepted only while the group has no members.
-        "generation_id": GENERATION,
-        "member_id": MEMBER_ID,
-        "topics": array(
-            struct(
-                {
-                    "name": _TOPIC,
-                    "partitions": array(
-                        struct(
-                            {"partition": _PARTITION, "committed_offset": INT64},
-                            {"committed_metadata": (nullable(STRING), None)},
-                        )
-                    ),
-                }
-            )
-        ),
-    }
-)
-OFFSET_COMMIT_REQ_V1 = _with_instance(OFFSET_COMMIT_REQ)
+
+def _offset_commit_req(partition: dict, top: dict) -> Validator:
+    return struct(
+        {
+            "group_id": GROUP_ID,
+            # -1 and "": a commit from outside the group (an admin's, or a consumer that
+            # assigns its own partitions), accepted only while the group has no members.
+            "generation_id": GENERATION,
+            "member_id": MEMBER_ID,
+            "topics": array(
+                struct(
+                    {
+                        "name": _TOPIC,
+                        "partitions": array(
+                            struct(
+                                {"partition": _PARTITION, "committed_offset": INT64},
+                                {"committed_metadata": (nullable(STRING), None), **partition},
+                            )
+                        ),
+                    }
+                )
+            ),
+        },
+        top,
+    )
+
+
+# v2: each partition's committed_leader_epoch (Kafka's OffsetCommit v6+; -1: unknown), kept
+# with the offset and returned by OffsetFetch v1, so that a consumer resuming from a commit
+# can tell whether the log was truncated under it (KIP-320).
+_LEADER_EPOCH = {"committed_leader_epoch": (integer("int32", min=-1), -1)}
+OFFSET_COMMIT_REQ = _offset_commit_req({}, {})
+OFFSET_COMMIT_REQ_V1 = _offset_commit_req({}, _INSTANCE)
+OFFSET_COMMIT_REQ_V2 = _offset_commit_req(_LEADER_EPOCH, _INSTANCE)
 _PARTITION_ERRORS = array(
     struct(
         {
@@ -196,29 +210,37 @@ OFFSET_FETCH_REQ = struct(
         "topics": nullable(array(struct({"name": _TOPIC, "partition_indexes": array(_PARTITION)}))),
     }
 )
-OFFSET_FETCH_RESP = struct(
-    {
-        "error_code": _ERROR,
-        "topics": array(
-            struct(
-                {
-                    "name": _TOPIC,
-                    "partitions": array(
-                        struct(
-                            {
-                                "partition": _PARTITION,
-                                "committed_offset": INT64,
-                                "metadata": nullable(STRING),
-                                "error_code": _ERROR,
-                            }
-                        )
-                    ),
-                }
-            )
-        ),
-    },
-    {"error_message": _MESSAGE, **_THROTTLE},
-)
+
+
+def _offset_fetch_resp(partition: dict) -> Validator:
+    return struct(
+        {
+            "error_code": _ERROR,
+            "topics": array(
+                struct(
+                    {
+                        "name": _TOPIC,
+                        "partitions": array(
+                            struct(
+                                {
+                                    "partition": _PARTITION,
+                                    "committed_offset": INT64,
+                                    "metadata": nullable(STRING),
+                                    "error_code": _ERROR,
+                                },
+                                partition,
+                            )
+                        ),
+                    }
+                )
+            ),
+        },
+        {"error_message": _MESSAGE, **_THROTTLE},
+    )
+
+
+OFFSET_FETCH_RESP = _offset_fetch_resp({})
+OFFSET_FETCH_RESP_V1 = _offset_fetch_resp(_LEADER_EPOCH)  # the commit's leader epoch
 
 # --- DescribeGroups (15) ---------------------------------------------------------------------
 

@@ -61,7 +61,7 @@ class OffsetExpiry:
         if group.protocol_type is None:
             # Never had members: each offset from its own commit.
             horizon = wall_now - self.retention_ms
-            return [tp for tp, (_, _, ts) in group.offsets.items() if ts <= horizon]
+            return [tp for tp, o in group.offsets.items() if o.commit_timestamp <= horizon]
         if not group.is_in(EMPTY):
             return []
         empty_since = wall_now - (self.coordinator.now_ms() - group.state_timestamp)

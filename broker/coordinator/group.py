@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from minibroker.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
+    from minibroker.broker.coordinator.records import Offset
     from minibroker.broker.network.pending import PendingResponse
 
 
@@ -179,8 +180,8 @@ class GroupMetadata:
         self.pending_sync_members: set[str] = set()
         self.new_member_added = False
         self._protocol_votes: Counter[str] = Counter()
-        # (topic, partition) -> (offset, metadata, commit timestamp)
-        self.offsets: dict[tuple[str, int], tuple[int, str | None, int]] = {}
+        # (topic, partition) -> its committed offset
+        self.offsets: dict[tuple[str, int], Offset] = {}
 
     def __repr__(self) -> str:
         return f"Group({self.group_id!r}, {self.state.value}, gen={self.generation_id})"

@@ -19,12 +19,15 @@ from minibroker.broker.coordinator.coordinator import (
 )
 from minibroker.broker.coordinator.group import GroupMetadata, GroupState
 from minibroker.broker.coordinator.records import (
+    Offset,
     group_key,
     offset_key,
     offset_value,
 )
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.protocol.errors import ErrorCode
+
+_NO_OFFSET = Offset(-1, "", -1)  # what OffsetFetch answers for a partition never committed
 
 
 def _partition_errors(topics: list[dict], code: Callable[[str, int], ErrorCode]) -> list[dict]:
@@ -61,9 +64,25 @@ def _commit_error(
     return ErrorCode.NONE
 
 
-def commit_offsets(coordinator: GroupCoordinator, body: dict) -> dict | PendingResponse:
+def commit_offsets(
+    coordinator: GroupCoordinator, body: dict, exists: Callable[[str, int], bool]
+) -> dict | PendingResponse:
+    """Kafka's handleOffsetCommitRequest: a partition that does not ``exist`` is answered
+    UNKNOWN_TOPIC_OR_PARTITION and nothing is stored for it; the rest are committed as the
+    group allows. With none left, the group is not even looked at (nor created)."""
     group_id = body["group_id"]
     topics = body["topics"]
+    unknown = {
+        (t["name"], p["partition"])
+        for t in topics
+        for p in t["partitions"]
+        if not exists(t["name"], p["partition"])
+    }
+    if unknown and len(unknown) == sum(len(t["partitions"]) for t in topics):
+        return {
+            "topics": _partition_errors(topics, lambda t, p: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+            "throttle_time_ms": 0,
+        }
     error = coordinator.group_error(group_id)
     group = coordinator.groups.get(group_id) if error is None else None
     if error is None:
@@ -71,7 +90,13 @@ def commit_offsets(coordinator: GroupCoordinator, body: dict) -> dict | PendingR
             group, body["generation_id"], body["member_id"], body.get("group_instance_id")
         )
     if error is not ErrorCode.NONE:
-        return {"topics": _partition_errors(topics, lambda t, p: error), "throttle_time_ms": 0}
+        return {
+            "topics": _partition_errors(
+                topics,
+                lambda t, p: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if (t, p) in unknown else error,
+            ),
+            "throttle_time_ms": 0,
+        }
     if group is None:
         group = coordinator.groups[group_id] = GroupMetadata(
             group_id, coordinator.manager.partition_for(group_id), coordinator.now_ms()
@@ -80,16 +105,19 @@ def commit_offsets(coordinator: GroupCoordinator, body: dict) -> dict | PendingR
         coordinator.complete_and_schedule_heartbeat(group, group.get(body["member_id"]))
     limit = coordinator.config["offset.metadata.max.bytes"]
     now = coordinator.manager.now_ms_wall()
-    accepted: dict[tuple[str, int], tuple[int, str | None, int]] = {}
+    accepted: dict[tuple[str, int], Offset] = {}
     too_large: set[tuple[str, int]] = set()
     for t in topics:
         for p in t["partitions"]:
             tp = (t["name"], p["partition"])
             metadata = p["committed_metadata"]
+            if tp in unknown:
+                continue
             if metadata is not None and len(metadata.encode()) > limit:
                 too_large.add(tp)
             else:
-                accepted[tp] = (p["committed_offset"], metadata, now)
+                epoch = p.get("committed_leader_epoch", -1)  # v2+; older versions: unknown
+                accepted[tp] = Offset(p["committed_offset"], metadata, now, epoch)
     response = PendingResponse()
 
     def answer(stored: ErrorCode) -> None:
@@ -100,7 +128,11 @@ def commit_offsets(coordinator: GroupCoordinator, body: dict) -> dict | PendingR
                 "topics": _partition_errors(
                     topics,
                     lambda t, p: (
-                        ErrorCode.OFFSET_METADATA_TOO_LARGE if (t, p) in too_large else stored
+                        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                        if (t, p) in unknown
+                        else ErrorCode.OFFSET_METADATA_TOO_LARGE
+                        if (t, p) in too_large
+                        else stored
                     ),
                 ),
                 "throttle_time_ms": 0,
@@ -111,7 +143,7 @@ def commit_offsets(coordinator: GroupCoordinator, body: dict) -> dict | PendingR
         answer(ErrorCode.NONE)
     else:
         entries = [
-            (offset_key(group_id, t, p), offset_value(*value)) for (t, p), value in accepted.items()
+            (offset_key(group_id, t, p), offset_value(value)) for (t, p), value in accepted.items()
         ]
         coordinator.manager.append(group.partition, entries, answer)
     return response.body if response.body is not None else response
@@ -131,12 +163,13 @@ def fetch_offsets(coordinator: GroupCoordinator, body: dict) -> dict:
         pairs = [(t["name"], p) for t in wanted for p in t["partition_indexes"]]
     topics: dict[str, list] = {}
     for tp in pairs:
-        offset, metadata, _ = offsets.get(tp, (-1, "", -1))
+        commit = offsets.get(tp, _NO_OFFSET)
         topics.setdefault(tp[0], []).append(
             {
                 "partition": tp[1],
-                "committed_offset": offset,
-                "metadata": metadata,
+                "committed_offset": commit.offset,
+                "committed_leader_epoch": commit.leader_epoch,
+                "metadata": commit.metadata,
                 "error_code": 0,
             }
         )

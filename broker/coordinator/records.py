@@ -3,7 +3,11 @@ that the latest record per key is the truth (a compacted topic, as Kafka's).
 
 Keys and values are msgpack, in the broker's own batch format (protocol/batch.py):
 
-    offset commit   key [1, group, topic, partition]  value {offset, metadata, commit_timestamp}
+    offset commit   key [1, group, topic, partition]  value {offset, metadata, commit_timestamp,
+                                                              leader_epoch}
+                    (leader_epoch: the committed record's, -1 if unknown; a record written
+                    before it was kept has none and reads as -1, and a broker that does not
+                    know the key skips it: readable both ways)
     group metadata  key [2, group]                     value {protocol_type, generation, protocol,
                                                               leader, members: [...]}
                     (a member: member_id, group_instance_id (KIP-345; None for a dynamic
@@ -17,7 +21,7 @@ one place these records are decoded: the coordinator's loader, never produce or 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -28,7 +32,16 @@ OFFSETS_TOPIC = GROUP_METADATA_TOPIC
 OFFSET_KEY = 1
 GROUP_KEY = 2
 
-Offset = tuple[int, "str | None", int]  # offset, metadata, commit timestamp
+
+class Offset(NamedTuple):
+    """A committed offset (Kafka's OffsetAndMetadata). ``leader_epoch`` is the epoch of
+    the record before the offset, as the consumer saw it (-1: unknown), which a consumer
+    resuming from the commit uses to detect a log truncated under it."""
+
+    offset: int
+    metadata: str | None
+    commit_timestamp: int
+    leader_epoch: int = -1
 
 
 def _pack(value: Any) -> bytes:
@@ -43,8 +56,26 @@ def group_key(group_id: str) -> bytes:
     return _pack([GROUP_KEY, group_id])
 
 
-def offset_value(offset: int, metadata: str | None, timestamp_ms: int) -> bytes:
-    return _pack({"offset": offset, "metadata": metadata, "commit_timestamp": timestamp_ms})
+def offset_value(commit: Offset) -> bytes:
+    value = {
+        "offset": commit.offset,
+        "metadata": commit.metadata,
+        "commit_timestamp": commit.commit_timestamp,
+    }
+    if commit.leader_epoch >= 0:  # unknown: the record stays as it was before epochs
+        value["leader_epoch"] = commit.leader_epoch
+    return _pack(value)
+
+
+def read_offset_value(value: dict) -> Offset:
+    """An offset commit's value, whichever broker version wrote it."""
+    epoch = value.get("leader_epoch", -1)
+    return Offset(
+        value["offset"],
+        value.get("metadata"),
+        value.get("commit_timestamp", -1),
+        epoch if isinstance(epoch, int) else -1,
+    )
 
 
 def group_value(group: Any, assignments: dict[str, bytes] | None = None) -> bytes:
@@ -114,11 +145,7 @@ class PartitionContents:
             group, topic, partition = key[1], key[2], key[3]
             offsets = self.offsets.setdefault(group, {})
             if isinstance(value, dict):
-                offsets[(topic, partition)] = (
-                    value["offset"],
-                    value.get("metadata"),
-                    value.get("commit_timestamp", -1),
-                )
+                offsets[(topic, partition)] = read_offset_value(value)
             else:
                 offsets[(topic, partition)] = None
         elif key[0] == GROUP_KEY and len(key) == 2:

@@ -109,7 +109,12 @@ class CoordinatorService:
         return self.coordinator.leave_group(body)
 
     def commit_offsets(self, body: dict) -> dict | PendingResponse:
-        return offsets.commit_offsets(self.coordinator, body)
+        return offsets.commit_offsets(self.coordinator, body, self._partition_exists)
+
+    def _partition_exists(self, topic: str, partition: int) -> bool:
+        """Kafka's metadataCache.contains(topicPartition), as OffsetCommit checks it."""
+        state = self.metadata().topics.get(topic)
+        return state is not None and 0 <= partition < len(state.partitions)
 
     def fetch_offsets(self, body: dict) -> dict:
         return offsets.fetch_offsets(self.coordinator, body)

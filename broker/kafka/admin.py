@@ -21,6 +21,7 @@ from minibroker.broker.network.pending import PendingResponse, then
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import ErrorCode, KafkaError
 from minibroker.protocol.kafka import KafkaApi
+from minibroker.protocol.kafka.acl_operations import CLUSTER_OPERATIONS, authorized
 
 CLUSTER_ID = "minibroker"
 _ZERO_UUID = uuid.UUID(int=0)
@@ -208,4 +209,7 @@ class AdminApis:
                 {"broker_id": b["node_id"], "host": b["host"], "port": b["port"]}
                 for b in self._kafka_brokers()
             ],
+            "cluster_authorized_operations": authorized(
+                CLUSTER_OPERATIONS, body["include_cluster_authorized_operations"]
+            ),
         }

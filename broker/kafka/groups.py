@@ -8,7 +8,9 @@ subscriptions and
 assignments are opaque bytes in both protocols and are passed through untouched (the
 group's leader assigns, the broker never looks inside). What differs is only the shape of
 old versions: JoinGroup before v4 has no MEMBER_ID_REQUIRED round (KIP-394), LeaveGroup
-before v3 names one member, OffsetFetch before v2 has no top-level error code.
+before v3 names one member, OffsetFetch before v2 has no top-level error code. The
+committed leader epoch (OffsetCommit v6+, OffsetFetch v5+; -1 when a version lacks it)
+is kept with the offset, so a consumer resuming after a restart can detect truncation.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from minibroker.broker.network.pending import then
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import ErrorCode
+from minibroker.protocol.kafka.acl_operations import GROUP_OPERATIONS, authorized
 
 _MEMBER_ID_REQUIRED = int(ErrorCode.MEMBER_ID_REQUIRED)
 _TRANSACTION_KEY = 1  # FindCoordinator key_type: 0 a group, 1 a transactional id
@@ -184,6 +187,8 @@ class GroupApis:
                         {
                             "partition": p["partition_index"],
                             "committed_offset": p["committed_offset"],
+                            # v6+ (-1 before: unknown), kept for OffsetFetch v5+ (KIP-320)
+                            "committed_leader_epoch": p.get("committed_leader_epoch", -1),
                             "committed_metadata": p["committed_metadata"],
                         }
                         for p in t["partitions"]
@@ -250,7 +255,7 @@ class GroupApis:
                             {
                                 "partition_index": p["partition"],
                                 "committed_offset": p["committed_offset"],
-                                "committed_leader_epoch": -1,
+                                "committed_leader_epoch": p.get("committed_leader_epoch", -1),
                                 "metadata": p.get("metadata"),
                                 "error_code": p["error_code"],
                             }
@@ -280,6 +285,8 @@ class GroupApis:
         native = {"groups": body["groups"]}
         result = self._native(header, ApiKey.DESCRIBE_GROUPS, native, session)
 
+        asked = body.get("include_authorized_operations", False)  # v3+
+
         def answer(a: dict) -> dict:
             code = _code(a)
             groups = a.get("groups") or [
@@ -294,6 +301,10 @@ class GroupApis:
                         "group_state": g["group_state"],
                         "protocol_type": g.get("protocol_type", ""),
                         "protocol_data": g.get("protocol_data", ""),
+                        # Kafka fills them in for a group described without error only
+                        "authorized_operations": authorized(
+                            GROUP_OPERATIONS, asked and g["error_code"] == 0
+                        ),
                         "members": [
                             {
                                 "member_id": m["member_id"],

@@ -16,11 +16,14 @@ from typing import Any
 from minibroker.broker.common.clock import Clock, MonotonicClock
 from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.common.topic_config import TOPIC_CONFIGS
-from minibroker.broker.kafka.admin import CLUSTER_ID, AdminApis
+from minibroker.broker.kafka.admin import AdminApis
 from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
 from minibroker.broker.kafka.fetch_session import FetchSessionCache
 from minibroker.broker.kafka.groups import TRANSACTIONS_NOT_SERVED, GroupApis
+from minibroker.broker.kafka.metadata import MetadataApis
+from minibroker.broker.kafka.translate import failed
 from minibroker.broker.metadata.cache import MetadataCache
+from minibroker.broker.metadata.check import topic_name_error
 from minibroker.broker.network.pending import PendingResponse, then
 from minibroker.broker.network.session import ConnectionSession
 from minibroker.protocol import ApiKey, RequestHeader, validate_request
@@ -31,12 +34,7 @@ from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader, api_versions
 _RESOURCE_TOPIC = 2
 
 
-def _failed(body: dict) -> int:
-    """A top-level native error (a bare error body: fault injected, refused) or 0."""
-    return body.get("error_code", 0) if "topics" not in body else 0
-
-
-class KafkaRequestHandler(GroupApis, AdminApis):
+class KafkaRequestHandler(MetadataApis, GroupApis, AdminApis):
     """Kafka's KafkaApis for stock clients, built on the native handler."""
 
     def __init__(
@@ -88,62 +86,16 @@ class KafkaRequestHandler(GroupApis, AdminApis):
     def api_versions(self, header, body, session) -> dict:
         return self._api_versions
 
-    def metadata(self, header, body, session) -> Any:
-        topics = body["topics"]
-        names = None if topics is None else [t["name"] for t in topics]
-        if header.api_version == 0 and not names:
-            names = None  # v0: an empty list means every topic
-        result = self._native(header, ApiKey.METADATA, {"topics": names}, session)
-        return then(result, lambda answer: self._metadata_answer(answer, names))
-
-    def _kafka_brokers(self) -> list[dict]:
-        """Every broker's Kafka listener, as Metadata and DescribeCluster advertise them."""
-        return [
-            {"node_id": b.node_id, "host": b.kafka_host or b.host, "port": b.kafka_port}
-            for b in self.cache.metadata.brokers.values()
-            if b.kafka_port
-        ]
-
-    def _metadata_answer(self, answer: dict, names: list[str] | None) -> dict:
-        md = self.cache.metadata
-        brokers = self._kafka_brokers()
-        code = _failed(answer)
-        if code:
-            topics = [{"name": n, "error_code": code} for n in names or ()]
-        else:
-            topics = [
-                {
-                    "name": t["name"],
-                    "error_code": t["error_code"],
-                    "partitions": [
-                        {
-                            "error_code": p["error_code"],
-                            "partition_index": p["partition"],
-                            "leader_id": p["leader"],
-                            "leader_epoch": p["leader_epoch"],
-                            "replica_nodes": p["replicas"],
-                            "isr_nodes": p["isr"],
-                            "offline_replicas": p["offline_replicas"],
-                        }
-                        for p in t["partitions"]
-                    ],
-                }
-                for t in answer["topics"]
-            ]
-        return {
-            "brokers": brokers,
-            "cluster_id": CLUSTER_ID,
-            "controller_id": md.controller_id,
-            "topics": topics,
-        }
-
     def produce(self, header, body, session) -> Any:
         refused: dict[tuple[str, int], RefusedBatch] = {}
         topics = []
         for t in body["topic_data"]:
             partitions = []
+            illegal = topic_name_error(t["name"])  # never exists: refused at once
             for p in t["partition_data"]:
                 try:
+                    if illegal is not None:
+                        raise RefusedBatch(ErrorCode.INVALID_TOPIC_EXCEPTION, illegal)
                     if body["transactional_id"] is not None:
                         raise RefusedBatch(
                             ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, TRANSACTIONS_NOT_SERVED
@@ -167,7 +119,7 @@ class KafkaRequestHandler(GroupApis, AdminApis):
 
     @staticmethod
     def _produce_answer(request: dict, answer: dict, refused: dict) -> dict:
-        code = _failed(answer)
+        code = failed(answer)
         results = {
             (t["name"], p["partition"]): p
             for t in answer.get("topics", ())
@@ -227,7 +179,7 @@ class KafkaRequestHandler(GroupApis, AdminApis):
 
     @staticmethod
     def _fetch_answer(request: dict, answer: dict) -> dict:
-        code = _failed(answer)
+        code = failed(answer)
         if code:
             topics = [
                 {
@@ -287,7 +239,7 @@ class KafkaRequestHandler(GroupApis, AdminApis):
 
     @staticmethod
     def _list_offsets_answer(request: dict, answer: dict) -> dict:
-        code = _failed(answer)
+        code = failed(answer)
         topics = answer.get("topics") or [
             {
                 "name": t["name"],
@@ -352,7 +304,7 @@ class KafkaRequestHandler(GroupApis, AdminApis):
         )
 
         def answer(native_answer: dict) -> dict:
-            code = _failed(native_answer)
+            code = failed(native_answer)
             out = [
                 {
                     "name": t["name"],
@@ -409,7 +361,7 @@ class KafkaRequestHandler(GroupApis, AdminApis):
         result = self._native(header, ApiKey.OFFSET_FOR_LEADER_EPOCH, native, session)
 
         def answer(a: dict) -> dict:
-            code = _failed(a)
+            code = failed(a)
             topics = a.get("topics") or [
                 {
                     "name": t["name"],

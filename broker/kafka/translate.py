@@ -11,6 +11,11 @@ from minibroker.broker.network.pending import PendingResponse
 from minibroker.protocol.errors import ErrorCode
 
 
+def failed(body: dict) -> int:
+    """A top-level native error (a bare error body: fault injected, refused) or 0."""
+    return body.get("error_code", 0) if "topics" not in body else 0
+
+
 def within(result: Any, timeout_ms: int, tasks: BackgroundTasks, what: str, check: str) -> Any:
     """The native answer if it comes within ``timeout_ms``, else REQUEST_TIMED_OUT saying
     ``what`` did not complete and to ``check`` before retrying: Kafka's request deadline

@@ -61,6 +61,18 @@ def duplicate_partition(topics: list[dict]) -> str | None:
     return None
 
 
+def _topic_refusal(topic: str, internal_topics_allowed: bool) -> str | None:
+    """Why a produce to ``topic`` is refused with INVALID_TOPIC_EXCEPTION, or None.
+
+    An internal topic: Kafka's appendToLocalLog check and message. An illegal name
+    (``bad$#!``, ``..``, too long) can never exist: refused at once, not answered
+    UNKNOWN_TOPIC_OR_PARTITION, which a producer would retry until its delivery timeout.
+    """
+    if topic in INTERNAL_TOPICS and not internal_topics_allowed:
+        return f"Cannot append to internal topic {topic}"
+    return topic_name_error(topic)
+
+
 def _invalid_request(message: str) -> dict:
     return {"error_code": int(ErrorCode.INVALID_REQUEST), "error_message": message}
 
@@ -304,8 +316,9 @@ class ReplicaManager:
         session: ConnectionSession | None = None,
         internal_topics_allowed: bool = False,
     ) -> dict | PendingResponse | None:
-        """Kafka's appendRecords; an internal topic (``__consumer_offsets``) takes appends
-        only from a caller that says ``internal_topics_allowed`` (its own coordinator)."""
+        """Kafka's appendRecords; an internal topic (INTERNAL_TOPICS) takes appends only
+        from a caller that says ``internal_topics_allowed`` (its own coordinator, the admin
+        client id), and an illegal topic name none (see _topic_refusal)."""
         duplicate = duplicate_partition(body["topics"])
         if duplicate is not None:
             # Before anything is appended. acks=0 expects no answer: log it instead.
@@ -326,15 +339,12 @@ class ReplicaManager:
         appended = []
         for t in body["topics"]:
             topic = t["name"]
-            refused = topic in INTERNAL_TOPICS and not internal_topics_allowed
+            refused = _topic_refusal(topic, internal_topics_allowed)
             for p in t["partitions"]:
                 key = (topic, p["partition"])
-                if refused:
+                if refused is not None:
                     statuses[key] = ProducePartitionStatus(
-                        ErrorCode.INVALID_TOPIC_EXCEPTION,
-                        -1,
-                        -1,
-                        f"Cannot append to internal topic {topic}",
+                        ErrorCode.INVALID_TOPIC_EXCEPTION, -1, -1, refused
                     )
                     continue
                 statuses[key] = self._append(key, p["records"], acks)

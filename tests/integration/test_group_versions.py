@@ -62,9 +62,10 @@ async def test_v0_answers_keep_their_old_shape_and_v1_carries_the_instance_id(
             # connection picks it.
             for key in (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT):
                 assert conn.versions[key] == 1
-            for key in (ApiKey.LEAVE_GROUP, ApiKey.OFFSET_COMMIT, ApiKey.DESCRIBE_GROUPS):
+            for key in (ApiKey.LEAVE_GROUP, ApiKey.DESCRIBE_GROUPS):
                 assert conn.versions[key] == 1
-            assert conn.versions[ApiKey.OFFSET_FETCH] == 0
+            assert conn.versions[ApiKey.OFFSET_COMMIT] == 2  # v2: the committed leader epoch
+            assert conn.versions[ApiKey.OFFSET_FETCH] == 1  # v1: and returns it
             await coordinator_ready(conn, "static")
 
             # v1: the instance id goes in and comes back, in join, describe and leave.

@@ -10,6 +10,7 @@ appends complete at once and the timers are the only source of waiting.
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 import structlog
 import trio
@@ -23,7 +24,13 @@ from minibroker.broker.coordinator import (
     GroupState,
     MemberMetadata,
 )
-from minibroker.broker.metadata.image import PartitionState
+from minibroker.broker.coordinator.records import (
+    Offset,
+    PartitionContents,
+    offset_key,
+    offset_value,
+)
+from minibroker.broker.metadata.image import ClusterMetadata, PartitionState, TopicState
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
 from minibroker.broker.replication.replica_manager import ReplicaManager
@@ -33,6 +40,7 @@ from minibroker.protocol.errors import ErrorCode
 SESSION = 10_000
 REBALANCE = 30_000
 E = ErrorCode
+TOPIC_PARTITIONS = 4  # of topic "t", the one the harness's metadata knows
 
 
 class Harness:
@@ -56,6 +64,9 @@ class Harness:
             self.clock.now_ms,
         )
         self.rm.host_partition(OFFSETS_TOPIC, 0, PartitionState(0, 1, [0], [0], 1))
+        # The topics commits name: OffsetCommit answers UNKNOWN_TOPIC_OR_PARTITION otherwise.
+        partitions = [PartitionState(0, 1, [0], [0], 1) for _ in range(TOPIC_PARTITIONS)]
+        self.metadata = ClusterMetadata(topics={"t": TopicState("t", partitions)})
         self.service = CoordinatorService(
             0,
             self.config,
@@ -63,7 +74,7 @@ class Harness:
             replica_manager=self.rm,
             timer=self.timer,
             tasks=tasks,
-            metadata=lambda: None,
+            metadata=lambda: self.metadata,
             create_offsets_topic=lambda n, rf: None,
         )
         self.groups = self.service.manager.groups
@@ -446,6 +457,9 @@ def test_session_timeout_outside_the_broker_bounds_is_invalid(h):
     assert too_short["error_code"] == E.INVALID_SESSION_TIMEOUT
     too_long = h.join("", session=1_800_001)
     assert too_long["error_code"] == E.INVALID_SESSION_TIMEOUT
+    # -1 too: the schema takes any int32, the coordinator's bounds decide (as Kafka's)
+    assert h.join("", session=-1)["error_code"] == E.INVALID_SESSION_TIMEOUT
+    assert not h.groups or not h.groups["g"].members
 
 
 def test_not_coordinator_and_loading(tmp_path):
@@ -476,6 +490,69 @@ def test_commits_from_members_and_from_outside_the_group(h):
     outside = h.commit("", -1, {("t", 0): 0})
     assert outside["topics"][0]["partitions"][0]["error_code"] == E.UNKNOWN_MEMBER_ID
     assert h.fetch_offsets() == {("t", 0): 9, ("t", 1): 3}
+
+
+def test_a_commit_for_a_partition_that_does_not_exist_stores_nothing(h):
+    """Kafka's handleOffsetCommitRequest: UNKNOWN_TOPIC_OR_PARTITION per partition of a topic
+    (or a partition index) the metadata does not have; the others are committed."""
+    codes = h.commit("", -1, {("nope", 0): 4, ("t", TOPIC_PARTITIONS): 4})["topics"]
+    assert [t["partitions"][0]["error_code"] for t in codes] == [E.UNKNOWN_TOPIC_OR_PARTITION] * 2
+    assert "g" not in h.groups  # nothing committed: not even the group exists
+    mixed = h.commit("", -1, {("nope", 0): 4, ("t", 0): 2})["topics"]
+    assert [t["partitions"][0]["error_code"] for t in mixed] == [E.UNKNOWN_TOPIC_OR_PARTITION, 0]
+    assert h.fetch_offsets() == {("t", 0): 2}
+    # a group error does not hide which partitions do not exist
+    (a,), gen = h.stable_group(1)
+    stale = h.commit(a, gen + 1, {("nope", 0): 4, ("t", 0): 3})["topics"]
+    assert [t["partitions"][0]["error_code"] for t in stale] == [
+        E.UNKNOWN_TOPIC_OR_PARTITION,
+        E.ILLEGAL_GENERATION,
+    ]
+
+
+def commit_with_epoch(h: Harness, offset: int, epoch: int | None) -> int:
+    partition = {"partition": 0, "committed_offset": offset}
+    if epoch is not None:
+        partition["committed_leader_epoch"] = epoch
+    body = {"group_id": "g", "generation_id": -1, "member_id": "",
+            "topics": [{"name": "t", "partitions": [partition]}]}  # fmt: skip
+    return _body(h.call(p.ApiKey.OFFSET_COMMIT, body))["topics"][0]["partitions"][0]["error_code"]
+
+
+def fetched_epoch(h: Harness) -> int:
+    answer = h.call(p.ApiKey.OFFSET_FETCH, {"group_id": "g", "topics": None})
+    return answer["topics"][0]["partitions"][0]["committed_leader_epoch"]
+
+
+async def test_the_committed_leader_epoch_is_kept_and_loaded_back(tmp_path):
+    h = make(tmp_path)
+    assert commit_with_epoch(h, 7, 4) == 0
+    assert fetched_epoch(h) == 4
+    assert commit_with_epoch(h, 8, None) == 0  # an older client's commit: unknown
+    assert fetched_epoch(h) == -1
+    assert commit_with_epoch(h, 9, 5) == 0
+    h.rm.close()
+    async with trio.open_nursery() as nursery:
+        fresh = Harness(tmp_path, tasks=nursery)
+        fresh.service.manager.start_load(0, 2, fresh.service.coordinator.partition_loaded)
+        with trio.fail_after(5):
+            while 0 not in fresh.service.manager.owned:
+                await trio.sleep(0)
+    assert fresh.fetch_offsets() == {("t", 0): 9}
+    assert fetched_epoch(fresh) == 5
+    fresh.rm.close()
+
+
+def test_offset_records_read_the_same_with_or_without_an_epoch():
+    """__consumer_offsets written before epochs were kept loads as epoch -1; a record with
+    one still has the three fields an older broker reads."""
+    old = msgpack.packb({"offset": 3, "metadata": "m", "commit_timestamp": 10})
+    contents = PartitionContents()
+    contents._apply(offset_key("g", "t", 0), old, 10)
+    assert contents.offsets["g"][("t", 0)] == Offset(3, "m", 10, -1)
+    new = msgpack.unpackb(offset_value(Offset(3, "m", 10, 6)))
+    assert new == {"offset": 3, "metadata": "m", "commit_timestamp": 10, "leader_epoch": 6}
+    assert msgpack.unpackb(offset_value(Offset(3, "m", 10))) == msgpack.unpackb(old)
 
 
 async def test_a_new_leader_loads_groups_and_latest_offsets_from_the_log(tmp_path):

@@ -212,27 +212,41 @@ def test_a_prepared_fetch_reads_afresh_each_time_and_a_refused_one_is_refused_ag
             manager.fetch_request(twice)
 
 
-def test_internal_topics_take_appends_only_from_internal_callers(manager):
-    """Kafka's appendRecords(internalTopicsAllowed): __consumer_offsets is the coordinator's."""
-    manager.host_partition(p.GROUP_METADATA_TOPIC, 0, PartitionState(0, 1, [0], [0], 1))
+def produce_one(topic: str) -> dict:
     raw = {
         "acks": 1,
         "timeout_ms": 30_000,
         "topics": [
             {
-                "name": p.GROUP_METADATA_TOPIC,
+                "name": topic,
                 "partitions": [{"partition": 0, "records": encode_batch([(1, None, b"v", [])])}],
             }
         ],
     }
-    body = p.validate_request(p.RequestHeader(p.ApiKey.PRODUCE, 0, 1, None), raw)
+    return p.validate_request(p.RequestHeader(p.ApiKey.PRODUCE, 0, 1, None), raw)
+
+
+@pytest.mark.parametrize("topic", sorted(p.INTERNAL_TOPICS))
+def test_internal_topics_take_appends_only_from_internal_callers(manager, topic):
+    """Kafka's appendRecords(internalTopicsAllowed): __consumer_offsets is the coordinator's,
+    __minibroker_health the health check's."""
+    manager.host_partition(topic, 0, PartitionState(0, 1, [0], [0], 1))
+    body = produce_one(topic)
     refused = only_partition(manager.produce(body))
     assert refused["error_code"] == ErrorCode.INVALID_TOPIC_EXCEPTION
-    assert refused["error_message"] == "Cannot append to internal topic __consumer_offsets"
-    log = manager.partitions[(p.GROUP_METADATA_TOPIC, 0)].log
+    assert refused["error_message"] == f"Cannot append to internal topic {topic}"
+    log = manager.partitions[(topic, 0)].log
     assert log.log_end_offset == 0
     accepted = only_partition(manager.produce(body, internal_topics_allowed=True))
     assert accepted["error_code"] == ErrorCode.NONE and log.log_end_offset == 1
+
+
+@pytest.mark.parametrize("topic", ["bad$#!", ".", ".."])
+def test_a_produce_to_an_illegal_topic_name_is_an_invalid_topic(manager, topic):
+    """Not UNKNOWN_TOPIC_OR_PARTITION, which a producer retries until its timeout."""
+    refused = only_partition(manager.produce(produce_one(topic)))
+    assert refused["error_code"] == ErrorCode.INVALID_TOPIC_EXCEPTION
+    assert "topic name" in refused["error_message"]
 
 
 def test_a_follower_that_has_everything_is_left_out_of_the_answer(manager):
