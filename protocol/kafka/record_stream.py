@@ -588,22 +588,26 @@ class _Walk:
             self.errors.append((code, error))
 
     def raise_errors(self) -> None:
-        """Kafka's processRecordErrors: INVALID_TIMESTAMP if any record's timestamp was
-        out of range, else INVALID_RECORD; the message sums the errors up."""
-        errors = [e for _, e in self.errors]
-        if any(code == ErrorCode.INVALID_TIMESTAMP for code, _ in self.errors):
-            raise RecordDefect(
-                ErrorCode.INVALID_TIMESTAMP,
-                "One or more records have been rejected due to invalid timestamp",
-                errors,
-            )
-        shown = "; ".join(f"record {e.batch_index}: {e.message}" for e in errors[:3])
-        raise RecordDefect(
-            ErrorCode.INVALID_RECORD,
-            f"One or more records have been rejected due to {self.error_count} record "
-            f"errors in total, and only showing the first three errors at most: {shown}",
-            errors,
+        raise records_refused(self.errors, self.error_count)
+
+
+def records_refused(errors: list[tuple[ErrorCode, RecordError]], total: int) -> RecordDefect:
+    """Kafka's processRecordErrors: INVALID_TIMESTAMP if any record's timestamp was out of
+    range, else INVALID_RECORD summing up the first three; ``errors`` as listed."""
+    listed = [e for _, e in errors[:MAX_RECORD_ERRORS]]
+    if any(code == ErrorCode.INVALID_TIMESTAMP for code, _ in errors):
+        return RecordDefect(
+            ErrorCode.INVALID_TIMESTAMP,
+            "One or more records have been rejected due to invalid timestamp",
+            listed,
         )
+    shown = "; ".join(f"record {e.batch_index}: {e.message}" for e in listed[:3])
+    return RecordDefect(
+        ErrorCode.INVALID_RECORD,
+        f"One or more records have been rejected due to {total} record errors in total, "
+        f"and only showing the first three errors at most: {shown}",
+        listed,
+    )
 
 
 def _headers(buf: bytes, p: int, e: int, index: int) -> int:
