@@ -184,8 +184,8 @@ def _native_batch(buf: Any, pos: int, header: BatchHeader, lo: int, hi: int, key
                 ),
             )
             for i, d in enumerate(deltas)
-            if not lo <= first + d <= hi and first + d != -1
-        ]
+            if not lo <= first + d <= hi and first + d != -1 and not (keys and rows[i][1] is None)
+        ]  # one error per record, the key's first (Kafka's validateRecord)
     if errors:
         errors.sort(key=lambda e: e[1].batch_index)
         raise records_refused(errors, len(errors))

@@ -54,6 +54,11 @@ from minibroker.protocol.kafka.records import (
     unpack_header,
 )
 
+try:  # the walk's hot loop in C (setup.py builds it where a compiler is present)
+    from minibroker.protocol.kafka._record_walk import scan as _scan
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _scan = None
+
 WINDOW = 64 * 1024  # decompressed bytes held at once
 # A compressed batch that inflates past this is refused: the window bounds memory, this
 # bounds the time spent on a decompression bomb. Kafka has no such limit; 64 MiB is 64x
@@ -414,8 +419,8 @@ def walk_records(
             ErrorCode.INVALID_TIMESTAMP,
             "Invalid timestamp type LogAppendTime: producers must not set it",
         )
-    lo = now_ms - before_max_ms if before_max_ms < NO_LIMIT else -NO_LIMIT
-    hi = now_ms + after_max_ms if after_max_ms < NO_LIMIT else NO_LIMIT
+    lo = max(now_ms - before_max_ms, -NO_LIMIT) if before_max_ms < NO_LIMIT else -NO_LIMIT
+    hi = min(now_ms + after_max_ms, NO_LIMIT) if after_max_ms < NO_LIMIT else NO_LIMIT
     walk = _Walk(header.base_timestamp, lo, hi, require_keys)
     final = s.chunks is None
     index = 0
@@ -462,7 +467,28 @@ class _Walk:
     def run(self, s: _Stream, index: int, count: int, final: bool) -> int:
         """Walk the records wholly held in ``s`` from ``s.pos``; return the index of the
         first record not walked (``s.pos`` at its start). ``final``: nothing follows
-        what is held, so a record cut off is a defect, not a reason to stop."""
+        what is held, so a record cut off is a defect, not a reason to stop.
+
+        In C when the extension is built (``_record_walk.scan``: the same checks and
+        messages, no per-record Python), else the Python loop below."""
+        if _scan is None:
+            return self.run_python(s, index, count, final)
+        try:
+            s.pos, index, self.max_ts, flagged = _scan(
+                s.buf, s.pos, index, count, self.base_ts, self.max_ts,
+                self.lo, self.hi, self.need_key, final,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise _invalid(str(exc)) from None
+        for at, ts, keyless in flagged:
+            if keyless:
+                self.add_key_error(at)
+            else:
+                self.add_timestamp_error(at, ts)
+        return index
+
+    def run_python(self, s: _Stream, index: int, count: int, final: bool) -> int:
+        """``run`` without the C extension: the reference the C loop is tested against."""
         buf = s.buf
         end = len(buf)
         p = start = s.pos
@@ -480,6 +506,9 @@ class _Walk:
                 if b < 0x80:
                     n = b
                     p += 1
+                elif buf[p + 1] < 0x80:  # two bytes: lengths of 64 to 8191, say
+                    n = (b & 0x7F) | (buf[p + 1] << 7)
+                    p += 2
                 else:
                     n, p = _uvarint(buf, p, 5)
                 n = (n >> 1) ^ -(n & 1)
@@ -496,6 +525,9 @@ class _Walk:
                 if b < 0x80:
                     t = b
                     p += 1
+                elif buf[p + 1] < 0x80:  # two bytes: lengths of 64 to 8191, say
+                    t = (b & 0x7F) | (buf[p + 1] << 7)
+                    p += 2
                 else:
                     t, p = _uvarint(buf, p, 10)
                 ts = base_ts + ((t >> 1) ^ -(t & 1))
@@ -505,6 +537,9 @@ class _Walk:
                 if b < 0x80:
                     o = b
                     p += 1
+                elif buf[p + 1] < 0x80:  # two bytes: lengths of 64 to 8191, say
+                    o = (b & 0x7F) | (buf[p + 1] << 7)
+                    p += 2
                 else:
                     o, p = _uvarint(buf, p, 5)
                 if o != index << 1:  # zigzag(index)
@@ -513,13 +548,15 @@ class _Walk:
                 if b < 0x80:
                     k = b
                     p += 1
+                elif buf[p + 1] < 0x80:  # two bytes: lengths of 64 to 8191, say
+                    k = (b & 0x7F) | (buf[p + 1] << 7)
+                    p += 2
                 else:
                     k, p = _uvarint(buf, p, 5)
+                keyless = k == 1
                 if k & 1:
                     if k != 1:
                         raise _invalid(f"record {index} has key length {_zigzag(k)}")
-                    if need_key:
-                        self.add_key_error(index)
                 else:
                     p += k >> 1
                     if p > e:
@@ -528,6 +565,9 @@ class _Walk:
                 if b < 0x80:
                     v = b
                     p += 1
+                elif buf[p + 1] < 0x80:  # two bytes: lengths of 64 to 8191, say
+                    v = (b & 0x7F) | (buf[p + 1] << 7)
+                    p += 2
                 else:
                     v, p = _uvarint(buf, p, 5)
                 if v & 1:
@@ -543,7 +583,9 @@ class _Walk:
                     p += 1
                 if p != e:
                     raise _invalid(f"record {index} declares {n} bytes but holds other fields")
-                if (ts < lo or ts > hi) and ts != -1:
+                if keyless and need_key:  # one error per record, the key's first (Kafka's)
+                    self.add_key_error(index)
+                elif (ts < lo or ts > hi) and ts != -1:
                     self.add_timestamp_error(index, ts)
                 index += 1
         except IndexError:
@@ -563,7 +605,7 @@ class _Walk:
             self.max_ts = ts
         if record.key is None and self.need_key:
             self.add_key_error(index)
-        if (ts < self.lo or ts > self.hi) and ts != -1:
+        elif (ts < self.lo or ts > self.hi) and ts != -1:
             self.add_timestamp_error(index, ts)
 
     def add_key_error(self, index: int) -> None:
