@@ -10,8 +10,8 @@ lie, as Kafka does:
   fixed decompression window for compressed ones; its header must match ours (the
   native listener could send a KAFKA_FLAG batch of its own making, so its CRC-32C and
   flags are checked here unless the Kafka listener just checked them: CheckedBatches);
-- our own msgpack batch: decoded in C (``decode_rows``), its fields' types, timestamps
-  and keys checked over the decoded tuples with C-level passes.
+- our own msgpack batch: protocol/batch.py ``walk_rows`` (each record's shape and
+  types, its timestamp and key), in C where the extension is built.
 
 Rules from the topic: timestamps within message.timestamp.before/after.max.ms of the
 broker's clock (INVALID_TIMESTAMP), a key on every record of a compacted topic
@@ -20,7 +20,6 @@ broker's clock (INVALID_TIMESTAMP), a key on every record of a compacted topic
 
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import Any
 
 from minibroker.protocol.batch import (
@@ -29,9 +28,9 @@ from minibroker.protocol.batch import (
     BatchHeader,
     CheckedBatches,
     CorruptBatch,
-    decode_rows,
     producer_fields,
     unwrap_kafka_batch,
+    walk_rows,
 )
 from minibroker.protocol.errors import ErrorCode, KafkaError, error_class
 from minibroker.protocol.kafka import records as kafka_records
@@ -40,15 +39,9 @@ from minibroker.protocol.kafka.record_stream import (
     RecordDefect,
     RecordError,
     records_refused,
+    rule_error,
     walk_records,
 )
-
-_NONE_TYPE = type(None)
-_BLOB_TYPES = frozenset({bytes, _NONE_TYPE})
-_TS_TYPES = frozenset({int})
-_first = itemgetter(0)
-_key = itemgetter(1)
-_value = itemgetter(2)
 
 
 def refused(
@@ -138,54 +131,16 @@ def _kafka_batch(
 
 
 def _native_batch(buf: Any, pos: int, header: BatchHeader, lo: int, hi: int, keys: bool) -> None:
-    """Our msgpack records: C-level passes over the decoded tuples, per-record Python
-    only to name the records of a batch that breaks a rule."""
-    rows = decode_rows(buf, pos, header)  # shape and count (CorruptBatch)
-    deltas = list(map(_first, rows))
-    if (
-        set(map(type, deltas)) != _TS_TYPES
-        or not set(map(type, map(_key, rows))) <= _BLOB_TYPES
-        or not set(map(type, map(_value, rows))) <= _BLOB_TYPES
-    ):
-        raise RecordDefect(
-            ErrorCode.INVALID_RECORD,
-            "a record's timestamp delta is not an integer or its key or value not bytes/nil",
-        )
-    if 4 in set(map(len, rows)):  # headers: rare, checked per record
-        for i, row in enumerate(rows):
-            if len(row) == 4 and any(
-                type(name) is not str or type(data) not in _BLOB_TYPES for name, data in row[3]
-            ):
-                raise RecordDefect(
-                    ErrorCode.INVALID_RECORD, f"record {i}: a header is not [str, bytes/nil]"
-                )
-    first = header.first_timestamp
-    newest = first + max(deltas)
+    """Our msgpack records: one C-level pass (protocol/batch.py walk_rows)."""
+    try:
+        newest, flagged = walk_rows(buf, pos, header, lo=lo, hi=hi, require_keys=keys)
+    except CorruptBatch as exc:
+        raise RecordDefect(ErrorCode.INVALID_RECORD, str(exc)) from None
     if newest != header.max_timestamp:
         raise RecordDefect(
             ErrorCode.INVALID_RECORD,
             f"max_timestamp {header.max_timestamp} is not the records' largest timestamp {newest}",
         )
-    errors: list[tuple[ErrorCode, RecordError]] = []
-    if keys and None in map(_key, rows):
-        errors += [
-            (ErrorCode.INVALID_RECORD, RecordError(i, "Compacted topic cannot accept message without key"))
-            for i, row in enumerate(rows)
-            if row[1] is None
-        ]  # fmt: skip
-    if first + min(deltas) < lo or newest > hi:
-        errors += [
-            (
-                ErrorCode.INVALID_TIMESTAMP,
-                RecordError(
-                    i,
-                    f"Timestamp {first + d} of message with offset {i} is out of range. "
-                    f"The timestamp should be within [{lo}, {hi}]",
-                ),
-            )
-            for i, d in enumerate(deltas)
-            if not lo <= first + d <= hi and first + d != -1 and not (keys and rows[i][1] is None)
-        ]  # one error per record, the key's first (Kafka's validateRecord)
-    if errors:
-        errors.sort(key=lambda e: e[1].batch_index)
+    if flagged:
+        errors = [rule_error(i, ts, keyless, lo, hi) for i, ts, keyless in flagged]
         raise records_refused(errors, len(errors))

@@ -609,28 +609,34 @@ class _Walk:
             self.add_timestamp_error(index, ts)
 
     def add_key_error(self, index: int) -> None:
-        self._add(
-            ErrorCode.INVALID_RECORD,
-            RecordError(index, "Compacted topic cannot accept message without key"),
-        )
+        self._add(rule_error(index, 0, True, self.lo, self.hi))
 
     def add_timestamp_error(self, index: int, ts: int) -> None:
-        self._add(
-            ErrorCode.INVALID_TIMESTAMP,
-            RecordError(
-                index,
-                f"Timestamp {ts} of message with offset {index} is out of range. "
-                f"The timestamp should be within [{self.lo}, {self.hi}]",
-            ),
-        )
+        self._add(rule_error(index, ts, False, self.lo, self.hi))
 
-    def _add(self, code: ErrorCode, error: RecordError) -> None:
+    def _add(self, error: tuple[ErrorCode, RecordError]) -> None:
         self.error_count += 1
         if len(self.errors) < MAX_RECORD_ERRORS:
-            self.errors.append((code, error))
+            self.errors.append(error)
 
     def raise_errors(self) -> None:
         raise records_refused(self.errors, self.error_count)
+
+
+def rule_error(
+    index: int, ts: int, keyless: bool, lo: int, hi: int
+) -> tuple[ErrorCode, RecordError]:
+    """A record that breaks the topic's rules, as Kafka's validateRecord words it: no key
+    in a compacted topic (INVALID_RECORD), else a timestamp outside [lo, hi]."""
+    if keyless:
+        return ErrorCode.INVALID_RECORD, RecordError(
+            index, "Compacted topic cannot accept message without key"
+        )
+    return ErrorCode.INVALID_TIMESTAMP, RecordError(
+        index,
+        f"Timestamp {ts} of message with offset {index} is out of range. "
+        f"The timestamp should be within [{lo}, {hi}]",
+    )
 
 
 def records_refused(errors: list[tuple[ErrorCode, RecordError]], total: int) -> RecordDefect:
