@@ -6,10 +6,13 @@ that is not what it holds, negative or over-long varints, a length past the batc
 fake compressed block). This module is the one place that reads the record grammar
 (protocol/kafka/records.py has the layout) for the broker:
 
-- ``iter_records(batch)`` yields each record as a ``StreamRecord``: the log cleaner's
-  reader, and the reference the fast walk below is tested against.
+- ``iter_records(batch)`` yields each record as a ``StreamRecord``, field by field:
+  the log cleaner's reader (a record at a time, any record size).
 - ``walk_records(batch, ...)`` checks every record and returns a ``BatchSummary``
-  without building a record: the produce path's validator (LogValidator's walk).
+  without building a record: the produce path's validator (LogValidator's walk). Its
+  hot loop runs in C (``_record_walk.c``, built by setup.py) where the extension is
+  built, else in Python (``_Walk.run_python``); the two are held equal by tests, and
+  both readers by one table of malformed batches.
 
 Both take one whole batch (from its base offset on) whose header and CRC the caller has
 checked (``records.check_batch``). Compressed records are decompressed ``WINDOW`` bytes
@@ -153,7 +156,7 @@ def _chunks(codec: int, data: memoryview, limit: int) -> Iterator[bytes]:
                 raise RecordDefect(
                     ErrorCode.MESSAGE_TOO_LARGE,
                     f"{name} batch decompresses to more than {limit} bytes "
-                    "(kafka.max.decompressed.batch.bytes)",
+                    "(the broker's message.max.decompressed.bytes)",
                 )
             yield chunk
     except RecordDefect:
@@ -213,7 +216,7 @@ def _raw_chunks(codec: int, data: memoryview, limit: int) -> Iterator[bytes]:
                 raise RecordDefect(
                     ErrorCode.MESSAGE_TOO_LARGE,
                     f"snappy block declares more than {limit} bytes "
-                    "(kafka.max.decompressed.batch.bytes)",
+                    "(the broker's message.max.decompressed.bytes)",
                 )
             out = bytes(cramjam.snappy.decompress_raw(block))
             for at in range(0, len(out), WINDOW):
@@ -288,15 +291,18 @@ class _Stream:
 
 
 def _open(
-    batch: bytes | bytearray | memoryview, max_decompressed: int
+    batch: bytes | bytearray | memoryview, max_decompressed: int, copy: bool = True
 ) -> tuple[KafkaBatchHeader, _Stream]:
+    """The batch's header and its records as a stream; ``copy=False`` reads a plain
+    batch's records in place (the walk only indexes them; iter_records hands out slices,
+    which must be bytes)."""
     header = unpack_header(batch)
     if len(batch) < header.size:
         raise CorruptKafkaBatch(f"batch of {header.size} bytes is cut off at {len(batch)}")
     check_compression(header.compression)
     body = memoryview(batch)[HEADER_SIZE : header.size]
     if header.compression == NONE:
-        return header, _Stream(bytes(body), None)
+        return header, _Stream(bytes(body) if copy else body, None)
     return header, _Stream(b"", _chunks(header.compression, body, max_decompressed))
 
 
@@ -412,7 +418,7 @@ def walk_records(
     max_timestamp is its records' largest (INVALID_RECORD). Per-record errors are
     collected (at most MAX_RECORD_ERRORS kept) and raised together, as Kafka does.
     """
-    header, s = _open(batch, max_decompressed)
+    header, s = _open(batch, max_decompressed, copy=False)
     count = _check_counts(header)
     if header.attributes & TIMESTAMP_TYPE_FLAG:
         raise RecordDefect(

@@ -223,7 +223,7 @@ def test_a_decompression_bomb_is_refused_above_the_limit(codec):
     with pytest.raises(rs.RecordDefect) as caught:
         walk(data, max_decompressed=2 * rs.WINDOW)
     assert caught.value.code == ErrorCode.MESSAGE_TOO_LARGE
-    assert "kafka.max.decompressed.batch.bytes" in caught.value.message
+    assert "message.max.decompressed.bytes" in caught.value.message
 
 
 @pytest.mark.parametrize("codec", [kr.GZIP, kr.LZ4, kr.ZSTD])
