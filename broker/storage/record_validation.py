@@ -68,8 +68,8 @@ def validate_records(
     raise the partition's KafkaError at the first batch that fails. The rules are the
     topic's (LogConfig): timestamp bounds around ``now_ms``, keys when compacted."""
     before, after, keys = before_max_ms, after_max_ms, require_keys
-    lo = now_ms - before if before < NO_LIMIT else -NO_LIMIT
-    hi = now_ms + after if after < NO_LIMIT else NO_LIMIT
+    lo = max(now_ms - before, -NO_LIMIT) if before < NO_LIMIT else -NO_LIMIT
+    hi = min(now_ms + after, NO_LIMIT) if after < NO_LIMIT else NO_LIMIT  # int64 for C
     checked = type(buf) is CheckedBatches
     for index, (pos, header) in enumerate(batches):
         where = f"batch {index}" if len(batches) > 1 else "batch"
@@ -116,7 +116,9 @@ def _kafka_batch(
             header.first_timestamp,
             header.max_timestamp,
         ) != (inner.record_count, inner.last_offset_delta, inner.base_timestamp,
-              inner.max_timestamp) or (header.attributes & PRODUCER_FLAG and ours != theirs):  # fmt: skip
+              inner.max_timestamp) or (
+            (header.attributes & PRODUCER_FLAG or inner.producer_id >= 0) and ours != theirs
+        ):  # fmt: skip
             raise RecordDefect(
                 ErrorCode.INVALID_RECORD, "the wrapped v2 batch's header does not match ours"
             )

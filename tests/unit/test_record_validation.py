@@ -201,3 +201,13 @@ def test_the_c_walk_of_our_records_matches_the_python_one(walk_impl, rows, keys)
         finally:
             ours._scan_rows = saved
     assert results[0] == results[1]
+
+
+def test_huge_timestamp_limits_do_not_overflow(tmp_path):
+    log = open_log(
+        tmp_path,
+        message_timestamp_before_max_ms=2**63 - 2,
+        message_timestamp_after_max_ms=2**63 - 2,
+    )
+    assert log.append_as_leader(bytearray(ours.encode_batch([(NOW, b"k", b"v", [])])), 0)
+    assert log.append_as_leader(wrap_produce(kr.encode_batch([(NOW, b"k", b"v", [])])), 0)
