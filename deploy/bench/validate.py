@@ -26,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-bytes", type=int, default=16384, help="batch size (16384)")
     p.add_argument("--record-bytes", type=int, default=100, help="value bytes (100)")
     p.add_argument("--iterations", type=int, default=2000, help="walks of each batch (2000)")
+    p.add_argument(
+        "--python", action="store_true", help="the Python loop even where the C one is built"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,6 +47,8 @@ def _time(fn: Callable[[], Any], iterations: int) -> float:
 
 
 def measure(args: argparse.Namespace) -> dict:
+    if args.python:
+        record_stream._scan = None  # this process only: the fallback's cost
     count = max(1, args.batch_bytes // (args.record_bytes + 10))
     now = int(time.time() * 1000)
     rows = [(now + i // 20, None, b"v" * args.record_bytes, []) for i in range(count)]
