@@ -219,7 +219,7 @@ def produce_one(topic: str) -> dict:
         "topics": [
             {
                 "name": topic,
-                "partitions": [{"partition": 0, "records": encode_batch([(1, None, b"v", [])])}],
+                "partitions": [{"partition": 0, "records": encode_batch([(1, b"k", b"v", [])])}],
             }
         ],
     }
