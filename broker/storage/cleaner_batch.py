@@ -1,0 +1,258 @@
+"""One batch through the log cleaner in bounded memory: its records streamed, the kept
+ones re-encoded a chunk at a time, and the copy as it is when that cannot be done.
+
+Budget (Kafka's names, one cleaner thread): ``log.cleaner.io.buffer.size`` is split as
+Kafka splits it, half to read and half to write. Reading: a compressed batch is
+decompressed a window of half the buffer at a time, and a record is held whole only up
+to the larger of that half and the topic's ``max.message.bytes`` (Kafka grows its
+buffers to that size); a batch is read whole only up to the same size. Writing: kept
+records are re-encoded into batches of about half the buffer each (uncompressed bytes),
+compressed with the batch's own codec. So one batch costs about
+``io.buffer.size + 2 * max(io.buffer.size / 2, max.message.bytes)`` whatever it holds:
+a 60 KB zstd batch of 2 GB of zeros costs that, not 2 GB.
+
+A batch that does not fit (a record over the cap, a batch over it, records that do not
+decode although its CRC holds: bytes that reached the disk before anything checked
+them) is copied as it is, which is always safe for compaction (a record too many is
+kept, never one too few), and reported in ``Stats.copied`` for the manager to log.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from minibroker.broker.storage.segment import IndexBuilder
+from minibroker.protocol.batch import (
+    KAFKA_FLAG,
+    BatchHeader,
+    CorruptBatch,
+    encode_batch,
+    increment_sequence,
+    patch_base_offset,
+    patch_leader_epoch,
+    producer_fields,
+    unpack_header,
+    wrap_kafka_batch,
+)
+from minibroker.protocol.batch_stream import stream_rows
+from minibroker.protocol.errors import ProtocolError
+from minibroker.protocol.kafka import records as kafka_records
+
+# Kafka's defaults for log.cleaner.io.buffer.size and log.cleaner.dedupe.buffer.size.
+IO_BUFFER_SIZE = 524288
+DEDUPE_BUFFER_SIZE = 134217728
+FLUSH_BYTES = 1 << 20  # the output file is written in pieces of about this size
+# Kafka's per-record overhead bound in a v2 batch (length, attributes, deltas, lengths):
+# what a record adds to a chunk beyond its key, value and headers.
+RECORD_OVERHEAD = 21
+KAFKA_ATTRIBUTES_AT = kafka_records.CRC_START - kafka_records.MAGIC_AT
+# At most this many copied batches are named per pass (the rest are counted).
+MAX_REPORTED = 100
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The cleaner's memory settings (broker configs of Kafka's names)."""
+
+    io_buffer_size: int = IO_BUFFER_SIZE
+    dedupe_buffer_size: int = DEDUPE_BUFFER_SIZE
+
+    @property
+    def half(self) -> int:
+        return max(1, self.io_buffer_size // 2)
+
+    def record_limit(self, max_message_bytes: int) -> int:
+        """The largest record, and the largest batch, held whole."""
+        return max(self.half, max_message_bytes)
+
+
+class Uncleanable(Exception):
+    """This batch cannot be cleaned in the budget: copy it as it is (the reason says why)."""
+
+
+@dataclass
+class Stats:
+    bytes_read: int = 0
+    bytes_written: int = 0
+    records_read: int = 0
+    records_kept: int = 0
+    segments: list[int] = field(default_factory=list)
+    copied: list[tuple[int, str]] = field(default_factory=list)  # (base offset, reason)
+    copied_count: int = 0
+
+    def note_copied(self, offset: int, reason: str) -> None:
+        self.copied_count += 1
+        if len(self.copied) < MAX_REPORTED:
+            self.copied.append((offset, reason))
+
+
+def rows(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, budget: Budget, limit: int
+) -> Iterator[tuple]:
+    """The batch's records as ``(timestamp_delta, key, value[, headers])``, streamed;
+    Uncleanable when they cannot be read in the budget or do not decode."""
+    try:
+        if header.attributes & KAFKA_FLAG:
+            yield from _kafka_rows(buf, pos, header, budget, limit)
+        else:
+            yield from stream_rows(buf, pos, header, window=budget.half, max_record=limit)
+    except (ProtocolError, CorruptBatch) as exc:
+        raise Uncleanable(str(exc)) from None
+
+
+def _kafka_rows(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, budget: Budget, limit: int
+) -> Iterator[tuple]:
+    # TODO(record_stream): stream once protocol/kafka/record_stream.py lands.
+    from minibroker.protocol.batch import decode_rows
+
+    yield from decode_rows(buf, pos, header)
+
+
+def row_size(row: tuple) -> int:
+    """About the bytes a row adds to an encoded chunk."""
+    size = RECORD_OVERHEAD + len(row[1] or b"") + len(row[2] or b"")
+    if len(row) == 4:
+        for name, value in row[3]:
+            size += len(name) + len(value or b"") + 10
+    return size
+
+
+class Output:
+    """The cleaned copy's file, written sequentially, with a mark to roll back to (a
+    batch re-encoded in chunks that turns out to keep every record is copied instead)."""
+
+    def __init__(self, fd: int, base_offset: int, interval: int) -> None:
+        self.fd = fd
+        self.pending = bytearray()
+        self.flushed = 0
+        self.index = IndexBuilder(base_offset, interval)
+        self.next_offset = base_offset
+        self.max_timestamp = -1
+
+    @property
+    def written(self) -> int:
+        return self.flushed + len(self.pending)
+
+    def add(self, data: bytes | bytearray | memoryview, header: BatchHeader) -> None:
+        self.index.add(self.written, header.base_offset, len(data))
+        self.pending += data
+        self.next_offset = header.next_offset
+        self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
+        if len(self.pending) >= FLUSH_BYTES:
+            self.flush()
+
+    def add_raw(self, data: bytes | bytearray | memoryview) -> None:
+        """Bytes of a batch streamed through (``add_streamed`` accounts for it)."""
+        self.pending += data
+        if len(self.pending) >= FLUSH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        view = memoryview(self.pending)
+        while view:
+            view = view[os.write(self.fd, view) :]
+        view.release()
+        self.flushed += len(self.pending)
+        self.pending.clear()
+
+    def mark(self) -> tuple:
+        return (self.written, self.index.mark(), self.next_offset, self.max_timestamp)
+
+    def rollback(self, mark: tuple) -> None:
+        written, index, self.next_offset, self.max_timestamp = mark
+        if written >= self.flushed:
+            del self.pending[written - self.flushed :]
+        else:
+            self.pending.clear()
+            os.ftruncate(self.fd, written)
+            os.lseek(self.fd, written, os.SEEK_SET)
+            self.flushed = written
+        self.index.rollback(index)
+
+
+class Rewriter:
+    """A batch's kept records as batches of consecutive offsets (our batches number their
+    records contiguously, so a gap ends a batch), each at most ``chunk`` bytes of records:
+    our own encoding for our batches, a Kafka v2 batch of the same codec for a stock
+    client's. Kept rows wait until a record is dropped or a chunk fills, so a batch that
+    keeps everything and fits one chunk is never encoded."""
+
+    def __init__(
+        self,
+        buf: bytes | bytearray | memoryview,
+        pos: int,
+        header: BatchHeader,
+        out: Output,
+        chunk: int,
+    ) -> None:
+        self.header = header
+        self.out = out
+        self.chunk = chunk
+        self.producer = producer_fields(buf, pos, header)
+        self.codec = None
+        if header.attributes & KAFKA_FLAG:
+            # The v2 batch's attributes, after its magic byte and CRC-32C.
+            at = pos + header.records_at + KAFKA_ATTRIBUTES_AT
+            self.codec = buf[at + 1] & kafka_records.COMPRESSION_MASK
+        self.run: list[tuple] = []
+        self.run_start = 0
+        self.run_bytes = 0
+        self.dropped = False
+        self.encoded = False
+        self.kept = 0
+
+    def keep(self, index: int, row: tuple) -> None:
+        if not self.run:
+            self.run_start = index
+        self.run.append(row)
+        self.kept += 1
+        self.run_bytes += row_size(row)
+        if self.run_bytes >= self.chunk:
+            self._emit()
+
+    def drop(self) -> None:
+        self.dropped = True
+        self._emit()
+
+    def finish(self) -> bool:
+        """True if the batch was rewritten; False: copy it as it is (nothing dropped)."""
+        if not self.dropped:
+            return False
+        self._emit()
+        return True
+
+    def _emit(self) -> None:
+        if not self.run:
+            return
+        header = self.header
+        first_ts = header.first_timestamp
+        base = header.base_offset + self.run_start
+        records = [(first_ts + r[0], r[1], r[2], r[3] if len(r) == 4 else ()) for r in self.run]
+        pid, epoch, seq = self.producer if self.producer is not None else (-1, -1, -1)
+        if self.producer is not None:
+            seq = increment_sequence(seq, self.run_start)
+        if self.codec is None:
+            extra = {}
+            if self.producer is not None:
+                extra = {"producer_id": pid, "producer_epoch": epoch, "base_sequence": seq}
+            data = encode_batch(
+                records, base_offset=base, leader_epoch=header.leader_epoch, **extra
+            )
+        else:
+            raw = kafka_records.encode_batch(
+                records,
+                compression=self.codec,
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=seq,
+            )
+            data = wrap_kafka_batch(raw, 0, kafka_records.unpack_header(raw))
+            patch_base_offset(data, 0, base)
+            patch_leader_epoch(data, 0, header.leader_epoch)
+        self.out.add(data, unpack_header(data))
+        self.encoded = True
+        self.run = []
+        self.run_bytes = 0
