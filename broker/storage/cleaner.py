@@ -53,6 +53,7 @@ from minibroker.broker.storage.cleaner_batch import (
     Stats,
     Uncleanable,
     rows,
+    skim,
 )
 from minibroker.broker.storage.log import Log
 from minibroker.broker.storage.offset_map import OffsetMap
@@ -61,6 +62,7 @@ from minibroker.broker.storage.swap import cleaned_index, cleaned_log, commit, f
 from minibroker.protocol.batch import (
     CRC_START,
     HEADER_SIZE,
+    KAFKA_FLAG,
     PRODUCER_FLAG,
     BatchHeader,
     CorruptBatch,
@@ -284,8 +286,7 @@ def build_offset_map(plan: Plan, stop: threading.Event) -> OffsetMap:
             base = header.base_offset
             put = latest.put
             try:
-                for i, row in enumerate(rows(buf, pos, header, plan.budget, limit)):
-                    key = row[1]
+                for i, (key, _, _) in enumerate(skim(buf, pos, header, plan.budget, limit)):
                     if key is not None and base + i >= first_dirty and not put(key, base + i):
                         latest.reached = base + i
                         return latest
@@ -320,6 +321,11 @@ def _clean_batch(
     get = latest.get
     count = 0
     try:
+        if header.attributes & KAFKA_FLAG and not _loses_records(
+            buf, pos, header, latest, plan, tombstones_expire, pause
+        ):
+            out.add(memoryview(buf)[pos : pos + length], header)
+            return
         for i, row in enumerate(rows(buf, pos, header, plan.budget, plan.record_limit)):
             key = row[1]
             if (
@@ -345,6 +351,31 @@ def _clean_batch(
         if rewriter.encoded:
             out.rollback(mark)
         out.add(memoryview(buf)[pos : pos + length], header)
+
+
+def _loses_records(
+    buf: bytes,
+    pos: int,
+    header: BatchHeader,
+    latest: OffsetMap,
+    plan: Plan,
+    tombstones_expire: bool,
+    pause: _Yielder,
+) -> bool:
+    """Whether a stock client's batch loses records, read with its values skipped; and
+    Uncleanable if one record is over the limit (rewriting holds each kept one whole)."""
+    base = header.base_offset
+    get = latest.get
+    limit = plan.record_limit
+    loses = False
+    for i, (key, null, size) in enumerate(skim(buf, pos, header, plan.budget, limit)):
+        if size > limit:
+            raise Uncleanable(f"record {base + i} holds {size} bytes, over the {limit}-byte limit")
+        if key is None or get(key) > base + i or (null and tombstones_expire):
+            loses = True
+        if not i & 0xFFF:
+            pause()
+    return loses
 
 
 def _copy_streamed(path: Path, position: int, length: int, out: Output, stats: Stats) -> None:

@@ -34,10 +34,12 @@ from minibroker.protocol.batch import (
     patch_leader_epoch,
     producer_fields,
     unpack_header,
+    unwrap_kafka_batch,
     wrap_kafka_batch,
 )
 from minibroker.protocol.batch_stream import stream_rows
 from minibroker.protocol.errors import ProtocolError
+from minibroker.protocol.kafka import record_stream
 from minibroker.protocol.kafka import records as kafka_records
 
 # Kafka's defaults for log.cleaner.io.buffer.size and log.cleaner.dedupe.buffer.size.
@@ -58,6 +60,10 @@ class Budget:
 
     io_buffer_size: int = IO_BUFFER_SIZE
     dedupe_buffer_size: int = DEDUPE_BUFFER_SIZE
+    # A compressed batch inflating past this is copied as it is: not memory (records are
+    # streamed) but time, the limit produce validation applies, so what was accepted can
+    # be cleaned.
+    max_decompressed: int = record_stream.DEFAULT_MAX_DECOMPRESSED
 
     @property
     def half(self) -> int:
@@ -92,23 +98,62 @@ def rows(
     buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, budget: Budget, limit: int
 ) -> Iterator[tuple]:
     """The batch's records as ``(timestamp_delta, key, value[, headers])``, streamed;
-    Uncleanable when they cannot be read in the budget or do not decode."""
+    Uncleanable when they cannot be read in the budget or do not decode. A Kafka batch's
+    records are held whole (values too): ``skim`` it first to know they fit."""
     try:
         if header.attributes & KAFKA_FLAG:
-            yield from _kafka_rows(buf, pos, header, budget, limit)
+            yield from _kafka_rows(buf, pos, header, budget, values=True)
         else:
             yield from stream_rows(buf, pos, header, window=budget.half, max_record=limit)
     except (ProtocolError, CorruptBatch) as exc:
         raise Uncleanable(str(exc)) from None
 
 
-def _kafka_rows(
+def skim(
     buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, budget: Budget, limit: int
-) -> Iterator[tuple]:
-    # TODO(record_stream): stream once protocol/kafka/record_stream.py lands.
-    from minibroker.protocol.batch import decode_rows
+) -> Iterator[tuple[bytes | None, bool, int]]:
+    """``(key, value is null, bytes the record would hold)`` for each record, values
+    skipped unread (a stock client's batch: a 2 GB value of zeros is never held)."""
+    try:
+        if header.attributes & KAFKA_FLAG:
+            for r in _kafka_rows(buf, pos, header, budget, values=False):
+                yield r[1], r[2] is None, r[4]
+        else:
+            for r in stream_rows(buf, pos, header, window=budget.half, max_record=limit):
+                yield r[1], r[2] is None, row_size(r)
+    except (ProtocolError, CorruptBatch) as exc:
+        raise Uncleanable(str(exc)) from None
 
-    yield from decode_rows(buf, pos, header)
+
+def _kafka_rows(
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    header: BatchHeader,
+    budget: Budget,
+    *,
+    values: bool,
+) -> Iterator[tuple]:
+    """A stock client's v2 batch through ``record_stream``. ``values=False`` yields
+    ``(timestamp_delta, key, None or b"", headers, record size)``: b"" for a value that
+    is there but was skipped."""
+    kafka = unwrap_kafka_batch(buf, pos, header)
+    limit = budget.max_decompressed
+    for r in record_stream.iter_records(kafka, values=values, max_decompressed=limit):
+        headers = r.headers
+        if headers:
+            try:
+                headers = tuple((name.decode(), data) for name, data in headers)
+            except UnicodeDecodeError:
+                raise Uncleanable(f"record {r.offset_delta}: a header key is not UTF-8") from None
+        if not values:
+            size = RECORD_OVERHEAD + len(r.key or b"") + max(0, r.value_size)
+            for name, data in headers:
+                size += len(name) + len(data or b"") + 10
+            yield r.timestamp_delta, r.key, None if r.value_size < 0 else b"", headers, size
+        elif headers:
+            yield r.timestamp_delta, r.key, r.value, headers
+        else:
+            yield r.timestamp_delta, r.key, r.value
 
 
 def row_size(row: tuple) -> int:
