@@ -325,6 +325,8 @@ def _clean_batch(
             buf, pos, header, latest, plan, tombstones_expire, pause
         ):
             out.add(memoryview(buf)[pos : pos + length], header)
+            stats.records_read += header.record_count
+            stats.records_kept += header.record_count
             return
         for i, row in enumerate(rows(buf, pos, header, plan.budget, plan.record_limit)):
             key = row[1]
