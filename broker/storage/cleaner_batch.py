@@ -2,14 +2,17 @@
 ones re-encoded a chunk at a time, and the copy as it is when that cannot be done.
 
 Budget (Kafka's names, one cleaner thread): ``log.cleaner.io.buffer.size`` is split as
-Kafka splits it, half to read and half to write. Reading: a compressed batch is
-decompressed a window of half the buffer at a time, and a record is held whole only up
+Kafka splits it, half to read and half to write. Reading: a batch is read whole only up
 to the larger of that half and the topic's ``max.message.bytes`` (Kafka grows its
-buffers to that size); a batch is read whole only up to the same size. Writing: kept
-records are re-encoded into batches of about half the buffer each (uncompressed bytes),
-compressed with the batch's own codec. So one batch costs about
-``io.buffer.size + 2 * max(io.buffer.size / 2, max.message.bytes)`` whatever it holds:
-a 60 KB zstd batch of 2 GB of zeros costs that, not 2 GB.
+buffers to that size; a larger one is copied in pieces); its records are streamed (a
+stock client's compressed block through ``record_stream``'s fixed window, with values
+skipped until a record is known to be kept), and a record is held whole only up to the
+same limit. Writing: kept records are re-encoded into batches of about half the buffer
+each (uncompressed bytes), compressed with the batch's own codec. So one batch costs
+about ``io.buffer.size + 3 * max(io.buffer.size / 2, max.message.bytes)`` (the batch, a
+stock client's batch unwrapped, one record) whatever it inflates to: a 60 KB zstd batch
+of 2 GB of zeros costs that, not 2 GB. Decompressing past ``max_decompressed`` (the
+limit produce validation applies) is not memory but time: such a batch is copied too.
 
 A batch that does not fit (a record over the cap, a batch over it, records that do not
 decode although its CRC holds: bytes that reached the disk before anything checked
@@ -190,7 +193,8 @@ class Output:
             self.flush()
 
     def add_raw(self, data: bytes | bytearray | memoryview) -> None:
-        """Bytes of a batch streamed through (``add_streamed`` accounts for it)."""
+        """Bytes of a batch copied in pieces (its caller, ``cleaner._copy_streamed``,
+        indexes it and sets the offsets)."""
         self.pending += data
         if len(self.pending) >= FLUSH_BYTES:
             self.flush()
