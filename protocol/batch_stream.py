@@ -12,6 +12,8 @@ gives, checked the same way.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import islice
+from operator import itemgetter
 
 import msgpack
 
@@ -52,30 +54,24 @@ def stream_rows(
     produced = 0
     where = f"batch at offset {header.base_offset}"
     try:
-        while True:
-            try:
-                if count is None:
-                    count = unpacker.read_array_header()
-                    if count != header.record_count:
-                        raise CorruptBatch(f"{where}: records do not match count")
-                if produced == count:
-                    break
-                row = unpacker.unpack()
-            except msgpack.OutOfData:
-                if at >= len(view):
-                    raise CorruptBatch(f"{where}: records cut off") from None
+        while count is None or produced < count:
+            if count is None:
                 try:
-                    unpacker.feed(view[at : at + window])
-                except msgpack.BufferFull:
-                    raise RecordTooLarge(
-                        f"{where}: record {header.base_offset + produced} is over "
-                        f"{max_record} bytes"
-                    ) from None
-                at += window
+                    count = unpacker.read_array_header()
+                except msgpack.OutOfData:
+                    at = _feed(unpacker, view, at, window, where, max_record, produced)
+                    continue
+                if count != header.record_count:
+                    raise CorruptBatch(f"{where}: records do not match count")
                 continue
-            _check_row(row, header.base_offset + produced)
-            produced += 1
-            yield row
+            # The rows whole in what was fed so far: one window's worth, checked at once.
+            rows = list(islice(unpacker, count - produced))
+            if not rows:
+                at = _feed(unpacker, view, at, window, where, max_record, produced)
+                continue
+            _check_rows(rows, header.base_offset + produced)
+            produced += len(rows)
+            yield from rows
     except (CorruptBatch, RecordTooLarge):
         raise
     except ValueError as exc:  # msgpack's limits (max_bin_len ...) and bad bytes
@@ -84,17 +80,49 @@ def stream_rows(
         raise CorruptBatch(f"records of {where}: {exc}") from None
     except Exception as exc:  # msgpack raises a zoo of types on hostile bytes
         raise CorruptBatch(f"records of {where}: {exc}") from None
-    if at < len(view) or unpacker.tell() != len(view):
+    if unpacker.tell() != len(view):
         raise CorruptBatch(f"{where}: bytes after its last record")
 
 
-def _check_row(row: object, offset: int) -> None:
-    """``decode_rows``'s checks for one row (it makes them in bulk)."""
-    if type(row) is not tuple or len(row) not in (3, 4):
-        raise CorruptBatch(f"record {offset}: not [ts_delta, key, value(, headers)]")
-    if not isinstance(row[0], int) or not (row[1] is None or type(row[1]) is bytes):
-        raise CorruptBatch(f"record {offset}: bad timestamp or key")
-    if len(row) == 4 and not (
-        type(row[3]) is tuple and all(type(h) is tuple and len(h) == 2 for h in row[3])
-    ):
-        raise CorruptBatch(f"record {offset}: headers are not [name, value] pairs")
+def _feed(
+    unpacker: msgpack.Unpacker,
+    view: memoryview,
+    at: int,
+    window: int,
+    where: str,
+    max_record: int,
+    produced: int,
+) -> int:
+    """Give the unpacker the next window of the records; where the one after starts."""
+    if at >= len(view):
+        raise CorruptBatch(f"{where}: records cut off")
+    try:
+        unpacker.feed(view[at : at + window])
+    except msgpack.BufferFull:
+        raise RecordTooLarge(f"{where}: record {produced} is over {max_record} bytes") from None
+    return at + window
+
+
+_ROW_TYPES = {tuple}
+_ROW_LENGTHS = frozenset({3, 4})
+_KEY_TYPES = frozenset({bytes, type(None)})
+_first = itemgetter(0)
+_second = itemgetter(1)
+
+
+def _check_rows(rows: list, first_offset: int) -> None:
+    """``decode_rows``'s checks, a few C-level passes over a window's rows, plus the
+    types of timestamps and keys (the cleaner hashes keys)."""
+    if set(map(type, rows)) != _ROW_TYPES or not set(map(len, rows)) <= _ROW_LENGTHS:
+        raise CorruptBatch(
+            f"records from {first_offset}: a record is not [ts_delta, key, value(, headers)]"
+        )
+    if set(map(type, map(_first, rows))) != {int}:
+        raise CorruptBatch(f"records from {first_offset}: a timestamp delta is not an integer")
+    if not set(map(type, map(_second, rows))) <= _KEY_TYPES:
+        raise CorruptBatch(f"records from {first_offset}: a key is not bytes or null")
+    for i, row in enumerate(rows):
+        if len(row) == 4 and not (
+            type(row[3]) is tuple and all(type(h) is tuple and len(h) == 2 for h in row[3])
+        ):
+            raise CorruptBatch(f"record {first_offset + i}: headers are not [name, value] pairs")
