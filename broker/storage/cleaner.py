@@ -71,8 +71,6 @@ from minibroker.protocol.batch import (
     unpack_header,
 )
 
-__all__ = ["Budget", "Stats"]  # re-exported: the cleaner's callers name them from here
-
 CHECKPOINT = "cleaner-offset-checkpoint"
 READ_CHUNK = 1 << 20
 # The worker thread lets go of the GIL this often. Otherwise CPython hands it over only
