@@ -37,6 +37,7 @@ so a restart never completes a swap over segments that changed after it was made
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import time
 import zlib
@@ -340,10 +341,13 @@ def _clean_batch(
             if not i & 0xFFF:
                 pause()
         rewritten = rewriter.finish()
-    except Uncleanable as exc:
+    except (Uncleanable, ValueError, OverflowError, struct.error) as exc:
+        # Uncleanable, or records that decode but cannot be encoded again (a timestamp
+        # delta past int64 ...): bytes nothing checked on their way in. Kept as they are.
         out.rollback(mark)
         out.add(memoryview(buf)[pos : pos + length], header)
-        stats.note_copied(base, str(exc))
+        reason = str(exc) if isinstance(exc, Uncleanable) else f"{type(exc).__name__}: {exc}"
+        stats.note_copied(base, reason)
         return
     stats.records_read += count
     stats.records_kept += rewriter.kept

@@ -88,6 +88,15 @@ class LogCleanerManager:
                 return True  # shutting down, or the partition went (deleted, moved)
             self.uncleanable.add(plan.log)
             self.log.error("log_cleaner_failed", dir=str(plan.log.dir), error=str(exc))
+        except Exception as exc:
+            # A bug or input nothing foresaw: the log is left alone, never the broker
+            # taken down (which, the data unchanged, would fail again at every restart).
+            if self._stop.is_set() or plan.log.closed:
+                return True
+            self.uncleanable.add(plan.log)
+            self.log.exception(
+                "log_cleaner_failed", dir=str(plan.log.dir), error=f"{type(exc).__name__}: {exc}"
+            )
         return True
 
     async def clean(self, plan: cleaner.Plan) -> None:
@@ -100,7 +109,7 @@ class LogCleanerManager:
                 return  # retention or a truncation discarded our copy: plan again later
             swap.discard_uncommitted(log.dir)
             raise
-        except (CorruptBatch, cleaner.CleaningAborted):
+        except Exception:  # CorruptBatch, CleaningAborted, and whatever else
             swap.discard_uncommitted(log.dir)
             raise
         finally:

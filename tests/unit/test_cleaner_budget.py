@@ -330,3 +330,24 @@ def test_the_loop_is_not_held_while_a_bomb_is_cleaned(tmp_path: Path) -> None:
 class _Quiet:
     def __getattr__(self, name: str):
         return lambda *a, **k: None
+
+
+def test_records_that_cannot_be_encoded_again_are_copied_as_is(tmp_path: Path) -> None:
+    """A CRC-valid batch of ours whose timestamp delta puts a record past int64 (bytes
+    no client of ours writes, but the disk may hold): losing a record, it cannot be
+    re-encoded, so it is copied as it is, and the pass goes on."""
+    from minibroker.protocol.batch import encode_rows
+
+    log = compacted(tmp_path)
+    odd = encode_rows([(0, b"x", b"1"), (2**63 - 1, b"k", b"v")], TS, TS)
+    log.append_as_leader(odd, 1)  # 0-1
+    log.append_as_leader(encode_batch([(TS, b"x", b"2", ())]), 1)  # 2: x overwritten
+    log.append_as_leader(encode_batch([(TS, b"y", b"1", ())]), 1)  # 3
+    log.append_as_leader(encode_batch([(TS, b"y", b"2", ())]), 1)  # 4
+    log.roll()
+    stats = clean(log)
+    assert stats is not None and [o for o, _ in stats.copied] == [0]
+    assert "error" in stats.copied[0][1]
+    data = log.read(0, 1 << 20).data
+    assert bytes(odd[16:]) in data
+    assert [h.base_offset for _, h in iter_batches(data)] == [0, 2, 4]
