@@ -48,11 +48,13 @@ from pathlib import Path
 from minibroker.broker.common.atomic_file import fsync_dir, write_atomic
 from minibroker.broker.storage.cleaner_batch import (
     MAX_REPORTED,
+    UNREADABLE,
     Budget,
     Output,
     Rewriter,
     Stats,
     Uncleanable,
+    keys,
     rows,
     skim,
 )
@@ -213,7 +215,9 @@ def groups(plan: Plan, end: int) -> list[list[Segment]]:
 
 
 class _Yielder:
-    """Lets go of the GIL every YIELD_S, and stops the pass when asked to."""
+    """Lets go of the GIL after every YIELD_S of work, and stops the pass when asked to.
+    One per phase of a pass, shared by its loops: the interval is the phase's work, and
+    a sleep that took long (the machine busy) does not count as work."""
 
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
@@ -225,17 +229,16 @@ class _Yielder:
             if self.stop.is_set():
                 raise CleaningAborted("stopping")
             time.sleep(0)  # let go of the GIL: the loop gets it if it waits
-            self.last = now
+            self.last = time.perf_counter()
 
 
 def _batches(
-    path: Path, size: int, stop: threading.Event, limit: int
+    path: Path, size: int, stop: threading.Event, limit: int, pause: _Yielder
 ) -> Iterator[tuple[bytes | None, int, int]]:
     """``(buffer, position in it, batch size)`` for each whole batch of a segment file,
     read through a descriptor of our own in ``READ_CHUNK`` reads; a batch larger than
     ``limit`` is not read but given as ``(None, file position, size)``."""
     fd = os.open(path, os.O_RDONLY)
-    pause = _Yielder(stop)
     try:
         position = 0
         while position < size:
@@ -275,7 +278,7 @@ def build_offset_map(plan: Plan, stop: threading.Event) -> OffsetMap:
     limit = plan.record_limit
     pause = _Yielder(stop)
     for segment in plan.dirty:
-        for buf, pos, length in _batches(segment.path, plan.size_of(segment), stop, limit):
+        for buf, pos, length in _batches(segment.path, plan.size_of(segment), stop, limit, pause):
             if buf is None:
                 continue  # too large to read: copied as it is, its keys unmapped (kept)
             # CRC checked: a copy must never launder a damaged batch into a valid one.
@@ -285,13 +288,13 @@ def build_offset_map(plan: Plan, stop: threading.Event) -> OffsetMap:
             base = header.base_offset
             put = latest.put
             try:
-                for i, (key, _, _) in enumerate(skim(buf, pos, header, plan.budget, limit)):
+                for i, key in enumerate(keys(buf, pos, header, plan.budget, limit)):
                     if key is not None and base + i >= first_dirty and not put(key, base + i):
                         latest.reached = base + i
                         return latest
                     if not i & 0xFFF:
                         pause()
-            except Uncleanable:
+            except UNREADABLE:
                 continue  # copied as it is by clean_group, which reports it
     latest.reached = plan.first_uncleanable
     return latest
@@ -318,6 +321,8 @@ def _clean_batch(
     mark = out.mark()
     rewriter = Rewriter(buf, pos, header, out, plan.budget.half)
     get = latest.get
+    keep = rewriter.keep
+    run = rewriter.run
     count = 0
     try:
         if header.attributes & KAFKA_FLAG and not _loses_records(
@@ -334,19 +339,19 @@ def _clean_batch(
                 and get(key) <= base + i
                 and not (row[2] is None and tombstones_expire)
             ):
-                rewriter.keep(i, row)
-            else:
+                keep(i, row)
+            elif run or not rewriter.dropped:
                 rewriter.drop()
             count = i + 1
             if not i & 0xFFF:
                 pause()
         rewritten = rewriter.finish()
-    except (Uncleanable, ValueError, OverflowError, struct.error) as exc:
+    except (*UNREADABLE, ValueError, OverflowError, struct.error) as exc:
         # Uncleanable, or records that decode but cannot be encoded again (a timestamp
         # delta past int64 ...): bytes nothing checked on their way in. Kept as they are.
         out.rollback(mark)
         out.add(memoryview(buf)[pos : pos + length], header)
-        reason = str(exc) if isinstance(exc, Uncleanable) else f"{type(exc).__name__}: {exc}"
+        reason = str(exc) if isinstance(exc, UNREADABLE) else f"{type(exc).__name__}: {exc}"
         stats.note_copied(base, reason)
         return
     stats.records_read += count
@@ -427,7 +432,7 @@ def clean_group(
         for segment in group:
             size = plan.size_of(segment)
             stats.bytes_read += size
-            for buf, pos, length in _batches(segment.path, size, stop, limit):
+            for buf, pos, length in _batches(segment.path, size, stop, limit, pause):
                 if buf is None:
                     _copy_streamed(segment.path, pos, length, out, stats)
                     continue

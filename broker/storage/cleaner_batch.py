@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from minibroker.broker.storage.segment import IndexBuilder
 from minibroker.protocol.batch import (
@@ -53,6 +54,7 @@ FLUSH_BYTES = 1 << 20  # the output file is written in pieces of about this size
 # what a record adds to a chunk beyond its key, value and headers.
 RECORD_OVERHEAD = 21
 KAFKA_ATTRIBUTES_AT = kafka_records.CRC_START - kafka_records.MAGIC_AT
+_KEY = itemgetter(1)
 # At most this many copied batches are named per pass (the rest are counted).
 MAX_REPORTED = 100
 
@@ -97,19 +99,21 @@ class Stats:
             self.copied.append((offset, reason))
 
 
+# What reading a batch's records raises when they cannot be cleaned: its callers copy
+# the batch as it is. (Plain iterators, not wrapped in a generator that converts the
+# errors: a generator layer is a Python call per record.)
+UNREADABLE = (Uncleanable, ProtocolError, CorruptBatch)
+
+
 def rows(
     buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, budget: Budget, limit: int
 ) -> Iterator[tuple]:
     """The batch's records as ``(timestamp_delta, key, value[, headers])``, streamed;
-    Uncleanable when they cannot be read in the budget or do not decode. A Kafka batch's
-    records are held whole (values too): ``skim`` it first to know they fit."""
-    try:
-        if header.attributes & KAFKA_FLAG:
-            yield from _kafka_rows(buf, pos, header, budget, values=True)
-        else:
-            yield from stream_rows(buf, pos, header, window=budget.half, max_record=limit)
-    except (ProtocolError, CorruptBatch) as exc:
-        raise Uncleanable(str(exc)) from None
+    one of UNREADABLE when they cannot be read in the budget or do not decode. A Kafka
+    batch's records are held whole (values too): ``skim`` it first to know they fit."""
+    if header.attributes & KAFKA_FLAG:
+        return _kafka_rows(buf, pos, header, budget, values=True)
+    return stream_rows(buf, pos, header, window=budget.half, max_record=limit)
 
 
 def skim(
@@ -117,15 +121,21 @@ def skim(
 ) -> Iterator[tuple[bytes | None, bool, int]]:
     """``(key, value is null, bytes the record would hold)`` for each record, values
     skipped unread (a stock client's batch: a 2 GB value of zeros is never held)."""
-    try:
-        if header.attributes & KAFKA_FLAG:
-            for r in _kafka_rows(buf, pos, header, budget, values=False):
-                yield r[1], r[2] is None, r[4]
-        else:
-            for r in stream_rows(buf, pos, header, window=budget.half, max_record=limit):
-                yield r[1], r[2] is None, row_size(r)
-    except (ProtocolError, CorruptBatch) as exc:
-        raise Uncleanable(str(exc)) from None
+    if header.attributes & KAFKA_FLAG:
+        for r in _kafka_rows(buf, pos, header, budget, values=False):
+            yield r[1], r[2] is None, r[4]
+    else:
+        for r in stream_rows(buf, pos, header, window=budget.half, max_record=limit):
+            yield r[1], r[2] is None, row_size(r)
+
+
+def keys(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, budget: Budget, limit: int
+) -> Iterator[bytes | None]:
+    """Each record's key (the offset map's read), values skipped unread."""
+    if header.attributes & KAFKA_FLAG:
+        return map(_KEY, _kafka_rows(buf, pos, header, budget, values=False))
+    return map(_KEY, stream_rows(buf, pos, header, window=budget.half, max_record=limit))
 
 
 def _kafka_rows(
@@ -254,15 +264,23 @@ class Rewriter:
         self.kept = 0
 
     def keep(self, index: int, row: tuple) -> None:
+        """Keep the record at ``index`` (its key is not null: only keyed records stay)."""
         if not self.run:
             self.run_start = index
         self.run.append(row)
         self.kept += 1
-        self.run_bytes += row_size(row)
+        value = row[2]
+        self.run_bytes += (
+            row_size(row)
+            if len(row) == 4
+            else RECORD_OVERHEAD + len(row[1]) + (0 if value is None else len(value))
+        )
         if self.run_bytes >= self.chunk:
             self._emit()
 
     def drop(self) -> None:
+        """Drop the next record (callers skip the call while ``run`` is empty and
+        ``dropped`` set: a batch mostly dropped costs no call per record)."""
         self.dropped = True
         self._emit()
 
@@ -303,5 +321,5 @@ class Rewriter:
             patch_leader_epoch(data, 0, header.leader_epoch)
         self.out.add(data, unpack_header(data))
         self.encoded = True
-        self.run = []
+        self.run.clear()  # the same list: callers hold it
         self.run_bytes = 0

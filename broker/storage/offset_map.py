@@ -45,7 +45,7 @@ class OffsetMap:
     def put(self, key: bytes, offset: int) -> bool:
         """Record ``offset`` as the key's latest; False (nothing stored) when the map is
         full and the key is new."""
-        slot = _slot(key)
+        slot = key if len(key) <= _SHORT else _slot(key)
         entries = self._map
         if slot not in entries and len(entries) >= self.capacity:
             return False
@@ -55,7 +55,7 @@ class OffsetMap:
 
     def get(self, key: bytes) -> int:
         """The key's latest offset, or -1."""
-        return self._map.get(_slot(key), -1)
+        return self._map.get(key if len(key) <= _SHORT else _slot(key), -1)
 
     def __getitem__(self, key: bytes) -> int:
         return self._map[_slot(key)]
