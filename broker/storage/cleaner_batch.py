@@ -23,7 +23,7 @@ kept, never one too few), and reported in ``Stats.copied`` for the manager to lo
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
 
@@ -32,6 +32,7 @@ from minibroker.protocol.batch import (
     KAFKA_FLAG,
     BatchHeader,
     CorruptBatch,
+    decode_rows,
     encode_batch,
     increment_sequence,
     patch_base_offset,
@@ -102,17 +103,28 @@ class Stats:
 # What reading a batch's records raises when they cannot be cleaned: its callers copy
 # the batch as it is. (Plain iterators, not wrapped in a generator that converts the
 # errors: a generator layer is a Python call per record.)
-UNREADABLE = (Uncleanable, ProtocolError, CorruptBatch)
+# TypeError: a key that is not bytes (msgpack str) in a batch decoded at once.
+UNREADABLE = (Uncleanable, ProtocolError, CorruptBatch, TypeError)
 
 
 def rows(
     buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, budget: Budget, limit: int
-) -> Iterator[tuple]:
+) -> Iterable[tuple]:
     """The batch's records as ``(timestamp_delta, key, value[, headers])``, streamed;
     one of UNREADABLE when they cannot be read in the budget or do not decode. A Kafka
     batch's records are held whole (values too): ``skim`` it first to know they fit."""
     if header.attributes & KAFKA_FLAG:
         return _kafka_rows(buf, pos, header, budget, values=True)
+    return _native_rows(buf, pos, header, budget, limit)
+
+
+def _native_rows(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, budget: Budget, limit: int
+) -> Iterable[tuple]:
+    """One of our batches' rows: decoded at once when the batch is within half the io
+    buffer (C-level, its objects bounded by its size: most batches), else streamed."""
+    if header.size <= budget.half:
+        return decode_rows(buf, pos, header)
     return stream_rows(buf, pos, header, window=budget.half, max_record=limit)
 
 
@@ -125,7 +137,7 @@ def skim(
         for r in _kafka_rows(buf, pos, header, budget, values=False):
             yield r[1], r[2] is None, r[4]
     else:
-        for r in stream_rows(buf, pos, header, window=budget.half, max_record=limit):
+        for r in _native_rows(buf, pos, header, budget, limit):
             yield r[1], r[2] is None, row_size(r)
 
 
@@ -135,7 +147,7 @@ def keys(
     """Each record's key (the offset map's read), values skipped unread."""
     if header.attributes & KAFKA_FLAG:
         return map(_KEY, _kafka_rows(buf, pos, header, budget, values=False))
-    return map(_KEY, stream_rows(buf, pos, header, window=budget.half, max_record=limit))
+    return map(_KEY, _native_rows(buf, pos, header, budget, limit))
 
 
 def _kafka_rows(
