@@ -115,6 +115,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "minibroker.deploy.bench.cleaner",
         "a log cleaner pass: its time and the broker loop's stall, worker thread vs on the loop",
     ),
+    "validate": (
+        "minibroker.deploy.bench.validate",
+        "the leader's per-record validation of a produced batch, per codec, against its CRC",
+    ),
     "startup": (
         "minibroker.deploy.bench.startup",
         "cluster cold start, its phases, and the pytest fixture's setup/teardown",

@@ -14,7 +14,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 STAMP="$VENV/.minibroker-installed"
 # sha256sum is GNU coreutils; macOS has shasum.
-HASH="$( (sha256sum 2>/dev/null || shasum -a 256) < "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+# The C extension (setup.py, protocol/kafka/*.c) is built at install: a change to it reinstalls.
+HASH="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT"/protocol/kafka/*.c \
+    | (sha256sum 2>/dev/null || shasum -a 256) | cut -d' ' -f1)"
 NEED=1
 if [ -f "$STAMP" ] && [ "$(head -1 "$STAMP")" = "$HASH" ]; then
     NEED=0

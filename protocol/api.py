@@ -243,6 +243,11 @@ PRODUCE_RESP = struct(
                 "log_append_time": (INT64, -1),
                 "log_start_offset": (INT64, -1),
                 "error_message": ERROR_MESSAGE,
+                # A refused batch's records and why (Kafka's RecordErrors, KIP-467).
+                "record_errors": (
+                    array(struct({"batch_index": INT32, "message": nullable(STRING)})),
+                    [],
+                ),
             },
         )
     },

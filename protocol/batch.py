@@ -29,12 +29,18 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import count
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import msgpack
 
 from minibroker.protocol.errors import ProtocolError
 from minibroker.protocol.kafka import records as kafka_records
+
+try:  # the leader's record walk in C (setup.py builds it where a compiler is present)
+    from minibroker.protocol.kafka._record_walk import scan_rows as _scan_rows
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _scan_rows = None
 
 HEADER = struct.Struct(">qiiIhiqqi")
 HEADER_SIZE = HEADER.size  # 46
@@ -446,6 +452,65 @@ def decode_rows(buf: bytes | bytearray | memoryview, pos: int, header: BatchHead
                     f"record {header.base_offset + i}: headers are not [name, value] pairs"
                 )
     return rows
+
+
+_BLOBS = frozenset({bytes, type(None)})
+
+
+def walk_rows(
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    header: BatchHeader,
+    *,
+    lo: int,
+    hi: int,
+    require_keys: bool,
+) -> tuple[int, list[tuple[int, int, bool]]]:
+    """Check every record of our own (msgpack) batch as the leader's validation does:
+    ``[int ts_delta, bytes/nil key, bytes/nil value(, [[str, bytes/nil], ...])]``, exactly
+    ``record_count`` of them and nothing after; CorruptBatch naming the first that is not.
+
+    Returns the records' largest timestamp and the records that break the topic's rules,
+    ``(index, timestamp, keyless)``: keyless when ``require_keys`` and the key is nil,
+    else a timestamp outside ``[lo, hi]`` (-1, no timestamp, is never out of range).
+    In C when the extension is built (``_record_walk.scan_rows``), else decoded here.
+    """
+    if _scan_rows is not None:
+        try:
+            return _scan_rows(
+                buf, pos + header.records_at, pos + header.size, header.record_count,
+                header.first_timestamp, lo, hi, require_keys,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise CorruptBatch(f"batch at offset {header.base_offset}: {exc}") from None
+    rows = decode_rows(buf, pos, header)
+    deltas = list(map(_first_field, rows))
+    if any(type(d) is not int or not -(2**63) <= d < 2**63 for d in deltas) or not (
+        set(map(type, map(_key_field, rows))) <= _BLOBS
+        and set(map(type, map(_value_field, rows))) <= _BLOBS
+    ):
+        raise CorruptBatch(
+            f"batch at offset {header.base_offset}: a record's timestamp delta is not an "
+            "int64 or its key or value not bytes/nil"
+        )
+    for i, row in enumerate(rows):
+        if len(row) == 4 and any(type(n) is not str or type(d) not in _BLOBS for n, d in row[3]):
+            raise CorruptBatch(f"record {i}: a header is not [str, bytes/nil]")
+    first = header.first_timestamp
+    newest = first + max(deltas)
+    flagged = []
+    if (require_keys and None in map(_key_field, rows)) or first + min(deltas) < lo or newest > hi:
+        for i, row in enumerate(rows):  # only a batch that breaks a rule pays for this
+            ts = first + row[0]
+            keyless = require_keys and row[1] is None
+            if keyless or (not lo <= ts <= hi and ts != -1):
+                flagged.append((i, ts, keyless))
+    return newest, flagged
+
+
+_first_field = itemgetter(0)
+_key_field = itemgetter(1)
+_value_field = itemgetter(2)
 
 
 def _kafka_rows(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> tuple:

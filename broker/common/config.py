@@ -108,6 +108,34 @@ DEFS: dict[str, ConfigDef] = {
     "message.max.bytes": ConfigDef(
         int, 1048588, "Largest record batch the broker accepts.", 0, max=_INT_MAX
     ),
+    "message.max.decompressed.bytes": ConfigDef(
+        int,
+        64 * 1024 * 1024,
+        "Largest size a compressed record batch may inflate to; the leader validates "
+        "every record of a batch in a fixed window, and refuses one above this "
+        "(MESSAGE_TOO_LARGE) rather than spend the time on a decompression bomb.",
+        1,
+    ),
+    "log.message.timestamp.difference.max.ms": ConfigDef(
+        int,
+        _LONG_MAX,
+        "Deprecated in Kafka 3.6: the default of before.max.ms and after.max.ms.",
+        0,
+    ),
+    "log.message.timestamp.before.max.ms": ConfigDef(
+        int,
+        _LONG_MAX,
+        "How far before the broker's clock a CreateTime record's timestamp may be "
+        "(INVALID_TIMESTAMP beyond).",
+        0,
+    ),
+    "log.message.timestamp.after.max.ms": ConfigDef(
+        int,
+        3600000,
+        "How far after the broker's clock a CreateTime record's timestamp may be "
+        "(INVALID_TIMESTAMP beyond; Kafka 4.0's default, one hour).",
+        0,
+    ),
     "socket.request.max.bytes": ConfigDef(
         int, 104857600, "Largest request frame; a bigger announced frame closes the connection.", 1
     ),

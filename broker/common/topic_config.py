@@ -77,6 +77,9 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {
         TopicConfigDef("min.cleanable.dirty.ratio", "log.cleaner.min.cleanable.ratio", 0, 1, "Clean once this share of the log is dirty.", float),
         _def("delete.retention.ms", "log.cleaner.delete.retention.ms", 0, LONG_MAX, "Keep tombstones this long in a compacted log."),
         _def("min.compaction.lag.ms", "log.cleaner.min.compaction.lag.ms", 0, LONG_MAX, "Never clean records younger than this."),
+        _def("message.timestamp.difference.max.ms", "log.message.timestamp.difference.max.ms", 0, LONG_MAX, "Deprecated: the default of the two below."),
+        _def("message.timestamp.before.max.ms", "log.message.timestamp.before.max.ms", 0, LONG_MAX, "A record's timestamp at most this far before the broker's clock."),
+        _def("message.timestamp.after.max.ms", "log.message.timestamp.after.max.ms", 0, LONG_MAX, "A record's timestamp at most this far after the broker's clock."),
     )
 }  # fmt: skip
 
@@ -127,6 +130,9 @@ LOG_CONFIG_FIELDS = {
     "min_cleanable_dirty_ratio": "min.cleanable.dirty.ratio",
     "delete_retention_ms": "delete.retention.ms",
     "min_compaction_lag_ms": "min.compaction.lag.ms",
+    "message_timestamp_difference_max_ms": "message.timestamp.difference.max.ms",
+    "message_timestamp_before_max_ms": "message.timestamp.before.max.ms",
+    "message_timestamp_after_max_ms": "message.timestamp.after.max.ms",
 }
 
 

@@ -1,10 +1,11 @@
 """Record batches across the Kafka listener: in as they came, out as they went in.
 
-Produce: each v2 batch is checked (length, magic, CRC-32C, a codec we can serve) and
-wrapped in our batch header (protocol/batch.py wrap_kafka_batch): per batch, one C-level
-CRC each way, no record decoded (the log takes the wrapped batches' CRC as checked:
-CheckedBatches), so a stock client's produce costs the broker what our
-own client's does. Compressed batches stay compressed: the broker never opens them.
+Produce: each v2 batch is checked (length, magic, CRC-32C, a codec we can serve, Kafka's
+validateBatch rules) and wrapped in our batch header (protocol/batch.py
+wrap_kafka_batch): per batch, one C-level CRC each way (the log takes the wrapped
+batches' CRC as checked: CheckedBatches). The leader's log then walks every record
+before writing (storage/record_validation.py, Kafka's LogValidator); compressed batches
+are stored as they came, decompressed only in that walk's fixed window.
 
 Fetch: a wrapped batch is unwrapped (the offset and epoch the leader gave, then the
 client's own bytes). A batch our own client wrote (msgpack records) has no v2 form on
@@ -50,6 +51,12 @@ def wrap_produce(records: bytes | None) -> CheckedBatches:
                     ErrorCode.INVALID_RECORD,
                     "transactional and control batches are not served: minibroker has no "
                     "transactions (use an idempotent producer without transactional.id)",
+                )
+            if header.producer_id >= 0 and header.base_sequence < 0:
+                raise RefusedBatch(
+                    ErrorCode.INVALID_RECORD,
+                    f"invalid sequence number {header.base_sequence} in a batch with "
+                    f"producer id {header.producer_id}",
                 )
             wrap_kafka_batch(records, pos, header, out)
     except kafka_records.UnsupportedCompression as exc:

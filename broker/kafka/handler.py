@@ -192,6 +192,11 @@ class KafkaRequestHandler(GroupApis, AdminApis):
                     out["base_offset"] = r["base_offset"]
                     out["log_start_offset"] = r.get("log_start_offset", -1)
                     out["error_message"] = r.get("error_message")
+                    if r.get("record_errors"):  # Produce v8+ carries them (KIP-467)
+                        out["record_errors"] = [
+                            {"batch_index": e["batch_index"], "batch_index_error_message": e["message"]}
+                            for e in r["record_errors"]
+                        ]  # fmt: skip
                 else:
                     out["error_code"] = code or int(ErrorCode.UNKNOWN_SERVER_ERROR)
                     out["error_message"] = answer.get("error_message")

@@ -24,13 +24,27 @@ Key = tuple[str, int]
 
 
 class ProducePartitionStatus:
-    __slots__ = ("acks_pending", "base_offset", "error", "message", "required_offset")
+    __slots__ = (
+        "acks_pending",
+        "base_offset",
+        "error",
+        "message",
+        "record_errors",
+        "required_offset",
+    )
 
     def __init__(
-        self, error: ErrorCode, base_offset: int, required_offset: int, message: str | None = None
+        self,
+        error: ErrorCode,
+        base_offset: int,
+        required_offset: int,
+        message: str | None = None,
+        record_errors: list | None = None,
     ) -> None:
         self.error = error
         self.message = message  # why an append was refused (which batch field, say)
+        # Kafka's per-record errors of a refused batch (KIP-467): (batch_index, message).
+        self.record_errors = record_errors
         self.base_offset = base_offset
         self.required_offset = required_offset
         # A successful append waits for the HW; until then a timeout reports REQUEST_TIMED_OUT.
@@ -174,12 +188,15 @@ def produce_response(statuses: dict[Key, ProducePartitionStatus]) -> dict:
     """The Produce answer from per-partition statuses (at once, or when the op completes)."""
     topics: dict[str, list] = {}
     for (topic, index), status in statuses.items():
-        topics.setdefault(topic, []).append(
-            {
-                "partition": index,
-                "error_code": int(status.error),
-                "base_offset": status.base_offset if status.error is ErrorCode.NONE else -1,
-                "error_message": status.message,
-            }
-        )
+        entry = {
+            "partition": index,
+            "error_code": int(status.error),
+            "base_offset": status.base_offset if status.error is ErrorCode.NONE else -1,
+            "error_message": status.message,
+        }
+        if status.record_errors:
+            entry["record_errors"] = [
+                {"batch_index": i, "message": m} for i, m in status.record_errors
+            ]
+        topics.setdefault(topic, []).append(entry)
     return {"topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}

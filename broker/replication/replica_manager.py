@@ -67,7 +67,10 @@ def _invalid_request(message: str) -> dict:
 
 def log_config_from(config: BrokerConfig, overrides: dict[str, str] | None = None) -> LogConfig:
     """Broker defaults with per-topic overrides (Kafka's topic-level names)."""
-    return LogConfig(**log_config_values(config, overrides))
+    return LogConfig(
+        **log_config_values(config, overrides),
+        max_decompressed_bytes=config["message.max.decompressed.bytes"],
+    )
 
 
 class ReplicaManager:
@@ -363,7 +366,9 @@ class ReplicaManager:
             hw_before = partition.high_watermark
             info = partition.append_records_to_leader(records, acks)
         except KafkaError as exc:
-            return ProducePartitionStatus(exc.code, -1, -1, exc.message or None)
+            return ProducePartitionStatus(
+                exc.code, -1, -1, exc.message or None, getattr(exc, "record_errors", None)
+            )
         except OSError as exc:
             self.storage_failed(exc, f"appending to {key[0]}-{key[1]}")
             return ProducePartitionStatus(

@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from minibroker.broker.storage.producer_state import ProducerStateManager
+from minibroker.broker.storage.record_validation import validate_records
 from minibroker.broker.storage.segment import BatchInfo, Segment, scan_segment, walk_to
 from minibroker.broker.storage.swap import discard_pending, recover_swaps
 from minibroker.protocol.batch import (
@@ -65,6 +66,23 @@ class LogConfig:
     min_cleanable_dirty_ratio: float = 0.5
     delete_retention_ms: int = 86400000
     min_compaction_lag_ms: int = 0
+    # What a leader's validation of produced records applies (storage/record_validation.py).
+    # Unlimited here (Kafka before 4.0); a broker's topics take its settings.
+    message_timestamp_difference_max_ms: int = 2**63 - 1
+    message_timestamp_before_max_ms: int = 2**63 - 1
+    message_timestamp_after_max_ms: int = 2**63 - 1
+    max_decompressed_bytes: int = 64 * 1024 * 1024  # the broker's message.max.decompressed.bytes
+
+    @property
+    def timestamp_before_max_ms(self) -> int:
+        """before.max.ms, or difference.max.ms where it is unset (Kafka 3.6's LogConfig)."""
+        before = self.message_timestamp_before_max_ms
+        return self.message_timestamp_difference_max_ms if before == 2**63 - 1 else before
+
+    @property
+    def timestamp_after_max_ms(self) -> int:
+        after = self.message_timestamp_after_max_ms
+        return self.message_timestamp_difference_max_ms if after == 2**63 - 1 else after
 
     @property
     def compact(self) -> bool:
@@ -329,6 +347,16 @@ class Log:
         """Validate, check an idempotent producer's sequence, assign offsets from the LEO in
         place, write."""
         batches = self._validate(records)
+        config = self.config
+        validate_records(
+            records,
+            batches,
+            now_ms=self.now_ms(),
+            before_max_ms=config.timestamp_before_max_ms,
+            after_max_ms=config.timestamp_after_max_ms,
+            require_keys=config.compact,
+            max_decompressed=config.max_decompressed_bytes,
+        )
         producer = None
         if batches[0][1].attributes & PRODUCER_FLAG or len(batches) > 1:
             producer = self._producer_batch(records, batches)

@@ -6,10 +6,13 @@ that is not what it holds, negative or over-long varints, a length past the batc
 fake compressed block). This module is the one place that reads the record grammar
 (protocol/kafka/records.py has the layout) for the broker:
 
-- ``iter_records(batch)`` yields each record as a ``StreamRecord``: the log cleaner's
-  reader, and the reference the fast walk below is tested against.
+- ``iter_records(batch)`` yields each record as a ``StreamRecord``, field by field:
+  the log cleaner's reader (a record at a time, any record size).
 - ``walk_records(batch, ...)`` checks every record and returns a ``BatchSummary``
-  without building a record: the produce path's validator (LogValidator's walk).
+  without building a record: the produce path's validator (LogValidator's walk). Its
+  hot loop runs in C (``_record_walk.c``, built by setup.py) where the extension is
+  built, else in Python (``_Walk.run_python``); the two are held equal by tests, and
+  both readers by one table of malformed batches.
 
 Both take one whole batch (from its base offset on) whose header and CRC the caller has
 checked (``records.check_batch``). Compressed records are decompressed ``WINDOW`` bytes
@@ -53,6 +56,11 @@ from minibroker.protocol.kafka.records import (
     check_compression,
     unpack_header,
 )
+
+try:  # the walk's hot loop in C (setup.py builds it where a compiler is present)
+    from minibroker.protocol.kafka._record_walk import scan as _scan
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _scan = None
 
 WINDOW = 64 * 1024  # decompressed bytes held at once
 # A compressed batch that inflates past this is refused: the window bounds memory, this
@@ -148,7 +156,7 @@ def _chunks(codec: int, data: memoryview, limit: int) -> Iterator[bytes]:
                 raise RecordDefect(
                     ErrorCode.MESSAGE_TOO_LARGE,
                     f"{name} batch decompresses to more than {limit} bytes "
-                    "(kafka.max.decompressed.batch.bytes)",
+                    "(the broker's message.max.decompressed.bytes)",
                 )
             yield chunk
     except RecordDefect:
@@ -208,7 +216,7 @@ def _raw_chunks(codec: int, data: memoryview, limit: int) -> Iterator[bytes]:
                 raise RecordDefect(
                     ErrorCode.MESSAGE_TOO_LARGE,
                     f"snappy block declares more than {limit} bytes "
-                    "(kafka.max.decompressed.batch.bytes)",
+                    "(the broker's message.max.decompressed.bytes)",
                 )
             out = bytes(cramjam.snappy.decompress_raw(block))
             for at in range(0, len(out), WINDOW):
@@ -283,15 +291,18 @@ class _Stream:
 
 
 def _open(
-    batch: bytes | bytearray | memoryview, max_decompressed: int
+    batch: bytes | bytearray | memoryview, max_decompressed: int, copy: bool = True
 ) -> tuple[KafkaBatchHeader, _Stream]:
+    """The batch's header and its records as a stream; ``copy=False`` reads a plain
+    batch's records in place (the walk only indexes them; iter_records hands out slices,
+    which must be bytes)."""
     header = unpack_header(batch)
     if len(batch) < header.size:
         raise CorruptKafkaBatch(f"batch of {header.size} bytes is cut off at {len(batch)}")
     check_compression(header.compression)
     body = memoryview(batch)[HEADER_SIZE : header.size]
     if header.compression == NONE:
-        return header, _Stream(bytes(body), None)
+        return header, _Stream(bytes(body) if copy else body, None)
     return header, _Stream(b"", _chunks(header.compression, body, max_decompressed))
 
 
@@ -407,15 +418,15 @@ def walk_records(
     max_timestamp is its records' largest (INVALID_RECORD). Per-record errors are
     collected (at most MAX_RECORD_ERRORS kept) and raised together, as Kafka does.
     """
-    header, s = _open(batch, max_decompressed)
+    header, s = _open(batch, max_decompressed, copy=False)
     count = _check_counts(header)
     if header.attributes & TIMESTAMP_TYPE_FLAG:
         raise RecordDefect(
             ErrorCode.INVALID_TIMESTAMP,
             "Invalid timestamp type LogAppendTime: producers must not set it",
         )
-    lo = now_ms - before_max_ms if before_max_ms < NO_LIMIT else -NO_LIMIT
-    hi = now_ms + after_max_ms if after_max_ms < NO_LIMIT else NO_LIMIT
+    lo = max(now_ms - before_max_ms, -NO_LIMIT) if before_max_ms < NO_LIMIT else -NO_LIMIT
+    hi = min(now_ms + after_max_ms, NO_LIMIT) if after_max_ms < NO_LIMIT else NO_LIMIT
     walk = _Walk(header.base_timestamp, lo, hi, require_keys)
     final = s.chunks is None
     index = 0
@@ -462,7 +473,28 @@ class _Walk:
     def run(self, s: _Stream, index: int, count: int, final: bool) -> int:
         """Walk the records wholly held in ``s`` from ``s.pos``; return the index of the
         first record not walked (``s.pos`` at its start). ``final``: nothing follows
-        what is held, so a record cut off is a defect, not a reason to stop."""
+        what is held, so a record cut off is a defect, not a reason to stop.
+
+        In C when the extension is built (``_record_walk.scan``: the same checks and
+        messages, no per-record Python), else the Python loop below."""
+        if _scan is None:
+            return self.run_python(s, index, count, final)
+        try:
+            s.pos, index, self.max_ts, flagged = _scan(
+                s.buf, s.pos, index, count, self.base_ts, self.max_ts,
+                self.lo, self.hi, self.need_key, final,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise _invalid(str(exc)) from None
+        for at, ts, keyless in flagged:
+            if keyless:
+                self.add_key_error(at)
+            else:
+                self.add_timestamp_error(at, ts)
+        return index
+
+    def run_python(self, s: _Stream, index: int, count: int, final: bool) -> int:
+        """``run`` without the C extension: the reference the C loop is tested against."""
         buf = s.buf
         end = len(buf)
         p = start = s.pos
@@ -480,6 +512,9 @@ class _Walk:
                 if b < 0x80:
                     n = b
                     p += 1
+                elif buf[p + 1] < 0x80:  # two bytes: lengths of 64 to 8191, say
+                    n = (b & 0x7F) | (buf[p + 1] << 7)
+                    p += 2
                 else:
                     n, p = _uvarint(buf, p, 5)
                 n = (n >> 1) ^ -(n & 1)
@@ -496,6 +531,9 @@ class _Walk:
                 if b < 0x80:
                     t = b
                     p += 1
+                elif buf[p + 1] < 0x80:  # two bytes: lengths of 64 to 8191, say
+                    t = (b & 0x7F) | (buf[p + 1] << 7)
+                    p += 2
                 else:
                     t, p = _uvarint(buf, p, 10)
                 ts = base_ts + ((t >> 1) ^ -(t & 1))
@@ -505,6 +543,9 @@ class _Walk:
                 if b < 0x80:
                     o = b
                     p += 1
+                elif buf[p + 1] < 0x80:  # two bytes: lengths of 64 to 8191, say
+                    o = (b & 0x7F) | (buf[p + 1] << 7)
+                    p += 2
                 else:
                     o, p = _uvarint(buf, p, 5)
                 if o != index << 1:  # zigzag(index)
@@ -513,13 +554,15 @@ class _Walk:
                 if b < 0x80:
                     k = b
                     p += 1
+                elif buf[p + 1] < 0x80:  # two bytes: lengths of 64 to 8191, say
+                    k = (b & 0x7F) | (buf[p + 1] << 7)
+                    p += 2
                 else:
                     k, p = _uvarint(buf, p, 5)
+                keyless = k == 1
                 if k & 1:
                     if k != 1:
                         raise _invalid(f"record {index} has key length {_zigzag(k)}")
-                    if need_key:
-                        self.add_key_error(index)
                 else:
                     p += k >> 1
                     if p > e:
@@ -528,6 +571,9 @@ class _Walk:
                 if b < 0x80:
                     v = b
                     p += 1
+                elif buf[p + 1] < 0x80:  # two bytes: lengths of 64 to 8191, say
+                    v = (b & 0x7F) | (buf[p + 1] << 7)
+                    p += 2
                 else:
                     v, p = _uvarint(buf, p, 5)
                 if v & 1:
@@ -543,7 +589,9 @@ class _Walk:
                     p += 1
                 if p != e:
                     raise _invalid(f"record {index} declares {n} bytes but holds other fields")
-                if (ts < lo or ts > hi) and ts != -1:
+                if keyless and need_key:  # one error per record, the key's first (Kafka's)
+                    self.add_key_error(index)
+                elif (ts < lo or ts > hi) and ts != -1:
                     self.add_timestamp_error(index, ts)
                 index += 1
         except IndexError:
@@ -563,47 +611,57 @@ class _Walk:
             self.max_ts = ts
         if record.key is None and self.need_key:
             self.add_key_error(index)
-        if (ts < self.lo or ts > self.hi) and ts != -1:
+        elif (ts < self.lo or ts > self.hi) and ts != -1:
             self.add_timestamp_error(index, ts)
 
     def add_key_error(self, index: int) -> None:
-        self._add(
-            ErrorCode.INVALID_RECORD,
-            RecordError(index, "Compacted topic cannot accept message without key"),
-        )
+        self._add(rule_error(index, 0, True, self.lo, self.hi))
 
     def add_timestamp_error(self, index: int, ts: int) -> None:
-        self._add(
-            ErrorCode.INVALID_TIMESTAMP,
-            RecordError(
-                index,
-                f"Timestamp {ts} of message with offset {index} is out of range. "
-                f"The timestamp should be within [{self.lo}, {self.hi}]",
-            ),
-        )
+        self._add(rule_error(index, ts, False, self.lo, self.hi))
 
-    def _add(self, code: ErrorCode, error: RecordError) -> None:
+    def _add(self, error: tuple[ErrorCode, RecordError]) -> None:
         self.error_count += 1
         if len(self.errors) < MAX_RECORD_ERRORS:
-            self.errors.append((code, error))
+            self.errors.append(error)
 
     def raise_errors(self) -> None:
-        """Kafka's processRecordErrors: INVALID_TIMESTAMP if any record's timestamp was
-        out of range, else INVALID_RECORD; the message sums the errors up."""
-        errors = [e for _, e in self.errors]
-        if any(code == ErrorCode.INVALID_TIMESTAMP for code, _ in self.errors):
-            raise RecordDefect(
-                ErrorCode.INVALID_TIMESTAMP,
-                "One or more records have been rejected due to invalid timestamp",
-                errors,
-            )
-        shown = "; ".join(f"record {e.batch_index}: {e.message}" for e in errors[:3])
-        raise RecordDefect(
-            ErrorCode.INVALID_RECORD,
-            f"One or more records have been rejected due to {self.error_count} record "
-            f"errors in total, and only showing the first three errors at most: {shown}",
-            errors,
+        raise records_refused(self.errors, self.error_count)
+
+
+def rule_error(
+    index: int, ts: int, keyless: bool, lo: int, hi: int
+) -> tuple[ErrorCode, RecordError]:
+    """A record that breaks the topic's rules, as Kafka's validateRecord words it: no key
+    in a compacted topic (INVALID_RECORD), else a timestamp outside [lo, hi]."""
+    if keyless:
+        return ErrorCode.INVALID_RECORD, RecordError(
+            index, "Compacted topic cannot accept message without key"
         )
+    return ErrorCode.INVALID_TIMESTAMP, RecordError(
+        index,
+        f"Timestamp {ts} of message with offset {index} is out of range. "
+        f"The timestamp should be within [{lo}, {hi}]",
+    )
+
+
+def records_refused(errors: list[tuple[ErrorCode, RecordError]], total: int) -> RecordDefect:
+    """Kafka's processRecordErrors: INVALID_TIMESTAMP if any record's timestamp was out of
+    range, else INVALID_RECORD summing up the first three; ``errors`` as listed."""
+    listed = [e for _, e in errors[:MAX_RECORD_ERRORS]]
+    if any(code == ErrorCode.INVALID_TIMESTAMP for code, _ in errors):
+        return RecordDefect(
+            ErrorCode.INVALID_TIMESTAMP,
+            "One or more records have been rejected due to invalid timestamp",
+            listed,
+        )
+    shown = "; ".join(f"record {e.batch_index}: {e.message}" for e in listed[:3])
+    return RecordDefect(
+        ErrorCode.INVALID_RECORD,
+        f"One or more records have been rejected due to {total} record errors in total, "
+        f"and only showing the first three errors at most: {shown}",
+        listed,
+    )
 
 
 def _headers(buf: bytes, p: int, e: int, index: int) -> int:

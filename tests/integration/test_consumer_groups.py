@@ -355,7 +355,10 @@ async def test_clients_may_not_produce_to_the_offsets_topic(minibroker_cluster_f
         with pytest.raises(InvalidTopic, match="Cannot append to internal topic"):
             await producer.send(GROUP_METADATA_TOPIC, b"forged", partition=0)
     async with Producer(bootstrap, **{"client.id": ADMIN_CLIENT_ID}) as producer:
-        await producer.send(GROUP_METADATA_TOPIC, b"the admin client id may", partition=0)
+        # With a key: the topic is compacted, and a keyless record is INVALID_RECORD there.
+        await producer.send(
+            GROUP_METADATA_TOPIC, b"the admin client id may", key=b"forged", partition=0
+        )
     async with Admin(bootstrap) as admin:
         assert await admin.list_consumer_group_offsets("gi") == {TopicPartition("ti", 0): 1}
 

@@ -152,7 +152,10 @@ def test_keyless_records_are_dropped_and_min_compaction_lag_protects_young_segme
 ) -> None:
     clock = Clock()
     log = compacted(tmp_path, clock, min_compaction_lag_ms=5000)
-    put(log, (None, "no key"), ("k", "old"), ts=clock.now - 10_000)
+    # A leader refuses keyless records in a compacted topic (INVALID_RECORD); a log can
+    # still hold some, written before the topic was compacted: copied in as a follower.
+    old = [(clock.now - 10_000, None, b"no key", []), (clock.now - 10_000, b"k", b"old", [])]
+    log.append_as_follower(encode_batch(old, base_offset=log.log_end_offset))
     log.roll()
     put(log, ("k", "young"), ts=clock.now - 100)
     log.roll()

@@ -7,7 +7,7 @@ import os
 import struct
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minibroker.protocol.errors import ErrorCode
@@ -16,6 +16,19 @@ from minibroker.protocol.kafka import records as kr
 from minibroker.protocol.kafka.messages import write_uvarint, write_varint
 
 CODECS = [kr.NONE, kr.GZIP, kr.SNAPPY, kr.LZ4, kr.ZSTD]
+C_BUILT = rs._scan is not None
+# Every test runs against the C loop (where built) and the Python one it must match.
+WALKS = ["c", "python"] if C_BUILT else ["python"]
+FIXTURES_OK = [HealthCheck.function_scoped_fixture]
+
+
+@pytest.fixture(autouse=True, params=WALKS)
+def walk_impl(request, monkeypatch):
+    if request.param == "python":
+        monkeypatch.setattr(rs, "_scan", None)
+    return request.param
+
+
 TS = 1_700_000_000_000
 
 
@@ -210,7 +223,7 @@ def test_a_decompression_bomb_is_refused_above_the_limit(codec):
     with pytest.raises(rs.RecordDefect) as caught:
         walk(data, max_decompressed=2 * rs.WINDOW)
     assert caught.value.code == ErrorCode.MESSAGE_TOO_LARGE
-    assert "kafka.max.decompressed.batch.bytes" in caught.value.message
+    assert "message.max.decompressed.bytes" in caught.value.message
 
 
 @pytest.mark.parametrize("codec", [kr.GZIP, kr.LZ4, kr.ZSTD])
@@ -275,7 +288,7 @@ def test_the_encoder_of_records_py_agrees_with_the_reader():
         assert got == [(k, v, tuple((n.encode(), d) for n, d in h)) for _, k, v, h in rows]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=FIXTURES_OK)
 @given(st.binary(min_size=0, max_size=200), st.integers(1, 5))
 def test_random_record_bytes_never_escape_as_anything_but_a_defect(body, count):
     data = batch(body, count)
@@ -286,7 +299,7 @@ def test_random_record_bytes_never_escape_as_anything_but_a_defect(body, count):
             pass
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=FIXTURES_OK)
 @given(st.binary(min_size=0, max_size=300), st.integers(0, 40))
 def test_a_single_flipped_byte_is_caught_or_still_parses_the_same_way(noise, at):
     # Whatever a flip does, the fast walk and the field-by-field reader agree on it.
@@ -309,3 +322,39 @@ def test_uvarint_needs_its_bytes():
     out = bytearray()
     write_uvarint(out, 300)
     assert rs._uvarint(bytes(out), 0, 5) == (300, 2)
+
+
+def outcome(data: bytes, scan) -> object:
+    """walk_records' result or defect (code and message) with the given hot loop."""
+    saved = rs._scan
+    rs._scan = scan
+    try:
+        return walk(data, require_keys=True, before_max_ms=10, after_max_ms=10)
+    except rs.RecordDefect as exc:
+        return exc.code, exc.message, exc.record_errors
+    finally:
+        rs._scan = saved
+
+
+@pytest.mark.skipif(not C_BUILT, reason="the C extension is not built")
+@settings(max_examples=400, deadline=None, suppress_health_check=FIXTURES_OK)
+@given(
+    st.lists(
+        st.tuples(st.integers(-20, 20), st.none() | st.binary(max_size=3), st.binary(max_size=70)),
+        min_size=1,
+        max_size=8,
+    ),
+    st.integers(0, 400),
+    st.integers(0, 255),
+    st.integers(0, 2),
+)
+def test_the_c_loop_and_the_python_loop_agree(walk_impl, rows, at, xor, extra):
+    body = bytearray(
+        b"".join(record(i, key=k, value=v, ts_delta=d) for i, (d, k, v) in enumerate(rows))
+    )
+    body[at % len(body)] ^= xor
+    data = batch(bytes(body), len(rows) + extra - 1 if extra else len(rows), max_ts=TS + 20)
+    c_scan = rs._scan if walk_impl == "c" else None
+    if c_scan is None:
+        from minibroker.protocol.kafka._record_walk import scan as c_scan
+    assert outcome(data, c_scan) == outcome(data, None)

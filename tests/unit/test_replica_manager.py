@@ -221,7 +221,7 @@ def test_internal_topics_take_appends_only_from_internal_callers(manager):
         "topics": [
             {
                 "name": p.GROUP_METADATA_TOPIC,
-                "partitions": [{"partition": 0, "records": encode_batch([(1, None, b"v", [])])}],
+                "partitions": [{"partition": 0, "records": encode_batch([(1, b"k", b"v", [])])}],
             }
         ],
     }

@@ -226,7 +226,7 @@ def test_checked_batches_skip_only_the_crc_check(tmp_path: Path) -> None:
     leader's append; every other check still applies, and a follower checks the CRC."""
     log = open_log(tmp_path)
     good = batch([b"x", b"y"])
-    stale_crc = good[:-3] + bytes([good[-3] ^ 0xFF]) + good[-2:]  # the CRC no longer matches
+    stale_crc = good[:16] + bytes([good[16] ^ 0xFF]) + good[17:]  # the CRC field is wrong
     with pytest.raises(CorruptMessage, match="CRC"):
         log.append_as_leader(bytearray(stale_crc), 0)
     assert log.append_as_leader(CheckedBatches(stale_crc), 0).record_count == 2
