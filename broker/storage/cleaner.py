@@ -36,6 +36,7 @@ so a restart never completes a swap over segments that changed after it was made
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 import threading
@@ -187,7 +188,7 @@ def plan(log: Log, high_watermark: int, now_ms: int, budget: Budget | None = Non
         now_ms,
         protected,
         log.changes,
-        budget or Budget(),
+        dataclasses.replace(budget or Budget(), max_decompressed=cfg.max_decompressed_bytes),
     )
 
 

@@ -67,8 +67,8 @@ class Budget:
     io_buffer_size: int = IO_BUFFER_SIZE
     dedupe_buffer_size: int = DEDUPE_BUFFER_SIZE
     # A compressed batch inflating past this is copied as it is: not memory (records are
-    # streamed) but time, the limit produce validation applies, so what was accepted can
-    # be cleaned.
+    # streamed) but time. ``cleaner.plan`` sets the log's message.max.decompressed.bytes,
+    # the limit produce validation applies, so what was accepted can be cleaned.
     max_decompressed: int = record_stream.DEFAULT_MAX_DECOMPRESSED
 
     @property
