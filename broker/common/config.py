@@ -77,6 +77,22 @@ DEFS: dict[str, ConfigDef] = {
     "log.cleaner.min.compaction.lag.ms": ConfigDef(
         int, 0, "Records younger than this are never compacted (min.compaction.lag.ms).", 0
     ),
+    "log.cleaner.io.buffer.size": ConfigDef(
+        int,
+        524288,
+        "Memory the log cleaner reads and writes through: half holds the records it re-encodes "
+        "at a time, half bounds a compressed batch's records it decompresses at a time.",
+        0,
+        max=_INT_MAX,
+    ),
+    "log.cleaner.dedupe.buffer.size": ConfigDef(
+        int,
+        134217728,
+        "Memory for the cleaner's key -> latest offset map; when it fills, a pass cleans up "
+        "to the offset reached and the next pass goes on from there.",
+        1024,
+        max=_INT_MAX,
+    ),
     "log.roll.ms": ConfigDef(
         int, 604800000, "Roll a segment once it is this old, even if not full.", 1
     ),

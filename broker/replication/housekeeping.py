@@ -12,6 +12,7 @@ import trio
 from minibroker.broker.common.clock import Clock
 from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.replication.replica_manager import ReplicaManager
+from minibroker.broker.storage.cleaner_batch import Budget
 from minibroker.broker.storage.cleaner_manager import LogCleanerManager
 
 
@@ -32,6 +33,9 @@ async def run_housekeeping(
                 lambda: [(p.log, p.high_watermark) for p in rm.partitions.values()],
                 config["log.cleaner.backoff.ms"],
                 logger,
+                Budget(
+                    config["log.cleaner.io.buffer.size"], config["log.cleaner.dedupe.buffer.size"]
+                ),
             )
             nursery.start_soon(rm.cleaner.run)
 

@@ -20,6 +20,12 @@ batch boundary stays a boundary (a follower's log end always is one) and followe
 the cleaned log as it is. A producer's last batch stays whole (Kafka keeps it for the
 producer state), so the state a replay rebuilds is the one the log had.
 
+Memory: a pass holds one batch at a time, its records streamed and re-encoded in chunks
+(cleaner_batch.py: ``log.cleaner.io.buffer.size``; a batch that does not fit is copied as
+it is and logged), and the key -> offset map (offset_map.py), which holds what
+``log.cleaner.dedupe.buffer.size`` allows: when it fills, the pass cleans up to the
+offset it reached, checkpoints that, and the next pass goes on from there (as Kafka's).
+
 Threads: the reading, decoding, writing, fsyncs and the swap's commit run in a worker
 thread on its own file descriptors (the trio loop keeps serving); the rest of the swap
 (renames and unlinks) and the in-memory segment list change run on the loop, and only
@@ -30,32 +36,42 @@ so a restart never completes a swap over segments that changed after it was made
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import struct
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from minibroker.broker.common.atomic_file import fsync_dir, write_atomic
-from minibroker.broker.storage.log import Log
-from minibroker.broker.storage.segment import (
-    MAX_RELATIVE_OFFSET,
-    Segment,
-    build_index,
-    index_bytes,
+from minibroker.broker.storage.cleaner_batch import (
+    MAX_REPORTED,
+    UNREADABLE,
+    Budget,
+    Output,
+    Rewriter,
+    Stats,
+    Uncleanable,
+    keys,
+    rows,
+    skim,
 )
+from minibroker.broker.storage.log import Log
+from minibroker.broker.storage.offset_map import OffsetMap
+from minibroker.broker.storage.segment import MAX_RELATIVE_OFFSET, Segment, index_bytes
 from minibroker.broker.storage.swap import cleaned_index, cleaned_log, commit, finish_steps
 from minibroker.protocol.batch import (
+    CRC_START,
     HEADER_SIZE,
+    KAFKA_FLAG,
     PRODUCER_FLAG,
     BatchHeader,
+    CorruptBatch,
     batch_size_at,
     check_batch,
-    decode_rows,
-    encode_batch,
-    increment_sequence,
-    producer_fields,
     unpack_header,
 )
 
@@ -86,6 +102,7 @@ class Plan:
     now_ms: int
     protected: frozenset[int]  # last offsets of each producer's last batch: kept whole
     changes: int  # the log's retention/truncation count when planned
+    budget: Budget = field(default_factory=Budget)
 
     def size_of(self, segment: Segment) -> int:
         """Its size when planned: the bytes the worker reads (sealed files do not grow)."""
@@ -93,7 +110,13 @@ class Plan:
 
     @property
     def dirty(self) -> list[Segment]:
-        return [s for s in self.segments if s.base_offset >= self.first_dirty]
+        """Segments with dirty records: the first may start below ``first_dirty`` (a pass
+        whose offset map filled stopped inside it)."""
+        return [s for s in self.segments if s.next_offset > self.first_dirty]
+
+    @property
+    def record_limit(self) -> int:
+        return self.budget.record_limit(self.log.config.max_message_bytes)
 
 
 @dataclass
@@ -107,15 +130,6 @@ class Cleaned:
     mtime_ns: int
     size: int
     index: tuple[list[int], list[int], int]
-
-
-@dataclass
-class Stats:
-    bytes_read: int = 0
-    bytes_written: int = 0
-    records_read: int = 0
-    records_kept: int = 0
-    segments: list[int] = field(default_factory=list)
 
 
 # --- the clean/dirty boundary ------------------------------------------------------------------
@@ -136,7 +150,7 @@ def _checkpoint(log: Log, offset: int) -> None:
     write_atomic(log.dir / CHECKPOINT, b"%d\n" % offset)
 
 
-def plan(log: Log, high_watermark: int, now_ms: int) -> Plan | None:
+def plan(log: Log, high_watermark: int, now_ms: int, budget: Budget | None = None) -> Plan | None:
     """The pass this log needs now, or None (not compacted, nothing dirty, ratio too low)."""
     cfg = log.config
     if not cfg.compact or log.closed or len(log.segments) < 2:
@@ -154,7 +168,7 @@ def plan(log: Log, high_watermark: int, now_ms: int) -> Plan | None:
         return None
     first_dirty = first_dirty_offset(log)
     uncleanable = segments[len(cleanable)].base_offset
-    dirty_bytes = sum(s.size for s in cleanable if s.base_offset >= first_dirty)
+    dirty_bytes = sum(s.size for s in cleanable if s.next_offset > first_dirty)
     total = sum(s.size for s in cleanable)
     if dirty_bytes == 0:
         return None
@@ -174,15 +188,18 @@ def plan(log: Log, high_watermark: int, now_ms: int) -> Plan | None:
         now_ms,
         protected,
         log.changes,
+        dataclasses.replace(budget or Budget(), max_decompressed=cfg.max_decompressed_bytes),
     )
 
 
-def groups(plan: Plan) -> list[list[Segment]]:
-    """Consecutive segments whose sizes add up to at most ``segment.bytes`` (Kafka's
-    groupSegmentsBySize): each group becomes one cleaned segment."""
+def groups(plan: Plan, end: int) -> list[list[Segment]]:
+    """Consecutive segments below ``end`` (the offset map's reach) whose sizes add up to at
+    most ``segment.bytes`` (Kafka's groupSegmentsBySize): each becomes one cleaned segment."""
     limit = plan.log.config.segment_bytes
     out: list[list[Segment]] = []
     for segment in plan.segments:
+        if segment.base_offset >= end:
+            break
         group = out[-1] if out else None
         if (
             group
@@ -198,11 +215,31 @@ def groups(plan: Plan) -> list[list[Segment]]:
 # --- the worker thread's part ------------------------------------------------------------------
 
 
-def _batches(path: Path, size: int, stop: threading.Event) -> Iterator[tuple[bytes, int, int]]:
+class _Yielder:
+    """Lets go of the GIL after every YIELD_S of work, and stops the pass when asked to.
+    One per phase of a pass, shared by its loops: the interval is the phase's work, and
+    a sleep that took long (the machine busy) does not count as work."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.last = time.perf_counter()
+
+    def __call__(self) -> None:
+        now = time.perf_counter()
+        if now - self.last >= YIELD_S:
+            if self.stop.is_set():
+                raise CleaningAborted("stopping")
+            time.sleep(0)  # let go of the GIL: the loop gets it if it waits
+            self.last = time.perf_counter()
+
+
+def _batches(
+    path: Path, size: int, stop: threading.Event, limit: int, pause: _Yielder
+) -> Iterator[tuple[bytes | None, int, int]]:
     """``(buffer, position in it, batch size)`` for each whole batch of a segment file,
-    read through a descriptor of our own in ``READ_CHUNK`` reads."""
+    read through a descriptor of our own in ``READ_CHUNK`` reads; a batch larger than
+    ``limit`` is not read but given as ``(None, file position, size)``."""
     fd = os.open(path, os.O_RDONLY)
-    last_yield = time.perf_counter()
     try:
         position = 0
         while position < size:
@@ -215,129 +252,194 @@ def _batches(path: Path, size: int, stop: threading.Event) -> Iterator[tuple[byt
                 if length is None or at + length > len(chunk):
                     break
                 if length < HEADER_SIZE:
-                    raise CleaningAborted(f"bad batch length at byte {position + at} of {path}")
+                    raise CorruptBatch(f"bad batch length at byte {position + at} of {path}")
                 yield chunk, at, length
                 at += length
-                now = time.perf_counter()
-                if now - last_yield >= YIELD_S:
-                    time.sleep(0)  # let go of the GIL: the loop gets it if it waits
-                    last_yield = now
-            if at == 0:  # one batch larger than the chunk: read it whole
+                pause()
+            if at == 0:  # one batch larger than the chunk: read it whole, within the limit
                 length = batch_size_at(chunk, 0)
-                if length is None or position + length > size:
-                    raise CleaningAborted(f"torn batch at byte {position} of {path}")
-                big = os.pread(fd, length, position)
-                yield big, 0, length
+                if length is None or length < HEADER_SIZE or position + length > size:
+                    raise CorruptBatch(f"torn batch at byte {position} of {path}")
+                if length > limit:
+                    yield None, position, length
+                else:
+                    yield os.pread(fd, length, position), 0, length
                 at = length
             position += at
     finally:
         os.close(fd)
 
 
-def build_offset_map(plan: Plan, stop: threading.Event) -> dict[bytes, int]:
-    """Each key of the dirty section -> its latest offset (Kafka's SkimpyOffsetMap, as a
-    dict: exact, and as large as the dirty section's distinct keys)."""
-    latest: dict[bytes, int] = {}
+def build_offset_map(plan: Plan, stop: threading.Event) -> OffsetMap:
+    """Each key of the dirty section -> its latest offset, in the dedupe buffer's budget.
+    Its ``reached`` is ``first_uncleanable``, or the offset where it filled (Kafka's
+    buildOffsetMap: this pass cleans below it, the next one goes on from there)."""
+    latest = OffsetMap(plan.budget.dedupe_buffer_size)
+    first_dirty = plan.first_dirty
+    limit = plan.record_limit
+    pause = _Yielder(stop)
     for segment in plan.dirty:
-        for buf, pos, length in _batches(segment.path, plan.size_of(segment), stop):
+        for buf, pos, length in _batches(segment.path, plan.size_of(segment), stop, limit, pause):
+            if buf is None:
+                continue  # too large to read: copied as it is, its keys unmapped (kept)
             # CRC checked: a copy must never launder a damaged batch into a valid one.
             header = check_batch(buf, pos, length)
+            if header.next_offset <= first_dirty:
+                continue
             base = header.base_offset
-            for i, row in enumerate(decode_rows(buf, pos, header)):
-                if row[1] is not None:
-                    latest[row[1]] = base + i
+            put = latest.put
+            try:
+                for i, key in enumerate(keys(buf, pos, header, plan.budget, limit)):
+                    if key is not None and base + i >= first_dirty and not put(key, base + i):
+                        latest.reached = base + i
+                        return latest
+                    if not i & 0xFFF:
+                        pause()
+            except UNREADABLE:
+                continue  # copied as it is by clean_group, which reports it
+    latest.reached = plan.first_uncleanable
     return latest
 
 
-def _kept_batches(
+def _clean_batch(
     buf: bytes,
     pos: int,
     header: BatchHeader,
-    latest: dict[bytes, int],
+    latest: OffsetMap,
     plan: Plan,
+    out: Output,
     stats: Stats,
-) -> list[bytes] | None:
-    """The batches to write for one batch: None to copy it as it is."""
+    pause: _Yielder,
+) -> None:
+    """Write one batch's kept records, or the batch as it is."""
+    length = header.size
     if header.attributes & PRODUCER_FLAG and header.last_offset in plan.protected:
-        return None
-    rows = decode_rows(buf, pos, header)
-    stats.records_read += len(rows)
+        out.add(memoryview(buf)[pos : pos + length], header)
+        return
     base = header.base_offset
     ts = header.max_timestamp
     tombstones_expire = ts >= 0 and plan.now_ms - ts > plan.log.config.delete_retention_ms
-    kept = [
-        i
-        for i, row in enumerate(rows)
-        if row[1] is not None
-        and latest.get(row[1], -1) <= base + i
-        and not (row[2] is None and tombstones_expire)
-    ]
-    stats.records_kept += len(kept)
-    if len(kept) == len(rows):
-        return None
-    producer = producer_fields(buf, pos, header)
-    out = []
-    first_ts = header.first_timestamp
-    start = 0
-    while start < len(kept):
-        end = start + 1
-        while end < len(kept) and kept[end] == kept[end - 1] + 1:
-            end += 1
-        run = [
-            (first_ts + rows[i][0], rows[i][1], rows[i][2], rows[i][3] if len(rows[i]) == 4 else ())
-            for i in kept[start:end]
-        ]
-        extra = {}
-        if producer is not None:
-            pid, epoch, seq = producer
-            extra = {
-                "producer_id": pid,
-                "producer_epoch": epoch,
-                "base_sequence": increment_sequence(seq, kept[start]),
-            }
-        out.append(
-            encode_batch(
-                run, base_offset=base + kept[start], leader_epoch=header.leader_epoch, **extra
-            )
-        )
-        start = end
-    return out
+    mark = out.mark()
+    rewriter = Rewriter(buf, pos, header, out, plan.budget.half)
+    get = latest.get
+    keep = rewriter.keep
+    run = rewriter.run
+    count = 0
+    try:
+        if header.attributes & KAFKA_FLAG and not _loses_records(
+            buf, pos, header, latest, plan, tombstones_expire, pause
+        ):
+            out.add(memoryview(buf)[pos : pos + length], header)
+            stats.records_read += header.record_count
+            stats.records_kept += header.record_count
+            return
+        for i, row in enumerate(rows(buf, pos, header, plan.budget, plan.record_limit)):
+            key = row[1]
+            if (
+                key is not None
+                and get(key) <= base + i
+                and not (row[2] is None and tombstones_expire)
+            ):
+                keep(i, row)
+            elif run or not rewriter.dropped:
+                rewriter.drop()
+            count = i + 1
+            if not i & 0xFFF:
+                pause()
+        rewritten = rewriter.finish()
+    except (*UNREADABLE, ValueError, OverflowError, struct.error) as exc:
+        # Uncleanable, or records that decode but cannot be encoded again (a timestamp
+        # delta past int64 ...): bytes nothing checked on their way in. Kept as they are.
+        out.rollback(mark)
+        out.add(memoryview(buf)[pos : pos + length], header)
+        reason = str(exc) if isinstance(exc, UNREADABLE) else f"{type(exc).__name__}: {exc}"
+        stats.note_copied(base, reason)
+        return
+    stats.records_read += count
+    stats.records_kept += rewriter.kept
+    if not rewritten:
+        if rewriter.encoded:
+            out.rollback(mark)
+        out.add(memoryview(buf)[pos : pos + length], header)
+
+
+def _loses_records(
+    buf: bytes,
+    pos: int,
+    header: BatchHeader,
+    latest: OffsetMap,
+    plan: Plan,
+    tombstones_expire: bool,
+    pause: _Yielder,
+) -> bool:
+    """Whether a stock client's batch loses records, read with its values skipped; and
+    Uncleanable if one record is over the limit (rewriting holds each kept one whole)."""
+    base = header.base_offset
+    get = latest.get
+    limit = plan.record_limit
+    loses = False
+    for i, (key, null, size) in enumerate(skim(buf, pos, header, plan.budget, limit)):
+        if size > limit:
+            raise Uncleanable(f"record {base + i} holds {size} bytes, over the {limit}-byte limit")
+        if key is None or get(key) > base + i or (null and tombstones_expire):
+            loses = True
+        if not i & 0xFFF:
+            pause()
+    return loses
+
+
+def _copy_streamed(path: Path, position: int, length: int, out: Output, stats: Stats) -> None:
+    """A batch over the read limit, copied in READ_CHUNK pieces, its CRC checked on the
+    way (a damaged one fails the pass, as anywhere)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        head = os.pread(fd, min(READ_CHUNK, length), position)
+        header = unpack_header(head)
+        if header.record_count <= 0 or header.last_offset_delta != header.record_count - 1:
+            raise CorruptBatch(f"batch at byte {position} of {path}: bad record count")
+        out.index.add(out.written, header.base_offset, length)
+        crc = zlib.crc32(memoryview(head)[CRC_START:])
+        out.add_raw(head)
+        done = len(head)
+        while done < length:
+            piece = os.pread(fd, min(READ_CHUNK, length - done), position + done)
+            if not piece:
+                raise CorruptBatch(f"batch at byte {position} of {path} is cut off")
+            crc = zlib.crc32(piece, crc)
+            out.add_raw(piece)
+            done += len(piece)
+        if crc != header.crc:
+            raise CorruptBatch(f"batch at byte {position} of {path}: CRC does not match")
+    finally:
+        os.close(fd)
+    out.next_offset = header.next_offset
+    out.max_timestamp = max(out.max_timestamp, header.max_timestamp)
+    stats.note_copied(header.base_offset, f"batch of {length} bytes is over the read limit")
 
 
 def clean_group(
-    plan: Plan, group: list[Segment], end: int, latest: dict[bytes, int], stop: threading.Event
+    plan: Plan, group: list[Segment], end: int, latest: OffsetMap, stop: threading.Event
 ) -> tuple[Cleaned, Stats]:
     """Write the group's cleaned copy as ``.cleaned`` files (fsynced); nothing is swapped."""
     directory = plan.log.dir
     base = group[0].base_offset
     stats = Stats(segments=[s.base_offset for s in group])
-    batches: list[tuple[int, int, int]] = []
-    next_offset = base
-    max_ts = -1
-    written = 0
-    pending: list[bytes] = []
-    pending_bytes = 0
+    limit = plan.record_limit
+    pause = _Yielder(stop)
     path = cleaned_log(directory, base)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    out = Output(fd, base, max(1, plan.log.config.index_interval_bytes))
     try:
         for segment in group:
             size = plan.size_of(segment)
             stats.bytes_read += size
-            for buf, pos, length in _batches(segment.path, size, stop):
+            for buf, pos, length in _batches(segment.path, size, stop, limit, pause):
+                if buf is None:
+                    _copy_streamed(segment.path, pos, length, out, stats)
+                    continue
                 header = check_batch(buf, pos, length)
-                out = _kept_batches(buf, pos, header, latest, plan, stats)
-                for data in [buf[pos : pos + length]] if out is None else out:
-                    h = unpack_header(data) if out is not None else header
-                    batches.append((written, h.base_offset, len(data)))
-                    written += len(data)
-                    next_offset = h.base_offset + h.last_offset_delta + 1
-                    max_ts = max(max_ts, h.max_timestamp)
-                    pending.append(data)
-                    pending_bytes += len(data)
-                if pending_bytes >= READ_CHUNK:
-                    _write_all(fd, b"".join(pending))
-                    pending, pending_bytes = [], 0
-        _write_all(fd, b"".join(pending))
+                _clean_batch(buf, pos, header, latest, plan, out, stats, pause)
+        out.flush()
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -345,17 +447,21 @@ def clean_group(
     # segment is no younger for retention and segment.ms than the records it holds.
     mtime_ns = max(os.stat(s.path).st_mtime_ns for s in group)
     os.utime(path, ns=(mtime_ns, mtime_ns))
-    index = build_index(batches, base, max(1, plan.log.config.index_interval_bytes))
+    index = out.index
     with open(cleaned_index(directory, base), "wb") as fh:
-        fh.write(index_bytes(index[0], index[1]))
+        fh.write(index_bytes(index.offsets, index.positions))
+    written = out.written
     stats.bytes_written = written
-    return Cleaned(base, end, next_offset, max_ts, mtime_ns, written, index), stats
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+    cleaned = Cleaned(
+        base,
+        end,
+        out.next_offset,
+        out.max_timestamp,
+        mtime_ns,
+        written,
+        (index.offsets, index.positions, index.since),
+    )
+    return cleaned, stats
 
 
 # --- the loop's part ----------------------------------------------------------------------------
@@ -397,9 +503,10 @@ def discard(plan: Plan, cleaned_base: int) -> None:
     cleaned_index(plan.log.dir, cleaned_base).unlink(missing_ok=True)
 
 
-def finish(plan: Plan) -> None:
-    """The pass cleaned everything below ``first_uncleanable``: that is the new boundary."""
-    _checkpoint(plan.log, plan.first_uncleanable)
+def finish(plan: Plan, latest: OffsetMap | None = None) -> None:
+    """The pass cleaned everything below what its offset map reached
+    (``first_uncleanable``, or where the map filled): that is the new boundary."""
+    _checkpoint(plan.log, _reached(plan, latest))
 
 
 def clean_now(plan: Plan) -> Stats:
@@ -408,21 +515,29 @@ def clean_now(plan: Plan) -> Stats:
     stop = threading.Event()
     total = Stats()
     latest = build_offset_map(plan, stop)
-    for group, end in with_ends(plan):
+    for group, end in with_ends(plan, latest):
         cleaned, stats = clean_group(plan, group, end, latest, stop)
         _add(total, stats)
         commit(plan.log.dir, cleaned.base, cleaned.end)
         swap_in(plan, group, cleaned)
     fsync_dir(plan.log.dir)
-    finish(plan)
+    finish(plan, latest)
     return total
 
 
-def with_ends(plan: Plan) -> list[tuple[list[Segment], int]]:
-    """Each group with the base offset of the segment after it (the swap's end)."""
+def _reached(plan: Plan, latest: OffsetMap | None) -> int:
+    if latest is None or latest.reached is None:
+        return plan.first_uncleanable
+    return latest.reached
+
+
+def with_ends(plan: Plan, latest: OffsetMap | None = None) -> list[tuple[list[Segment], int]]:
+    """Each group below what the offset map reached (all, without one), with the base
+    offset of the segment after it (the swap's end)."""
+    reached = _reached(plan, latest)
     out = []
     segments = plan.log.segments
-    for group in groups(plan):
+    for group in groups(plan, reached):
         after = segments[segments.index(group[-1]) + 1]
         out.append((group, after.base_offset))
     return out
@@ -434,3 +549,5 @@ def _add(total: Stats, stats: Stats) -> None:
     total.records_read += stats.records_read
     total.records_kept += stats.records_kept
     total.segments += stats.segments
+    total.copied += stats.copied[: max(0, MAX_REPORTED - len(total.copied))]
+    total.copied_count += stats.copied_count

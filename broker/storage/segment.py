@@ -359,17 +359,40 @@ def build_index(
 ) -> tuple[list[int], list[int], int]:
     """The sparse index of ``(position, base_offset, size, ...)`` batches: relative offsets,
     positions (an entry every ``interval`` bytes) and the bytes after the last entry."""
-    offsets: list[int] = []
-    positions: list[int] = []
-    since = 0
+    index = IndexBuilder(base_offset, interval)
     for b in batches:
-        position, base, size = b[0], b[1], b[2]
-        if not offsets or since >= interval:
-            offsets.append(base - base_offset)
-            positions.append(position)
-            since = 0
-        since += size
-    return offsets, positions, since
+        index.add(b[0], b[1], b[2])
+    return index.offsets, index.positions, index.since
+
+
+class IndexBuilder:
+    """A sparse index built batch by batch, so a writer of millions of batches (the
+    cleaner) holds its entries only, not a list of every batch."""
+
+    __slots__ = ("base_offset", "interval", "offsets", "positions", "since")
+
+    def __init__(self, base_offset: int, interval: int) -> None:
+        self.base_offset = base_offset
+        self.interval = interval
+        self.offsets: list[int] = []
+        self.positions: list[int] = []
+        self.since = 0
+
+    def add(self, position: int, base: int, size: int) -> None:
+        """The next batch: ``size`` bytes at ``position``, first offset ``base``."""
+        if not self.offsets or self.since >= self.interval:
+            self.offsets.append(base - self.base_offset)
+            self.positions.append(position)
+            self.since = 0
+        self.since += size
+
+    def mark(self) -> tuple[int, int]:
+        return len(self.offsets), self.since
+
+    def rollback(self, mark: tuple[int, int]) -> None:
+        """Back to ``mark()``: the batches added since are gone."""
+        del self.offsets[mark[0] :], self.positions[mark[0] :]
+        self.since = mark[1]
 
 
 def index_bytes(offsets: list[int], positions: list[int]) -> bytes:

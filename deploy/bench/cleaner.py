@@ -7,8 +7,13 @@ and the same pass run on the loop (``cleaner.clean_now``), the baseline the work
 thread is there to beat. Throughout, a task sleeps 1 ms at a time and records how late
 it wakes: the loop's stall. The switch interval is the broker's (one timer tick).
 
+``--bomb-mb N`` puts a compression bomb first in the log: a stock client's zstd batch of
+one record (key ``key-0``, overwritten later) whose value is N MiB of zeros, a few KB on
+disk (issue 34). The cleaner streams it with its values skipped and copies it as it is.
+
 Ends with one JSON line: per way, medians over the rounds of the pass time, the
-lateness p99 and max, and the log's size before and after.
+lateness p99 and max, the process's resident size growth during the pass, and the log's
+size before and after.
 """
 
 from __future__ import annotations
@@ -16,19 +21,26 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
+import struct
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import trio
+import zstandard
+from crc32c import crc32c
 
 from minibroker.broker.purgatory.system_timer import switch_interval_for
 from minibroker.broker.storage import Log, LogConfig, cleaner
 from minibroker.broker.storage.cleaner_manager import LogCleanerManager
 from minibroker.deploy.bench.common import percentile, report
 from minibroker.protocol import encode_batch
+from minibroker.protocol.batch import wrap_kafka_batch
+from minibroker.protocol.kafka import records as kafka_records
+from minibroker.protocol.kafka.messages import write_varint
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keys", type=int, default=5000, help="distinct keys (5000)")
     p.add_argument("--value-bytes", type=int, default=200, help="bytes per value (200)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of each way (3)")
+    p.add_argument(
+        "--bomb-mb", type=int, default=0, help="MiB of zeros in a zstd bomb batch first (0: none)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +65,8 @@ class _Quiet:
 def _build(path: Path, args: argparse.Namespace) -> Log:
     config = LogConfig(segment_bytes=8 << 20, cleanup_policy="compact")
     log = Log.open(path, config, logger=_Quiet())
+    if args.bomb_mb:
+        log.append_as_leader(_bomb(args.bomb_mb << 20), 1)
     value = b"x" * args.value_bytes
     rows = []
     for i in range(args.records):
@@ -63,6 +80,30 @@ def _build(path: Path, args: argparse.Namespace) -> Log:
     return log
 
 
+def _bomb(zeros: int) -> bytearray:
+    """One zstd v2 record batch: key ``key-0``, a value of ``zeros`` zero bytes."""
+    compressor = zstandard.ZstdCompressor(level=1).compressobj()
+    head = bytearray(b"\x00\x00\x00\x0akey-0")  # attributes, deltas, key length 5, key
+    write_varint(head, zeros)
+    rec = bytearray()
+    write_varint(rec, len(head) + zeros + 1)
+    parts = [compressor.compress(bytes(rec + head))]
+    block = bytes(min(zeros, 64 << 20))
+    left = zeros
+    while left:
+        parts.append(compressor.compress(block[: min(left, len(block))]))
+        left -= min(left, len(block))
+    parts += [compressor.compress(b"\x00"), compressor.flush()]  # no headers
+    raw = kafka_records.encode_batch([(1000, b"key-0", b"", ())], compression=kafka_records.ZSTD)
+    header = kafka_records.unpack_header(raw)
+    body = b"".join(parts)
+    raw = bytearray(raw[: kafka_records.HEADER_SIZE] + body)
+    struct.pack_into(">i", raw, 8, len(raw) - kafka_records.LOG_OVERHEAD)
+    crc = crc32c(memoryview(raw)[kafka_records.CRC_START :])
+    struct.pack_into(">I", raw, kafka_records.CRC_AT, crc)
+    return wrap_kafka_batch(raw, 0, header._replace(batch_length=len(raw) - 12))
+
+
 async def _one(way: str, args: argparse.Namespace) -> dict[str, float]:
     directory = Path(tempfile.mkdtemp(prefix="bench-cleaner-"))
     try:
@@ -70,12 +111,16 @@ async def _one(way: str, args: argparse.Namespace) -> dict[str, float]:
         before = log.size_bytes
         late: list[float] = []
         done = trio.Event()
+        process = psutil.Process()
+        rss_before = rss_peak = process.memory_info().rss
 
         async def watch() -> None:
+            nonlocal rss_peak
             while not done.is_set():
                 start = time.perf_counter()
                 await trio.sleep(0.001)
                 late.append((time.perf_counter() - start) * 1000 - 1)
+                rss_peak = max(rss_peak, process.memory_info().rss)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch)
@@ -97,6 +142,7 @@ async def _one(way: str, args: argparse.Namespace) -> dict[str, float]:
             "pass_s": took,
             "lateness_p99_ms": percentile(late, 0.99),
             "lateness_max_ms": late[-1] if late else 0.0,
+            "rss_grown_mb": (rss_peak - rss_before) / 2**20,
             "mb_before": before / 1e6,
             "mb_after": after / 1e6,
         }
@@ -114,6 +160,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "bench": "cleaner",
         "records": args.records,
         "keys": args.keys,
+        "bomb_mb": args.bomb_mb,
         **{
             way: {key: round(statistics.median(r[key] for r in results), 3) for key in results[0]}
             for way, results in runs.items()

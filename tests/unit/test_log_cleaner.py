@@ -350,8 +350,9 @@ class _Quiet:
 
 def test_a_stock_clients_batches_are_copied_whole_or_reencoded(tmp_path: Path) -> None:
     """A Kafka v2 batch (gzip here) inside ours: kept whole, it stays byte for byte what the
-    client sent; losing records, its kept ones become our batches, decoded the same."""
-    from minibroker.protocol.batch import KAFKA_FLAG, wrap_kafka_batch
+    client sent; losing records, its kept ones become a v2 batch of the same codec (the
+    cleaner re-compresses them, as Kafka's), decoded the same."""
+    from minibroker.protocol.batch import KAFKA_FLAG, unwrap_kafka_batch, wrap_kafka_batch
     from minibroker.protocol.kafka import records as kafka_records
 
     def kafka_batch(*pairs: tuple[bytes, bytes]) -> bytes:
@@ -370,7 +371,9 @@ def test_a_stock_clients_batches_are_copied_whole_or_reencoded(tmp_path: Path) -
     clean(log)
     data = b"".join(log.read(s.base_offset, 1 << 20).data for s in log.segments[:-1])
     kinds = [(h.base_offset, bool(h.attributes & KAFKA_FLAG)) for _, h in iter_batches(data)]
-    assert kinds == [(1, False), (3, True), (5, True)]
+    assert kinds == [(1, True), (3, True), (5, True)]
+    rewritten = unwrap_kafka_batch(data, 0, next(iter_batches(data))[1])
+    assert kafka_records.unpack_header(rewritten).compression == kafka_records.GZIP
     assert whole[16:] in data  # CRC onwards as the client sent it (offset, epoch patched)
     records = read_records(data)
     assert [(r.offset, r.key, r.value, r.headers) for r in records] == [
