@@ -1,5 +1,5 @@
 """`minibroker chaos --duration S [--brokers 3] [--seed N] [--data-dir DIR] [--faults ...]
-[--spare-controller | --target-controller]` and `minibroker chaos --check-history FILE`.
+[--spare-controller | --target-controller] [--workload groups [--members N]]` and `minibroker chaos --check-history FILE`.
 
 Prints what it does as it goes, then the checker's findings (each violation under the
 name of the rule that fired), then one JSON line of counts. The history is written to
@@ -72,6 +72,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "which is then reported, not judged",
     )
     p.add_argument(
+        "--workload",
+        choices=("producers", "groups"),
+        default="producers",
+        help="groups: also a consumer group whose member processes consume and commit "
+        "while the nemesis faults the group coordinator too and pauses members",
+    )
+    p.add_argument("--members", type=int, default=3, help="group members (default 3)")
+    p.add_argument(
         "--plant",
         choices=PLANTS,
         help="doctor the history with one violation before checking (tests the checker)",
@@ -88,9 +96,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.check_history is not None:
         return recheck(args.check_history)
-    if args.brokers < 2 or args.duration <= 0 or args.partitions < 1:
+    if args.brokers < 2 or args.duration <= 0 or args.partitions < 1 or args.members < 1:
         print(
-            "error: chaos needs --brokers >= 2, --duration > 0, --partitions >= 1", file=sys.stderr
+            "error: chaos needs --brokers >= 2, --duration > 0, --partitions >= 1, --members >= 1",
+            file=sys.stderr,
         )
         return 2
     temporary = args.data_dir is None
@@ -109,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
         kinds=args.faults,
         target_controller=args.target_controller,
         idempotence=args.idempotence,
+        workload=args.workload,
+        members=args.members,
     )
     targets = (
         "any broker, the active controller included"
@@ -117,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"chaos: seed {args.seed}, {args.duration:g}s, {args.brokers} brokers, "
-        f"faults {','.join(args.faults)} on {targets}; data in {data_dir}",
+        f"faults {','.join(args.faults)} on {targets}, workload {args.workload}; "
+        f"data in {data_dir}",
         flush=True,
     )
     try:
@@ -145,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "duration_s": args.duration,
         "target_controller": args.target_controller,
+        "workload": args.workload,
         **verdict.counts,
         "history": str(history_path) if kept or not temporary else None,
     }
@@ -171,6 +184,13 @@ def report(verdict: Verdict, data_dir: Path | None = None) -> None:
         f"{c['duplicates']} duplicate(s) from retries, {c['consumed']} consumed live, "
         f"{c['final_records']} in the final log; nemesis {c['nemesis']}"
     )
+    if "group_consumed" in c:
+        print(
+            f"group: {c['group_consumed']} consumed by the members ({c['group_redelivered']} "
+            f"redelivered), {c['group_generations']} generations, {c['group_commits']} commits "
+            f"({c['group_commit_failures']} refused), settled {c['group_settle_s']}s after "
+            f"the heal; member nemesis {c['group_nemesis']}"
+        )
     print("verdict:", "no violation" if verdict.ok else "VIOLATIONS FOUND")
 
 

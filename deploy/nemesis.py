@@ -4,7 +4,8 @@ One fault at a time, 1-3.5 s each, so a majority of the brokers always stays up 
 connected. Kinds: ``pause`` (SIGSTOP, then resume), ``kill`` (SIGKILL, then restart)
 and ``isolate`` (a network partition, ``deploy/isolation.py``, then heal). A victim is
 a broker id or ``CONTROLLER``: whichever broker is the active controller when the
-fault starts (the quorum elects another while it is down or cut off).
+fault starts (the quorum elects another while it is down or cut off), or, with the
+group workload, ``COORDINATOR``: whichever broker coordinates the consumer group then.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ PROCESS_FAULTS = ("pause", "kill")
 FAULT_KINDS = ("pause", "kill", "isolate")
 UNDO = {"pause": "resume", "kill": "restart", "isolate": "heal"}
 CONTROLLER = -1  # a planned victim resolved, when its fault starts, to the active controller
+COORDINATOR = -2  # ... to the broker coordinating the consumer group (group workload)
 # Any voter can take over as controller, so the nemesis targets the active controller by
 # default (``--spare-controller`` turns it off).
 CONTROLLER_FAILOVER = True
@@ -50,7 +52,7 @@ def plan_nemesis(
         end = min(t + rng.uniform(1.0, 3.5), duration_s)
         kind, victim = rng.choice(kinds), rng.choice(victims)
         peers = None
-        partial = kind == "isolate" and victim != CONTROLLER and (brokers or 0) >= 3
+        partial = kind == "isolate" and victim >= 0 and (brokers or 0) >= 3
         if partial and rng.random() < 1 / 3:
             others = [b for b in range(brokers) if b != victim]
             peers = tuple(sorted(rng.sample(others, rng.randint(1, len(others) - 1))))
@@ -59,9 +61,13 @@ def plan_nemesis(
     return faults
 
 
-def victims_for(brokers: int, controller: int, target_controller: bool) -> list[int]:
+def victims_for(
+    brokers: int, controller: int, target_controller: bool, coordinator: bool = False
+) -> list[int]:
     """Every broker but the controller; or every broker and, as one more choice, the
-    active controller whoever it is then."""
+    active controller whoever it is then; ``coordinator``: also (twice as likely as any
+    one broker) whichever broker coordinates the consumer group then."""
+    extra = [COORDINATOR, COORDINATOR] if coordinator else []
     if target_controller:
-        return [*range(brokers), CONTROLLER]
-    return [b for b in range(brokers) if b != controller]
+        return [*range(brokers), CONTROLLER, *extra]
+    return [b for b in range(brokers) if b != controller] + extra
