@@ -133,6 +133,9 @@ def _ownership(group: GroupHistory) -> list[tuple[str, int, int, float, float]]:
         last_t[m] = e["t"]
         if e["ev"] == "assigned":
             for p in e["tps"]:
+                if (m, p) in open_:  # assigned again without a revoke: the old one ends
+                    gen, since = open_[(m, p)]
+                    out.append((m, p, gen, since, e["t"]))
                 open_[(m, p)] = (e["gen"], e["t"])
         elif e["ev"] in ("revoked", "lost"):
             for p in e["tps"]:
