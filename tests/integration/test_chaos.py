@@ -56,3 +56,30 @@ def test_chaos_with_the_controller_targeted_keeps_every_promise(tmp_path):
     nemesis = counts["nemesis"]
     assert nemesis["controller"] >= 1 and nemesis["kill"] >= 1 and nemesis["isolate"] >= 1, nemesis
     assert "kill the active controller" in run.stdout, run.stdout
+
+
+def test_a_consumer_group_under_chaos_keeps_every_promise(tmp_path):
+    # Seed 1's 10 s: a broker paused, the group coordinator killed (the group moves to
+    # another broker), a broker killed; member m0 paused 5.7 s, past its 4 s session, so
+    # the group rebalances without it and again when it comes back.
+    run, counts = chaos(
+        "--workload", "groups", "--duration", "10", "--seed", "1",
+        "--data-dir", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert counts["violations"] == 0 and counts["workload"] == "groups"
+    assert counts["nemesis"]["coordinator"] == 1 and counts["group_nemesis"]["pause_member"] == 1
+    assert "kill the group coordinator (broker" in run.stdout
+    # Every acknowledged record reached a member, through several generations.
+    assert counts["group_consumed"] >= counts["acknowledged"] > 100
+    assert counts["group_generations"] >= 2 and counts["group_commits"] > 0
+    assert counts["group_settle_s"] is not None
+    assert "group: " in run.stdout and "verdict: no violation" in run.stdout
+
+
+def test_a_planted_double_owner_fails_a_group_run(tmp_path):
+    run, counts = chaos(
+        "--workload", "groups", "--duration", "3", "--seed", "1", "--plant", "double-owner"
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert counts["double_owner"] >= 1 and "    [double_owner] partition " in run.stdout
