@@ -154,10 +154,13 @@ class ChaosRun:
             rf = min(3, state.brokers)
             await admin.create_topics([NewTopic(TOPIC, self.partitions, rf, configs)])
             if self.groups is not None:
-                self.groups.start()
+                self._t0 = time.monotonic()  # (the members' start, timed from here)
+                await self.groups.start(admin)
             self._t0 = time.monotonic()
             for f in self.schedule:
                 self._log(f"planned: {self._describe(f)} from {f.start_s}s to {f.end_s}s")
+            for m in self.groups.schedule if self.groups is not None else ():
+                self._log(f"planned: {m.kind} member m{m.member} from {m.start_s}s to {m.end_s}s")
             stop = trio.Event()
             async with trio.open_nursery() as nursery:
                 if self.groups is not None:

@@ -10,9 +10,9 @@ can be tested on a doctored history.
   (from the members' own assignment logs: assigned ... revoked/lost);
 - ownerless: a member is handed partitions while it holds no generation (it would
   consume without membership: nobody fences it, another member gets the same records);
-- duplicate_outside_window: a record consumed again although a commit past it had been
-  accepted before: duplicates may only come from the uncommitted window a member held
-  when it lost the partition;
+- duplicate_outside_window: a record consumed again by a member of a generation in
+  which (or after which) a commit past it had been accepted: duplicates may only come
+  from the uncommitted window a member held when it lost the partition;
 - group_not_settled: after the last fault the group is Stable with every partition owned
   within session timeout + rebalance timeout, and then drains.
 """
@@ -97,15 +97,14 @@ def unconsumed(group: GroupHistory, acknowledged: set[str]) -> list[str]:
     return [f"{v} was acknowledged but no member consumed it" for v in sorted(acknowledged - seen)]
 
 
-def _commits(group: GroupHistory) -> dict[int, list[tuple[float, int, str]]]:
-    """Per partition: (time, offset, source) of every commit known to have been accepted."""
-    out: dict[int, list[tuple[float, int, str]]] = defaultdict(list)
-    for t, p, o in group.committed:
-        out[p].append((t, o, "coordinator"))
+def _commits(group: GroupHistory) -> dict[int, list[tuple[float, int, int, str]]]:
+    """Per partition: (time, offset, generation, member) of every commit a member saw
+    accepted, in time order."""
+    out: dict[int, list[tuple[float, int, int, str]]] = defaultdict(list)
     for e in group.events:
         if e["ev"] == "committed":
             for p, o in e["offsets"].items():
-                out[int(p)].append((e["t"], o, e["m"]))
+                out[int(p)].append((e["t"], o, e["gen"], e["m"]))
     return {p: sorted(v) for p, v in out.items()}
 
 
@@ -174,6 +173,11 @@ def ownerless(group: GroupHistory) -> list[str]:
 
 
 def duplicates_outside_window(group: GroupHistory) -> list[str]:
+    """A record read again by a member of generation G after a commit past it was accepted
+    in generation G or earlier: its position should have come from that commit. A member
+    that lost its generation (-1) or holds an older one is a zombie reading its own
+    uncommitted window (Kafka fences it at its next commit); a new owner reading what the
+    old one never committed is the window the old owner lost. Both are allowed."""
     commits = _commits(group)
     first: dict[tuple[int, int], tuple[str, float]] = {}
     out = []
@@ -184,14 +188,20 @@ def duplicates_outside_window(group: GroupHistory) -> list[str]:
             if (p, o) not in first:
                 first[(p, o)] = (e["m"], e["t"])
                 continue
-            past = [(t, c, src) for t, c, src in commits.get(p, ()) if t < e["t"] and c > o]
+            if e["gen"] < 0:
+                continue
+            past = [
+                (t, c, gen, who)
+                for t, c, gen, who in commits.get(p, ())
+                if t < e["t"] and c > o and gen <= e["gen"]
+            ]
             if past:
-                t, c, src = past[0]
-                who, when = first[(p, o)]
+                t, c, gen, who = past[0]
+                by, when = first[(p, o)]
                 out.append(
-                    f"partition {p} offset {o} ({v}) consumed again by {e['m']} at "
-                    f"t={e['t']:.3f} (first by {who} at {when:.3f}), though offset {c} had "
-                    f"been committed at {t:.3f} ({src})"
+                    f"partition {p} offset {o} ({v}) consumed again by {e['m']} in generation "
+                    f"{e['gen']} at t={e['t']:.3f} (first by {by} at {when:.3f}), though {who} "
+                    f"had committed offset {c} in generation {gen} at {t:.3f}"
                 )
     return out
 

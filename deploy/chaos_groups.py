@@ -37,22 +37,28 @@ SETTLE_BOUND_S = (MEMBER["session.timeout.ms"] + MEMBER["max.poll.interval.ms"])
 DRAIN_TIMEOUT_S = 60.0
 
 
+MEMBER_FAULTS = ("pause", "kill")
+
+
 @dataclass(frozen=True)
-class MemberPause:
+class MemberFault:
     start_s: float
     end_s: float
     member: int
+    kind: str = "pause"  # "pause" (SIGSTOP, then SIGCONT) or "kill" (SIGKILL, then a new process)
 
 
-def plan_member_pauses(seed: int, duration_s: float, members: int) -> list[MemberPause]:
-    """One member paused at a time for 1-6 s (past the 4 s session timeout about half the
-    time), gaps of 1-4 s; its own random stream, so the brokers' schedule is unchanged."""
+def plan_member_faults(seed: int, duration_s: float, members: int) -> list[MemberFault]:
+    """One member faulted at a time for 1-6 s (a pause past the 4 s session timeout about
+    half the time), gaps of 1-4 s; a quarter of them kill the member (its successor joins as
+    a new member). Its own random stream, so the brokers' schedule is unchanged."""
     rng = random.Random(f"members-{seed}")
     out = []
     t = rng.uniform(1.0, 3.0)
     while members and t < duration_s - 1.0:
         end = min(t + rng.uniform(1.0, 6.0), duration_s)
-        out.append(MemberPause(round(t, 2), round(end, 2), rng.randrange(members)))
+        kind = "kill" if rng.random() < 0.25 else "pause"
+        out.append(MemberFault(round(t, 2), round(end, 2), rng.randrange(members), kind))
         t = end + rng.uniform(1.0, 4.0)
     return out
 
@@ -73,29 +79,46 @@ class GroupWorkload:
         self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
         self.log = log
         self.history = GroupHistory(members, settle_bound_s=SETTLE_BOUND_S)
-        self.schedule = plan_member_pauses(seed, duration_s, members)
+        self.schedule = plan_member_faults(seed, duration_s, members)
         self.procs: list[subprocess.Popen] = []
 
-    def start(self) -> None:
+    async def start(self, admin: Admin, timeout_s: float = 60) -> None:
+        """Start every member and wait (bounded) for the group to be Stable with all of
+        them, so the nemesis does not fault a group that is still forming."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        for i in range(self.history.members):
-            name = f"m{i}"
-            args = [sys.executable, "-m", "minibroker.deploy.chaos_member", self.bootstrap]
-            args += [GROUP, self.topic, name, str(self.dir / f"{name}.jsonl")]
-            with open(self.dir / f"{name}.out", "w") as out:
-                self.procs.append(subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT))
+        self.procs = [self._spawn(i) for i in range(self.history.members)]
+        with trio.move_on_after(timeout_s):
+            while not await self._stable(admin):
+                await trio.sleep(0.2)
+            self.log(f"group {GROUP}: {self.history.members} members, Stable")
+            return
+        self.log(f"group {GROUP} not Stable with every member after {timeout_s}s; going on")
+
+    def _spawn(self, i: int) -> subprocess.Popen:
+        name = f"m{i}"
+        args = [sys.executable, "-m", "minibroker.deploy.chaos_member", self.bootstrap]
+        args += [GROUP, self.topic, name, str(self.dir / f"{name}.jsonl")]
+        with open(self.dir / f"{name}.out", "a") as out:
+            return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
 
     async def nemesis(self, at: Callable[[float], float]) -> None:
-        """Pause and resume members on schedule (``at``: a run offset as trio time)."""
+        """Pause/resume or kill/restart members on schedule (``at``: a run offset as trio
+        time)."""
         counts = self.history.nemesis
         for f in self.schedule:
             await trio.sleep_until(at(f.start_s))
-            self.log(f"nemesis: pause member m{f.member}")
-            self.procs[f.member].send_signal(signal.SIGSTOP)
-            counts["pause_member"] = counts.get("pause_member", 0) + 1
+            self.log(f"nemesis: {f.kind} member m{f.member}")
+            proc = self.procs[f.member]
+            proc.send_signal(signal.SIGSTOP if f.kind == "pause" else signal.SIGKILL)
+            counts[f"{f.kind}_member"] = counts.get(f"{f.kind}_member", 0) + 1
             await trio.sleep_until(at(f.end_s))
-            self.log(f"nemesis: resume member m{f.member}")
-            self.procs[f.member].send_signal(signal.SIGCONT)
+            if f.kind == "pause":
+                self.log(f"nemesis: resume member m{f.member}")
+                proc.send_signal(signal.SIGCONT)
+            else:
+                await trio.to_thread.run_sync(proc.wait)
+                self.log(f"nemesis: restart member m{f.member}")
+                self.procs[f.member] = self._spawn(f.member)
 
     async def sample_commits(self, admin: Admin, stop: trio.Event) -> None:
         while not stop.is_set():

@@ -11,7 +11,7 @@ import pytest
 from minibroker.deploy.chaos_check import PLANTS, check, load_history, plant, save_history
 from minibroker.deploy.chaos_group_check import PLANTS as GROUP_PLANTS
 from minibroker.deploy.chaos_group_check import GroupHistory
-from minibroker.deploy.chaos_groups import plan_member_pauses
+from minibroker.deploy.chaos_groups import plan_member_faults
 from minibroker.deploy.nemesis import CONTROLLER, COORDINATOR, victims_for
 
 from .test_chaos_checker import RULE_OF, clean_history
@@ -123,16 +123,32 @@ def test_a_group_plant_needs_the_group_workload():
         plant(clean_history(), "ownerless")
 
 
-def test_member_pauses_are_seeded_one_at_a_time_and_bounded():
-    schedule = plan_member_pauses(4, 60, 3)
-    assert schedule == plan_member_pauses(4, 60, 3) and schedule != plan_member_pauses(5, 60, 3)
+def test_member_faults_are_seeded_one_at_a_time_and_bounded():
+    schedule = plan_member_faults(4, 60, 3)
+    assert schedule == plan_member_faults(4, 60, 3) and schedule != plan_member_faults(5, 60, 3)
     assert all(1.0 <= p.end_s - p.start_s <= 6.0 or p.end_s == 60 for p in schedule)
     assert all(a.end_s < b.start_s for a, b in pairwise(schedule))
     assert {p.member for p in schedule} == {0, 1, 2}
     assert any(p.end_s - p.start_s > 4.0 for p in schedule)  # past the session timeout
+    kinds = {f.kind for s in range(10) for f in plan_member_faults(s, 60, 3)}
+    assert kinds == {"pause", "kill"}
 
 
 def test_the_group_coordinator_is_a_victim_only_with_the_group_workload():
     assert COORDINATOR not in victims_for(3, 0, True)
     assert victims_for(3, 0, True, coordinator=True) == [0, 1, 2, CONTROLLER] + [COORDINATOR] * 2
     assert victims_for(3, 0, False, coordinator=True) == [1, 2, COORDINATOR, COORDINATOR]
+
+
+def test_a_zombie_reading_past_a_newer_commit_is_its_own_window_but_an_owner_is_not():
+    # m0 lost its generation without knowing (its session expired while it stalled) and
+    # reads partition 0 again after m1, the new owner, committed past it: Kafka allows
+    # that (the zombie's commit is fenced). A member of the committing generation may not.
+    history = history_with_group()
+    events = history.group.events
+    events.append(event(7.0, "m0", "consumed", -1, recs=[[0, 1, "p0-2"]]))
+    events.append(event(7.1, "m0", "consumed", 1, recs=[[0, 1, "p0-2"]]))  # older generation
+    assert check(history).ok, check(history).lines()
+    events.append(event(7.2, "m0", "consumed", 2, recs=[[0, 1, "p0-2"]]))
+    [line] = check(history).violations["duplicate_outside_window"]
+    assert "consumed again by m0 in generation 2" in line and "in generation 1" in line
