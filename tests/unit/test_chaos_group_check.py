@@ -141,14 +141,15 @@ def test_the_group_coordinator_is_a_victim_only_with_the_group_workload():
 
 
 def test_a_zombie_reading_past_a_newer_commit_is_its_own_window_but_an_owner_is_not():
-    # m0 lost its generation without knowing (its session expired while it stalled) and
-    # reads partition 0 again after m1, the new owner, committed past it: Kafka allows
-    # that (the zombie's commit is fenced). A member of the committing generation may not.
+    # Partition 0 offset 2 was committed (offset 3) in generation 2. A member that lost its
+    # generation without knowing (its session expired while it stalled) or still holds
+    # generation 1 may read it again: Kafka allows that, and fences the zombie's commit.
+    # A member of generation 2 may not: its position came from that commit.
     history = history_with_group()
     events = history.group.events
-    events.append(event(7.0, "m0", "consumed", -1, recs=[[0, 1, "p0-2"]]))
-    events.append(event(7.1, "m0", "consumed", 1, recs=[[0, 1, "p0-2"]]))  # older generation
+    events.append(event(7.0, "m1", "consumed", -1, recs=[[0, 2, "p0-4"]]))
+    events.append(event(7.1, "m1", "consumed", 1, recs=[[0, 2, "p0-4"]]))
     assert check(history).ok, check(history).lines()
-    events.append(event(7.2, "m0", "consumed", 2, recs=[[0, 1, "p0-2"]]))
+    events.append(event(7.2, "m1", "consumed", 2, recs=[[0, 2, "p0-4"]]))
     [line] = check(history).violations["duplicate_outside_window"]
-    assert "consumed again by m0 in generation 2" in line and "in generation 1" in line
+    assert "consumed again by m1 in generation 2" in line and "in generation 2 at 6.600" in line
