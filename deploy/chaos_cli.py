@@ -188,8 +188,9 @@ def report(verdict: Verdict, data_dir: Path | None = None) -> None:
         print(
             f"group: {c['group_consumed']} consumed by the members ({c['group_redelivered']} "
             f"redelivered), {c['group_generations']} generations, {c['group_commits']} commits "
-            f"({c['group_commit_failures']} refused), settled {c['group_settle_s']}s after "
-            f"the heal; member nemesis {c['group_nemesis']}"
+            f"({c['group_commit_failures']} refused), {c['group_stale_answers_ignored']} stale "
+            f"answers ignored, settled {c['group_settle_s']}s after the heal; member nemesis "
+            f"{c['group_nemesis']}"
         )
     print("verdict:", "no violation" if verdict.ok else "VIOLATIONS FOUND")
 

@@ -85,6 +85,11 @@ def counts(group: GroupHistory) -> dict[str, Any]:
         "group_generations": len(generations),
         "group_commits": sum(1 for e in group.events if e["ev"] == "committed"),
         "group_commit_failures": sum(1 for e in group.events if e["ev"] == "commit_failed"),
+        "group_stale_answers_ignored": sum(
+            1
+            for e in group.events
+            if e["ev"] == "client" and e.get("what") == "stale_group_answer_ignored"
+        ),
         "group_settle_s": group.settle_s,
         "group_nemesis": dict(group.nemesis),
     }

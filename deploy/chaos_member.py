@@ -8,7 +8,8 @@ reached (enable.auto.commit=false), so what it consumed beyond its last successf
 is exactly its uncommitted window. Everything it does goes to LOG as JSON lines, stamped
 with wall-clock time (shared by every process on the machine) and the generation it held:
 ``assigned``/``revoked``/``lost`` (from its rebalance listener), ``consumed``,
-``committed``/``commit_failed``. SIGTERM: it closes (leaves the group) and exits 0.
+``committed``/``commit_failed``, and the client's own group events (``client``: joined,
+a stale answer ignored, ...). SIGTERM: it closes (leaves the group) and exits 0.
 """
 
 from __future__ import annotations
@@ -87,6 +88,10 @@ async def run(bootstrap: str, group: str, topic: str, name: str, out: TextIO) ->
                     log("poll_error", error=exc.code.name)
                     await trio.sleep(0.1)
                     continue
+                finally:
+                    while consumer.group_events:  # joined, stale answers ignored, ...
+                        event, fields = consumer.group_events.popleft()
+                        log("client", what=event, **{k: str(v) for k, v in fields.items()})
                 if not records:
                     continue
                 log("consumed", recs=[[r.partition, r.offset, r.value.decode()] for r in records])
