@@ -41,18 +41,21 @@ from minibroker.deploy.nemesis import (
     CONTROLLER_FAILOVER,
     COORDINATOR,
     FAULT_KINDS,
+    GROUP_FAULT_KINDS,
     UNDO,
     Fault,
     plan_nemesis,
     victims_for,
 )
+from minibroker.protocol import ApiKey
 from minibroker.protocol.batch import iter_batches
-from minibroker.protocol.errors import KafkaError
+from minibroker.protocol.errors import ErrorCode, KafkaError
 
 __all__ = [
     "CONTROLLER",
     "CONTROLLER_FAILOVER",
     "FAULT_KINDS",
+    "GROUP_FAULT_KINDS",
     "ChaosRun",
     "Fault",
     "plan_nemesis",
@@ -114,6 +117,9 @@ class ChaosRun:
         self.history = History(TOPIC, idempotent=idempotence)
         self.producer_config = {**PRODUCER, "enable.idempotence": idempotence}
         victims = victims_for(brokers, CONTROLLER, target_controller, coordinator=groups)
+        if groups and tuple(kinds) == FAULT_KINDS:
+            kinds = GROUP_FAULT_KINDS
+        self.kinds = tuple(kinds)
         self.schedule = plan_nemesis(seed, duration_s, victims, kinds, brokers)
         self.groups = (
             GroupWorkload(
@@ -254,6 +260,15 @@ class ChaosRun:
         state = self.state
         if kind == "isolate":
             await isolation.isolate(self._admin, broker, peers)
+            return
+        if kind == "fail-heartbeats":
+            await self._admin.faults(
+                broker,
+                "fail-api",
+                api_key=int(ApiKey.HEARTBEAT),
+                error_code=int(ErrorCode.NOT_COORDINATOR),
+                count=-1,
+            )
             return
         if kind == "heal":
             _, errors = await isolation.clear(self._admin, broker)

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from minibroker.deploy.chaos import CONTROLLER_FAILOVER, FAULT_KINDS, ChaosRun
+from minibroker.deploy.chaos import CONTROLLER_FAILOVER, FAULT_KINDS, GROUP_FAULT_KINDS, ChaosRun
 from minibroker.deploy.chaos_check import PLANTS, Verdict, check, load_history, plant, save_history
 from minibroker.deploy.cluster import ClusterError
 from minibroker.deploy.launcher import BrokerStartError
@@ -29,9 +29,12 @@ SHOWN = 50  # violations printed; all of them go to violations.txt
 
 def fault_kinds(value: str) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in value.split(",") if k.strip())
-    unknown = [k for k in kinds if k not in FAULT_KINDS]
+    unknown = [k for k in kinds if k not in GROUP_FAULT_KINDS]
     if not kinds or unknown:
-        raise argparse.ArgumentTypeError(f"expected some of {','.join(FAULT_KINDS)}, got {value!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected some of {','.join(FAULT_KINDS)} (with --workload groups also "
+            f"fail-heartbeats), got {value!r}"
+        )
     return kinds
 
 
@@ -49,7 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--faults",
         type=fault_kinds,
         default=FAULT_KINDS,
-        help=f"the nemesis' faults, comma-separated (default {','.join(FAULT_KINDS)})",
+        help=f"the nemesis' faults, comma-separated (default {','.join(FAULT_KINDS)}; with "
+        "--workload groups also fail-heartbeats: the group coordinator answers heartbeats "
+        "NOT_COORDINATOR)",
     )
     target = p.add_mutually_exclusive_group()
     target.add_argument(
@@ -102,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if "fail-heartbeats" in args.faults and args.workload != "groups":
+        print("error: --faults fail-heartbeats needs --workload groups", file=sys.stderr)
+        return 2
     temporary = args.data_dir is None
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="minibroker-chaos-"))
     if (data_dir / "cluster.json").exists():
@@ -128,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"chaos: seed {args.seed}, {args.duration:g}s, {args.brokers} brokers, "
-        f"faults {','.join(args.faults)} on {targets}, workload {args.workload}; "
+        f"faults {','.join(chaos.kinds)} on {targets}, workload {args.workload}; "
         f"data in {data_dir}",
         flush=True,
     )
