@@ -371,6 +371,12 @@ class Consumer(ClusterClient):
             raise ValueError("this consumer has no group.id: pass group_id= to use a group")
         return self._group
 
+    def group_metadata(self) -> tuple[str, int, str]:
+        """Kafka's groupMetadata(): (group id, generation, member id) as this member holds
+        them now; generation -1 and no member id while it is not in a generation."""
+        group = self._member()
+        return group.group_id, group.generation, group.member_id
+
     def subscribe(self, topics: Iterable[str], listener: RebalanceListener | None = None) -> None:
         """Consume ``topics`` as a member of the group: its rebalances assign the partitions
         (at the next poll); ``listener`` hears of partitions revoked and assigned."""

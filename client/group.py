@@ -15,6 +15,12 @@ through a join: its subscription says what it owns and since which generation, a
 Consumer revokes only what the new assignment takes away. A member that lost its
 generation (kicked out, fenced, left for max.poll.interval.ms) has ``lost`` set: its
 partitions may be someone else's already, so they are lost, not revoked (no commit).
+
+An answer can outlive the generation it was asked in: a heartbeat for generation N is
+answered ILLEGAL_GENERATION after this member's own JoinGroup completed N+1. Such an
+answer says nothing about the member now, so heartbeat, SyncGroup and OffsetCommit
+answers are judged only if no join started or finished and the generation did not change
+while they were in flight (Kafka's ``generationUnchanged()``); otherwise they are ignored.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ class GroupMembership:
         # (an Admin's outsider membership offers no strategies: never cooperative)
         self.cooperative = is_cooperative(config.get("partition.assignment.strategy", ()))
         self.joining = False  # a JoinGroup/SyncGroup round is in flight
+        self.rounds = 0  # joins started plus joins finished (see stamp())
         self.lost = False  # the generation was lost while owning partitions (see above)
         self.last_poll = time.monotonic()
         self.join_started = 0.0  # monotonic time the latest join began (benchmarks read it)
@@ -143,6 +150,25 @@ class GroupMembership:
 
     # --- join and sync ----------------------------------------------------------------------
 
+    def stamp(self) -> tuple[int, int, str]:
+        """What an answer's request was sent under: an answer is judged only if the stamp
+        is the same when it arrives (no join started or finished, the generation and member
+        id unchanged), else it belongs to a generation that is no longer current."""
+        return (self.rounds, self.generation, self.member_id)
+
+    def _stale(self, sent: tuple[int, int, str], api: str, code: ErrorCode) -> bool:
+        if sent == self.stamp():
+            return False
+        self.log(
+            "stale_group_answer_ignored",
+            group=self.group_id,
+            api=api,
+            error=code.name,
+            sent_generation=sent[1],
+            generation=self.generation,
+        )
+        return True
+
     def reset(self) -> None:
         self._lose_generation()
         self.rejoin_needed = True
@@ -162,10 +188,12 @@ class GroupMembership:
         ``owned`` says what the member holds as each JoinGroup is sent (nothing once lost)."""
         self.join_started = time.monotonic()
         self.joining = True
+        self.rounds += 1
         try:
             return await self._join(sorted(topics), owned)
         finally:
             self.joining = False
+            self.rounds += 1
 
     async def _join(
         self, topics: list[str], owned: Callable[[], Iterable[TopicPartition]]
@@ -199,6 +227,7 @@ class GroupMembership:
             self.member_id = joined["member_id"]
             self.generation = joined["generation_id"]
             self.protocol = joined["protocol_name"]
+            sent = self.stamp()  # this generation's, as SyncGroup is asked
             assignments = []
             if joined["leader"] == self.member_id:
                 assignments = await self._assign(joined["members"])
@@ -215,6 +244,10 @@ class GroupMembership:
                 },
             )
             code = ErrorCode.parse(synced["error_code"])
+            if self._stale(sent, "SyncGroup", code):
+                # The generation was reset while SyncGroup was in flight (Kafka's "rejoin
+                # due to generation reset"): its assignment is nobody's now; join again.
+                continue
             if code in MEMBERSHIP_ERRORS:
                 if code is not ErrorCode.REBALANCE_IN_PROGRESS:
                     self._lose_generation()
@@ -258,6 +291,7 @@ class GroupMembership:
                 await self.leave()
                 wake()
                 continue
+            sent = self.stamp()
             try:
                 answer = await self.call(
                     ApiKey.HEARTBEAT,
@@ -271,6 +305,8 @@ class GroupMembership:
             except KafkaError:
                 continue  # the next one retries; the session allows several misses
             code = ErrorCode.parse(answer["error_code"])
+            if code is not ErrorCode.NONE and self._stale(sent, "Heartbeat", code):
+                continue  # asked for a generation a join has since replaced
             if code is ErrorCode.FENCED_INSTANCE_ID:
                 self.log("group_instance_fenced", group=self.group_id, instance=self.instance_id)
                 self.fatal = error_class(code)(
@@ -313,6 +349,7 @@ class GroupMembership:
             # Kafka's generationIfStable: mid-join the generation is in flux (a commit with
             # the new one before SyncGroup is refused and would ask for yet another rejoin).
             raise RebalanceInProgress(f"group {self.group_id} is rebalancing: poll(), then commit")
+        sent = self.stamp()
         generation = self.generation
         topics: dict[str, list] = {}
         for tp, offset in offsets.items():
@@ -342,10 +379,15 @@ class GroupMembership:
             break
         for topic, partition, code in codes:
             if code in MEMBERSHIP_ERRORS:
-                # A commit of an older generation that a rebalance overtook says nothing
-                # about this one (Kafka checks the generation is still the one sent).
-                if generation == self.generation and not self.joining:
-                    self.rejoin_needed = True
+                if self._stale(sent, "OffsetCommit", code):
+                    # A rebalance overtook the commit: its refusal says nothing about the
+                    # generation now (Kafka raises RebalanceInProgressException, retriable).
+                    raise RebalanceInProgress(
+                        f"commit of {topic}-{partition} for generation {generation} refused "
+                        f"({code.name}) after group {self.group_id} rebalanced; poll(), then "
+                        "commit again"
+                    )
+                self.rejoin_needed = True
                 raise CommitFailed(
                     f"commit of {topic}-{partition} refused ({code.name}): the "
                     "group rebalanced; poll() again to rejoin"

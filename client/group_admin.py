@@ -39,6 +39,7 @@ class GroupDescription:
     protocol_type: str
     protocol: str
     members: list[MemberDescription] = field(default_factory=list)
+    coordinator: int = -1  # the broker that coordinates the group (Kafka's coordinator())
 
 
 def _outsider(cluster: Cluster, group_id: str, config: Mapping) -> GroupMembership:
@@ -61,9 +62,8 @@ async def list_groups(cluster: Cluster) -> list[GroupListing]:
 
 
 async def describe_group(cluster: Cluster, group_id: str, config: Mapping) -> GroupDescription:
-    body = await _outsider(cluster, group_id, config).call(
-        ApiKey.DESCRIBE_GROUPS, {"groups": [group_id]}
-    )
+    outsider = _outsider(cluster, group_id, config)
+    body = await outsider.call(ApiKey.DESCRIBE_GROUPS, {"groups": [group_id]})
     g = body["groups"][0]
     if g["error_code"]:
         raise error_class(g["error_code"])(f"describing group {group_id}")
@@ -78,7 +78,12 @@ async def describe_group(cluster: Cluster, group_id: str, config: Mapping) -> Gr
         for m in g["members"]
     ]
     return GroupDescription(
-        group_id, g["group_state"], g["protocol_type"], g["protocol_data"], members
+        group_id,
+        g["group_state"],
+        g["protocol_type"],
+        g["protocol_data"],
+        members,
+        -1 if outsider.coordinator is None else outsider.coordinator,
     )
 
 

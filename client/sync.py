@@ -245,6 +245,7 @@ class SyncConsumer(_SyncBase):
     commit = blocking(Consumer.commit)
     commit_async = blocking(Consumer.commit_async)
     committed = blocking(Consumer.committed)
+    group_metadata = blocking(Consumer.group_metadata)
 
 
 class SyncAdmin(_SyncBase):

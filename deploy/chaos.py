@@ -13,6 +13,10 @@ them (a partial partition). By default the nemesis picks any broker and, now and
 then, whichever broker is the active controller at that moment (the quorum elects a
 new one); ``--spare-controller`` leaves the active controller alone.
 The same seed gives the same schedule.
+
+``workload="groups"`` adds a consumer group (deploy/chaos_groups.py): member processes
+consume and commit while the nemesis also targets the group's coordinator and pauses
+members; after the heal the group must settle and drain (deploy/chaos_group_check.py).
 """
 
 from __future__ import annotations
@@ -28,25 +32,30 @@ import trio
 from minibroker.client import Admin, Consumer, NewTopic, Producer
 from minibroker.deploy import isolation
 from minibroker.deploy.chaos_check import History, Send
+from minibroker.deploy.chaos_groups import GROUP, GROUP_BROKER_CONFIG, GroupWorkload
 from minibroker.deploy.cluster import ClusterState
 from minibroker.deploy.cluster_ops import acks_all_write
 from minibroker.deploy.launcher import free_port_range
 from minibroker.deploy.nemesis import (
     CONTROLLER,
     CONTROLLER_FAILOVER,
+    COORDINATOR,
     FAULT_KINDS,
+    GROUP_FAULT_KINDS,
     UNDO,
     Fault,
     plan_nemesis,
     victims_for,
 )
+from minibroker.protocol import ApiKey
 from minibroker.protocol.batch import iter_batches
-from minibroker.protocol.errors import KafkaError
+from minibroker.protocol.errors import ErrorCode, KafkaError
 
 __all__ = [
     "CONTROLLER",
     "CONTROLLER_FAILOVER",
     "FAULT_KINDS",
+    "GROUP_FAULT_KINDS",
     "ChaosRun",
     "Fault",
     "plan_nemesis",
@@ -93,8 +102,12 @@ class ChaosRun:
         kinds: Sequence[str] = FAULT_KINDS,
         target_controller: bool = CONTROLLER_FAILOVER,
         idempotence: bool = True,
+        workload: str = "producers",
+        members: int = 3,
     ) -> None:
-        self.state = ClusterState(data_dir, free_port_range(brokers), brokers, BROKER_CONFIG)
+        groups = workload == "groups"
+        config = {**BROKER_CONFIG, **(GROUP_BROKER_CONFIG if groups else {})}
+        self.state = ClusterState(data_dir, free_port_range(brokers), brokers, config)
         self.seed = seed
         self.duration_s = duration_s
         self.partitions = partitions
@@ -103,9 +116,19 @@ class ChaosRun:
         self.target_controller = target_controller
         self.history = History(TOPIC, idempotent=idempotence)
         self.producer_config = {**PRODUCER, "enable.idempotence": idempotence}
-        self.schedule = plan_nemesis(
-            seed, duration_s, victims_for(brokers, CONTROLLER, target_controller), kinds, brokers
-        )
+        victims = victims_for(brokers, CONTROLLER, target_controller, coordinator=groups)
+        if groups and tuple(kinds) == FAULT_KINDS:
+            kinds = GROUP_FAULT_KINDS
+        self.kinds = tuple(kinds)
+        self.schedule = plan_nemesis(seed, duration_s, victims, kinds, brokers)
+        self.groups = (
+            GroupWorkload(
+                data_dir, self.state.bootstrap, TOPIC, partitions, members, seed, duration_s,
+                self._log,
+            )
+            if groups
+            else None
+        )  # fmt: skip
         self._t0 = 0.0
         self._admin: Admin | None = None
 
@@ -121,6 +144,9 @@ class ChaosRun:
         try:
             trio.run(self._main)
         finally:
+            if self.groups is not None:
+                self.groups.stop()
+                self.history.group = self.groups.history
             self.state.stop_all()
         self.history.replicas = self._read_replicas()
         return self.history
@@ -133,11 +159,19 @@ class ChaosRun:
             configs = {"min.insync.replicas": str(min(2, state.brokers))}
             rf = min(3, state.brokers)
             await admin.create_topics([NewTopic(TOPIC, self.partitions, rf, configs)])
+            if self.groups is not None:
+                self._t0 = time.monotonic()  # (the members' start, timed from here)
+                await self.groups.start(admin)
             self._t0 = time.monotonic()
             for f in self.schedule:
                 self._log(f"planned: {self._describe(f)} from {f.start_s}s to {f.end_s}s")
+            for m in self.groups.schedule if self.groups is not None else ():
+                self._log(f"planned: {m.kind} member m{m.member} from {m.start_s}s to {m.end_s}s")
             stop = trio.Event()
             async with trio.open_nursery() as nursery:
+                if self.groups is not None:
+                    nursery.start_soon(self.groups.nemesis, self._trio_at)
+                    nursery.start_soon(self.groups.sample_commits, admin, stop)
                 for p in range(self.producers):
                     nursery.start_soon(self._produce, p, stop)
                 nursery.start_soon(self._consume, stop)
@@ -147,11 +181,15 @@ class ChaosRun:
             self.history.workload_s = round(time.monotonic() - self._t0, 3)
             self._log("workload stopped; healing")
             await self._heal()
+            if self.groups is not None:
+                await self.groups.settle(admin)
         await self._final_read()
 
     @staticmethod
     def _describe(f: Fault) -> str:
-        who = "the active controller" if f.broker == CONTROLLER else f"broker {f.broker}"
+        who = {CONTROLLER: "the active controller", COORDINATOR: "the group coordinator"}.get(
+            f.broker, f"broker {f.broker}"
+        )
         if f.kind == "isolate":
             return f"isolate {who} from {'all others' if f.peers is None else list(f.peers)}"
         return f"{f.kind} {who}"
@@ -162,9 +200,9 @@ class ChaosRun:
             await trio.sleep_until(self._trio_at(f.start_s))
             broker = await self._resolve(f.broker)
             if broker is None:
-                self._log(f"nemesis: {self._describe(f)} skipped: no active controller")
+                self._log(f"nemesis: {self._describe(f)} skipped: nobody to resolve it to")
                 continue
-            what = self._describe(f) + (f" (broker {broker})" if f.broker == CONTROLLER else "")
+            what = self._describe(f) + (f" (broker {broker})" if f.broker < 0 else "")
             self._log(f"nemesis: {what}")
             try:
                 await self._fault(f.kind, broker, f.peers)
@@ -174,6 +212,8 @@ class ChaosRun:
             counts[f.kind] = counts.get(f.kind, 0) + 1
             if f.broker == CONTROLLER:
                 counts["controller"] = counts.get("controller", 0) + 1
+            if f.broker == COORDINATOR:
+                counts["coordinator"] = counts.get("coordinator", 0) + 1
             await trio.sleep_until(self._trio_at(f.end_s))
             undo = UNDO[f.kind]
             self._log(f"nemesis: {undo} broker {broker}")
@@ -187,6 +227,8 @@ class ChaosRun:
     async def _resolve(self, broker: int) -> int | None:
         """A planned victim: CONTROLLER becomes the broker that is the controller now
         (None if the quorum names none for RESOLVE_TIMEOUT_S: the fault is skipped)."""
+        if broker == COORDINATOR:
+            return await self._coordinator()
         if broker != CONTROLLER:
             return broker
         # Right after a fault the quorum may still be electing (controller -1): wait for it.
@@ -198,6 +240,19 @@ class ChaosRun:
                 await trio.sleep(0.05)
         return None
 
+    async def _coordinator(self) -> int | None:
+        """The broker coordinating the group now (None if none is known in time)."""
+        with trio.move_on_after(RESOLVE_TIMEOUT_S):
+            while True:
+                try:
+                    coordinator = (await self._admin.describe_consumer_group(GROUP)).coordinator
+                except KafkaError:
+                    coordinator = -1
+                if coordinator >= 0:
+                    return coordinator
+                await trio.sleep(0.05)
+        return None
+
     def _trio_at(self, offset_s: float) -> float:
         return trio.current_time() + (self._t0 + offset_s - time.monotonic())
 
@@ -205,6 +260,15 @@ class ChaosRun:
         state = self.state
         if kind == "isolate":
             await isolation.isolate(self._admin, broker, peers)
+            return
+        if kind == "fail-heartbeats":
+            await self._admin.faults(
+                broker,
+                "fail-api",
+                api_key=int(ApiKey.HEARTBEAT),
+                error_code=int(ErrorCode.NOT_COORDINATOR),
+                count=-1,
+            )
             return
         if kind == "heal":
             _, errors = await isolation.clear(self._admin, broker)

@@ -16,6 +16,9 @@ With the idempotent producer (the default; ``History.idempotent``) two more, as 
 checks them: a value twice in the final log is a ``duplicate``, and one producer's
 records within a partition stored in another order than sent is a ``nonmonotonic_send``.
 
+With the consumer-group workload (``History.group``) the rules of
+``deploy.chaos_group_check`` are judged too.
+
 Every violation is reported under the name of the rule that fired, and a history can
 be saved to disk and judged again later (``save_history`` / ``load_history``).
 
@@ -32,6 +35,9 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
+
+from minibroker.deploy import chaos_group_check
+from minibroker.deploy.chaos_group_check import GroupHistory
 
 TP = tuple[str, int]
 
@@ -64,6 +70,8 @@ class History:
     workload_s: float = 0.0  # how long the producers ran
     # Producers ran with enable.idempotence: duplicates and reordering are violations.
     idempotent: bool = True
+    # The consumer-group workload's members and samples (None: no group workload ran).
+    group: GroupHistory | None = None
 
 
 @dataclass
@@ -95,6 +103,9 @@ def check(history: History) -> Verdict:
         "duplicate": duplicates(history.final) if history.idempotent else [],
         "nonmonotonic_send": nonmonotonic_sends(history.final) if history.idempotent else [],
     }
+    if history.group is not None:
+        acknowledged = {s.value.decode() for s in history.sends if s.outcome == "ok"}
+        found |= chaos_group_check.check_groups(history.group, acknowledged)
     present = set(history.final.values())
     by_outcome: dict[str, int] = defaultdict(int)
     for s in history.sends:
@@ -114,6 +125,8 @@ def check(history: History) -> Verdict:
         "nemesis": dict(history.nemesis),
         "acked_per_s": round(by_outcome["ok"] / history.workload_s) if history.workload_s else 0,
     }
+    if history.group is not None:
+        counts |= chaos_group_check.counts(history.group)
     counts["violations"] = sum(len(items) for items in found.values())
     return Verdict(found, counts)
 
@@ -242,6 +255,7 @@ def save_history(history: History, path: Path) -> None:
         "events": history.events,
         "workload_s": history.workload_s,
         "idempotent": history.idempotent,
+        "group": None if history.group is None else history.group.to_json(),
     }
     data = json.dumps(doc).encode()
     Path(path).write_bytes(gzip.compress(data, 6) if str(path).endswith(".gz") else data)
@@ -262,6 +276,8 @@ def load_history(path: Path) -> History:
     h.events = [(t, text) for t, text in doc["events"]]
     h.workload_s = doc["workload_s"]
     h.idempotent = doc.get("idempotent", False)  # histories from before the rule
+    if doc.get("group") is not None:
+        h.group = GroupHistory.from_json(doc["group"])
     return h
 
 
@@ -275,6 +291,7 @@ PLANTS = (
     "silent",
     "duplicate",
     "reorder",
+    *chaos_group_check.PLANTS,
 )
 
 
@@ -302,6 +319,10 @@ def plant(history: History, kind: str) -> None:
         history.final[(partition, offset + 1)] = history.final[(partition, offset)]
     elif kind == "reorder":
         _swap_two_sends(history)
+    elif kind in chaos_group_check.PLANTS:
+        if history.group is None:
+            raise ValueError(f"plant {kind!r} needs the group workload (--workload groups)")
+        chaos_group_check.plant(history.group, kind)
     else:
         raise ValueError(f"unknown plant {kind!r}; one of {', '.join(PLANTS)}")
 

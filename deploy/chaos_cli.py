@@ -1,5 +1,5 @@
 """`minibroker chaos --duration S [--brokers 3] [--seed N] [--data-dir DIR] [--faults ...]
-[--spare-controller | --target-controller]` and `minibroker chaos --check-history FILE`.
+[--spare-controller | --target-controller] [--workload groups [--members N]]` and `minibroker chaos --check-history FILE`.
 
 Prints what it does as it goes, then the checker's findings (each violation under the
 name of the rule that fired), then one JSON line of counts. The history is written to
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from minibroker.deploy.chaos import CONTROLLER_FAILOVER, FAULT_KINDS, ChaosRun
+from minibroker.deploy.chaos import CONTROLLER_FAILOVER, FAULT_KINDS, GROUP_FAULT_KINDS, ChaosRun
 from minibroker.deploy.chaos_check import PLANTS, Verdict, check, load_history, plant, save_history
 from minibroker.deploy.cluster import ClusterError
 from minibroker.deploy.launcher import BrokerStartError
@@ -29,9 +29,12 @@ SHOWN = 50  # violations printed; all of them go to violations.txt
 
 def fault_kinds(value: str) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in value.split(",") if k.strip())
-    unknown = [k for k in kinds if k not in FAULT_KINDS]
+    unknown = [k for k in kinds if k not in GROUP_FAULT_KINDS]
     if not kinds or unknown:
-        raise argparse.ArgumentTypeError(f"expected some of {','.join(FAULT_KINDS)}, got {value!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected some of {','.join(FAULT_KINDS)} (with --workload groups also "
+            f"fail-heartbeats), got {value!r}"
+        )
     return kinds
 
 
@@ -49,7 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--faults",
         type=fault_kinds,
         default=FAULT_KINDS,
-        help=f"the nemesis' faults, comma-separated (default {','.join(FAULT_KINDS)})",
+        help=f"the nemesis' faults, comma-separated (default {','.join(FAULT_KINDS)}; with "
+        "--workload groups also fail-heartbeats: the group coordinator answers heartbeats "
+        "NOT_COORDINATOR)",
     )
     target = p.add_mutually_exclusive_group()
     target.add_argument(
@@ -72,6 +77,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "which is then reported, not judged",
     )
     p.add_argument(
+        "--workload",
+        choices=("producers", "groups"),
+        default="producers",
+        help="groups: also a consumer group whose member processes consume and commit "
+        "while the nemesis faults the group coordinator too and pauses members",
+    )
+    p.add_argument("--members", type=int, default=3, help="group members (default 3)")
+    p.add_argument(
         "--plant",
         choices=PLANTS,
         help="doctor the history with one violation before checking (tests the checker)",
@@ -88,10 +101,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.check_history is not None:
         return recheck(args.check_history)
-    if args.brokers < 2 or args.duration <= 0 or args.partitions < 1:
+    if args.brokers < 2 or args.duration <= 0 or args.partitions < 1 or args.members < 1:
         print(
-            "error: chaos needs --brokers >= 2, --duration > 0, --partitions >= 1", file=sys.stderr
+            "error: chaos needs --brokers >= 2, --duration > 0, --partitions >= 1, --members >= 1",
+            file=sys.stderr,
         )
+        return 2
+    if "fail-heartbeats" in args.faults and args.workload != "groups":
+        print("error: --faults fail-heartbeats needs --workload groups", file=sys.stderr)
         return 2
     temporary = args.data_dir is None
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="minibroker-chaos-"))
@@ -109,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         kinds=args.faults,
         target_controller=args.target_controller,
         idempotence=args.idempotence,
+        workload=args.workload,
+        members=args.members,
     )
     targets = (
         "any broker, the active controller included"
@@ -117,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"chaos: seed {args.seed}, {args.duration:g}s, {args.brokers} brokers, "
-        f"faults {','.join(args.faults)} on {targets}; data in {data_dir}",
+        f"faults {','.join(chaos.kinds)} on {targets}, workload {args.workload}; "
+        f"data in {data_dir}",
         flush=True,
     )
     try:
@@ -145,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "duration_s": args.duration,
         "target_controller": args.target_controller,
+        "workload": args.workload,
         **verdict.counts,
         "history": str(history_path) if kept or not temporary else None,
     }
@@ -171,6 +192,14 @@ def report(verdict: Verdict, data_dir: Path | None = None) -> None:
         f"{c['duplicates']} duplicate(s) from retries, {c['consumed']} consumed live, "
         f"{c['final_records']} in the final log; nemesis {c['nemesis']}"
     )
+    if "group_consumed" in c:
+        print(
+            f"group: {c['group_consumed']} consumed by the members ({c['group_redelivered']} "
+            f"redelivered), {c['group_generations']} generations, {c['group_commits']} commits "
+            f"({c['group_commit_failures']} refused), {c['group_stale_answers_ignored']} stale "
+            f"answers ignored, settled {c['group_settle_s']}s after the heal; member nemesis "
+            f"{c['group_nemesis']}"
+        )
     print("verdict:", "no violation" if verdict.ok else "VIOLATIONS FOUND")
 
 

@@ -4,7 +4,8 @@ One fault at a time, 1-3.5 s each, so a majority of the brokers always stays up 
 connected. Kinds: ``pause`` (SIGSTOP, then resume), ``kill`` (SIGKILL, then restart)
 and ``isolate`` (a network partition, ``deploy/isolation.py``, then heal). A victim is
 a broker id or ``CONTROLLER``: whichever broker is the active controller when the
-fault starts (the quorum elects another while it is down or cut off).
+fault starts (the quorum elects another while it is down or cut off), or, with the
+group workload, ``COORDINATOR``: whichever broker coordinates the consumer group then.
 """
 
 from __future__ import annotations
@@ -15,8 +16,13 @@ from dataclasses import dataclass
 
 PROCESS_FAULTS = ("pause", "kill")
 FAULT_KINDS = ("pause", "kill", "isolate")
-UNDO = {"pause": "resume", "kill": "restart", "isolate": "heal"}
+# The group workload adds one: the group's coordinator answers every Heartbeat
+# NOT_COORDINATOR (as while its group moves), so members' heartbeats sit in their retry
+# loop, still carrying the generation they were sent for, while rebalances go on.
+GROUP_FAULT_KINDS = (*FAULT_KINDS, "fail-heartbeats")
+UNDO = {"pause": "resume", "kill": "restart", "isolate": "heal", "fail-heartbeats": "heal"}
 CONTROLLER = -1  # a planned victim resolved, when its fault starts, to the active controller
+COORDINATOR = -2  # ... to the broker coordinating the consumer group (group workload)
 # Any voter can take over as controller, so the nemesis targets the active controller by
 # default (``--spare-controller`` turns it off).
 CONTROLLER_FAILOVER = True
@@ -38,7 +44,8 @@ def plan_nemesis(
     kinds: Sequence[str] = PROCESS_FAULTS,
     brokers: int | None = None,
 ) -> list[Fault]:
-    """A reproducible schedule: one fault at a time, each 1-3.5 s, gaps of 0.5-2 s.
+    """A reproducible schedule: one fault at a time, each 1-3.5 s (fail-heartbeats up to
+    7.5 s), gaps of 0.5-2 s.
 
     ``brokers`` (the cluster size) lets a third of the isolates cut the victim off from a
     random part of the others only; the rest cut it off from all of them.
@@ -49,8 +56,14 @@ def plan_nemesis(
     while victims and t < duration_s - 1.0:
         end = min(t + rng.uniform(1.0, 3.5), duration_s)
         kind, victim = rng.choice(kinds), rng.choice(victims)
+        if kind == "fail-heartbeats":
+            victim = COORDINATOR  # only the coordinator answers heartbeats
+            # Often past the members' session timeout: they are dropped, learn it from a
+            # refused commit and rejoin while a heartbeat of their old membership still
+            # waits in its retry loop (issue 35's interleaving).
+            end = min(end + rng.uniform(0.0, 4.0), duration_s)
         peers = None
-        partial = kind == "isolate" and victim != CONTROLLER and (brokers or 0) >= 3
+        partial = kind == "isolate" and victim >= 0 and (brokers or 0) >= 3
         if partial and rng.random() < 1 / 3:
             others = [b for b in range(brokers) if b != victim]
             peers = tuple(sorted(rng.sample(others, rng.randint(1, len(others) - 1))))
@@ -59,9 +72,13 @@ def plan_nemesis(
     return faults
 
 
-def victims_for(brokers: int, controller: int, target_controller: bool) -> list[int]:
+def victims_for(
+    brokers: int, controller: int, target_controller: bool, coordinator: bool = False
+) -> list[int]:
     """Every broker but the controller; or every broker and, as one more choice, the
-    active controller whoever it is then."""
+    active controller whoever it is then; ``coordinator``: also (twice as likely as any
+    one broker) whichever broker coordinates the consumer group then."""
+    extra = [COORDINATOR, COORDINATOR] if coordinator else []
     if target_controller:
-        return [*range(brokers), CONTROLLER]
-    return [b for b in range(brokers) if b != controller]
+        return [*range(brokers), CONTROLLER, *extra]
+    return [b for b in range(brokers) if b != controller] + extra
