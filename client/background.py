@@ -73,6 +73,8 @@ class ClusterClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._cluster is not None:
-            await self._cluster.aclose()
-        await self._background.close()
+        try:
+            if self._cluster is not None:
+                await self._cluster.aclose()
+        finally:
+            await self._background.close()

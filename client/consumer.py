@@ -553,20 +553,24 @@ class Consumer(ClusterClient):
     async def aclose(self) -> None:
         """A member commits (with enable.auto.commit) and leaves its group before closing, so
         the others take its partitions at once rather than after session.timeout.ms; a
-        static member does not leave (its restart takes its partitions back), as Kafka's."""
+        static member does not leave (its restart takes its partitions back), as Kafka's.
+        Cancelled meanwhile, it still closes: the background nursery must be exited, or
+        trio ends the run in "Nursery stack corrupted"."""
         group = self._group
         if self._join is not None:
             self._join.cancel_scope.cancel()  # never rejoin while leaving
             self._join = None
-        if group is not None and self._cluster is not None and group.member_id:
-            with trio.move_on_after(self.config["request.timeout.ms"] / 1000):
-                if self.config["enable.auto.commit"] and self._states:
-                    try:
-                        await group.commit(self._positions())
-                    except KafkaError:
-                        pass
-                await group.leave()
-        await super().aclose()
+        try:
+            if group is not None and self._cluster is not None and group.member_id:
+                with trio.move_on_after(self.config["request.timeout.ms"] / 1000):
+                    if self.config["enable.auto.commit"] and self._states:
+                        try:
+                            await group.commit(self._positions())
+                        except KafkaError:
+                            pass
+                    await group.leave()
+        finally:
+            await super().aclose()
 
 
 class _Join:

@@ -16,6 +16,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+from minibroker.deploy import interrupt
 from minibroker.deploy.broker_cli import CommandError
 from minibroker.deploy.pipes import run_piped
 
@@ -168,19 +169,25 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_piped(lambda: _run(sys.argv[1:] if argv is None else argv))
+    interrupt.raise_on_sigterm()
+    try:
+        return run_piped(lambda: _run(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM outside a command's trio loop
+        return interrupt.status_of(exc)
+    finally:
+        interrupt.ignore_late_signals()
 
 
 def _run(argv: Sequence[str]) -> int:
     args = build_parser(argv).parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
+    if not interrupt.handles(func):
+        interrupt.default_sigterm()
     try:
         return func(args) or 0
     except CommandError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from minibroker.client.config import DEFAULT_BOOTSTRAP, parse_properties
+from minibroker.deploy import interrupt
 from minibroker.protocol.errors import (
     BrokerNotAvailable,
     KafkaError,
@@ -177,19 +178,16 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> str:
 def _cmd(
     main: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
 ) -> Callable[[argparse.Namespace], int]:
+    @interrupt.handles_signals
     def run(args: argparse.Namespace) -> int:
-        import trio
-
         try:
-            return trio.run(main, args)
+            return interrupt.run(main, args)
         except BrokenPipeError:
             raise  # stdout's reader left: not an error to report (deploy/pipes.py)
         except CliError as exc:
             print(f"error: {exc}", file=sys.stderr)
         except (KafkaError, ValueError, OSError) as exc:
             print(f"error: {describe_error(exc, args)}", file=sys.stderr)
-        except KeyboardInterrupt:
-            return 130
         return EXIT_ERROR
 
     return run
@@ -263,13 +261,17 @@ async def _topics_describe(args: argparse.Namespace) -> int:
 
 
 async def _stdin_lines() -> Any:
-    """Lines of stdin as bytes, read in chunks off the trio thread (interactive use works too)."""
+    """Lines of stdin as bytes, read in chunks off the trio thread (interactive use works too).
+
+    The thread reads the file descriptor, not ``sys.stdin.buffer``: an interrupt abandons
+    a read that waits for a terminal, and a thread left holding the buffer's lock would
+    stop the interpreter's exit ("could not acquire lock for <stdin>")."""
     import trio
 
-    stdin = sys.stdin.buffer
+    fd = sys.stdin.fileno()
     rest = b""
     while True:
-        chunk = await trio.to_thread.run_sync(stdin.read1, 1 << 16)
+        chunk = await trio.to_thread.run_sync(os.read, fd, 1 << 16, abandon_on_cancel=True)
         if not chunk:
             break
         lines = (rest + chunk).split(b"\n")
@@ -349,30 +351,32 @@ async def _produce(args: argparse.Namespace) -> int:
     tally = DeliveryTally()
     async with Producer(config=_settings(args, **extra)) as producer:
         missing: KafkaError | None = None
-        try:
-            await _require_topic(producer, args.topic)
-        except UnknownTopicOrPartition as exc:
-            missing = exc
-        async for line in _stdin_lines():
-            key = None
-            if sep is not None:
-                key, found, value = line.partition(sep)
-                if not found:
-                    key, value = None, line
-            else:
-                value = line
+        # An interrupt stops reading; the lines read so far are still delivered (flush).
+        with interrupt.work():
             try:
-                if missing is not None:
-                    raise missing
-                tally.add(
-                    await producer.enqueue(args.topic, value, key=key, partition=args.partition)
-                )
-            except KafkaError as exc:
-                # Stop reading: the input may be endless, and nothing more would get through.
-                tally.sent += 1
-                tally.failed[exc.code.name] += 1
-                tally.first_error = tally.first_error or exc
-                break
+                await _require_topic(producer, args.topic)
+            except UnknownTopicOrPartition as exc:
+                missing = exc
+            async for line in _stdin_lines():
+                key = None
+                if sep is not None:
+                    key, found, value = line.partition(sep)
+                    if not found:
+                        key, value = None, line
+                else:
+                    value = line
+                try:
+                    if missing is not None:
+                        raise missing
+                    tally.add(
+                        await producer.enqueue(args.topic, value, key=key, partition=args.partition)
+                    )
+                except KafkaError as exc:
+                    # Stop reading: the input may be endless, and nothing more would get through.
+                    tally.sent += 1
+                    tally.failed[exc.code.name] += 1
+                    tally.first_error = tally.first_error or exc
+                    break
         if missing is not None and tally.sent == 0:
             raise missing  # no input at all: still say that the topic is missing
         await producer.flush()
@@ -439,8 +443,10 @@ async def _consume(args: argparse.Namespace) -> int:
             consumer.seek_to_beginning()
         elif "auto.offset.reset" not in settings:
             consumer.seek_to_end()
-        seen = await _print_records(consumer, args)
-    print(f"Processed a total of {seen} messages", file=sys.stderr)
+        printer = RecordPrinter(args)
+        with interrupt.work():
+            await printer.run(consumer)
+    print(f"Processed a total of {printer.seen} messages", file=sys.stderr)
     return 0
 
 
@@ -462,35 +468,44 @@ async def _consume_group(args: argparse.Namespace) -> int:
         if await consumer.partitions_for(args.topic) is None:
             raise UnknownTopicOrPartition(f"topic '{args.topic}' does not exist")
         consumer.subscribe([args.topic])
-        seen = await _print_records(consumer, args)
-    print(f"Processed a total of {seen} messages", file=sys.stderr)
+        printer = RecordPrinter(args)
+        # An interrupt ends the printing; closing the consumer then commits and leaves.
+        with interrupt.work():
+            await printer.run(consumer)
+    print(f"Processed a total of {printer.seen} messages", file=sys.stderr)
     return 0
 
 
-async def _print_records(consumer: Consumer, args: argparse.Namespace) -> int:
-    out = sys.stdout.buffer
-    sep = args.key_separator.encode()
-    seen = 0
-    idle_ms = args.timeout_ms if args.timeout_ms is not None else None
-    while args.max_messages is None or seen < args.max_messages:
-        want = None if args.max_messages is None else args.max_messages - seen
-        records = await consumer.poll(
-            timeout_ms=idle_ms if idle_ms is not None else 60_000, max_records=want
-        )
-        if not records:
-            if idle_ms is not None:
-                break
-            continue
-        lines = []
-        for r in records:
-            value = b"null" if r.value is None else r.value
-            if getattr(args, "print_offset", False):
-                value = f"Partition:{r.partition}\tOffset:{r.offset}\t".encode() + value
-            if args.print_key:
-                lines.append((b"null" if r.key is None else r.key) + sep + value)
-            else:
-                lines.append(value)
-        seen += len(records)
-        out.write(b"\n".join(lines) + b"\n")
-        out.flush()  # `| head` that has had enough: BrokenPipeError, a quiet exit (pipes.py)
-    return seen
+class RecordPrinter:
+    """Prints records to stdout; ``seen`` counts them, also when an interrupt cut it short."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.seen = 0
+
+    async def run(self, consumer: Consumer) -> None:
+        args = self.args
+        out = sys.stdout.buffer
+        sep = args.key_separator.encode()
+        idle_ms = args.timeout_ms if args.timeout_ms is not None else None
+        while args.max_messages is None or self.seen < args.max_messages:
+            want = None if args.max_messages is None else args.max_messages - self.seen
+            records = await consumer.poll(
+                timeout_ms=idle_ms if idle_ms is not None else 60_000, max_records=want
+            )
+            if not records:
+                if idle_ms is not None:
+                    break
+                continue
+            lines = []
+            for r in records:
+                value = b"null" if r.value is None else r.value
+                if getattr(args, "print_offset", False):
+                    value = f"Partition:{r.partition}\tOffset:{r.offset}\t".encode() + value
+                if args.print_key:
+                    lines.append((b"null" if r.key is None else r.key) + sep + value)
+                else:
+                    lines.append(value)
+            self.seen += len(records)
+            out.write(b"\n".join(lines) + b"\n")
+            out.flush()  # `| head` that has had enough: BrokenPipeError, a quiet exit (pipes.py)
