@@ -13,10 +13,12 @@ The conventions, which the pages follow (docs/testing.md points here):
   become its brokers 0, 1, 2, and ``127.0.0.1:9192``-``9194`` their Kafka listeners.
   Nothing else in a block is changed.
 - A page whose examples start a cluster (``minibroker cluster up``) runs on that one:
-  the test adds ``--base-port`` and ``--kafka-base-port`` with free ports to the
-  command, and stops the cluster (``cluster down``) after the page. Every other page
+  the test adds ``--base-port`` and ``--kafka-base-port`` with free ports (and the
+  setting below) to the command, and stops the cluster (``cluster down``) after the page. Every other page
   runs against one shared 3-broker cluster (``faults.enable=true``), reset between pages
-  (``LocalCluster.reset``: topics deleted, faults cleared).
+  (``LocalCluster.reset``: topics deleted, faults cleared). Both kinds of cluster have
+  ``group.initial.rebalance.delay.ms=0``, as Kafka's own tests set it, so a group
+  example does not wait 3 s for more members that will never come.
 - A ``python`` block that defines ``def test_`` is a test module: it runs under pytest
   (the minibroker plugin's fixtures come from its entry point); any other runs as a
   script.
@@ -47,6 +49,7 @@ RUN = {"bash", "sh", "python"}
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 MARK = re.compile(r"<!-- docs-test: (\S+)(?: \((.+)\))? -->\s*$")
 CLUSTER_UP = re.compile(r"(minibroker cluster up\b[^\n#|&;]*)")
+QUICK_GROUPS = {"group.initial.rebalance.delay.ms": 0}
 
 
 @dataclass
@@ -114,7 +117,10 @@ def run_block(block: Block, cwd: Path, native: int, kafka: int, env: dict) -> Ra
         argv = [sys.executable, path.name]
     else:
         code = CLUSTER_UP.sub(
-            lambda m: f"{m.group(1).rstrip()} --base-port {native} --kafka-base-port {kafka} ",
+            lambda m: (
+                f"{m.group(1).rstrip()} --base-port {native} --kafka-base-port {kafka} "
+                + "".join(f"--set {k}={v} " for k, v in QUICK_GROUPS.items())
+            ),
             code,
         )
         argv = ["bash", "-e", "-o", "pipefail", "-c", code]
@@ -126,7 +132,8 @@ def run_block(block: Block, cwd: Path, native: int, kafka: int, env: dict) -> Ra
 
 @pytest.fixture(scope="module")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    cluster = start_cluster(tmp_path_factory.mktemp("docs-cluster"), 3, {"faults.enable": True})
+    config = {"faults.enable": True, **QUICK_GROUPS}
+    cluster = start_cluster(tmp_path_factory.mktemp("docs-cluster"), 3, config)
     yield cluster
     cluster.close()
 
