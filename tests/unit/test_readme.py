@@ -40,3 +40,19 @@ def test_quickstart_has_exactly_the_two_commands():
     commands = [line.split("#")[0].strip() for line in block.strip().splitlines()]
     assert commands == ["bash deploy/quickstart.sh", "bash deploy/test.sh"]
     assert "bash deploy/test.sh" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_kafka_api_table_lists_exactly_the_versions_served():
+    from minibroker.protocol.kafka.codec import SPEC_NAMES, SUPPORTED
+
+    page = (ROOT / "docs" / "kafka-clients.md").read_text()
+    table = page.split("| API | versions | notes |", 1)[1].split("\n\n", 1)[0]
+    documented = {}
+    for row in table.strip().splitlines()[1:]:
+        names, versions = (cell.strip() for cell in row.split("|")[1:3])
+        ranges = [tuple(int(v) for v in r.split("-")) for r in versions.split(", ")]
+        names = names.split(", ")
+        if len(ranges) == 1:
+            ranges *= len(names)  # one range for every API of the row
+        documented.update(zip(names, ranges, strict=True))
+    assert documented == {SPEC_NAMES[key]: versions for key, versions in SUPPORTED.items()}
