@@ -9,7 +9,7 @@ own client's does. Compressed batches stay compressed: the broker never opens th
 Fetch: a wrapped batch is unwrapped (the offset and epoch the leader gave, then the
 client's own bytes). A batch our own client wrote (msgpack records) has no v2 form on
 disk and is re-encoded here, record by record: the one per-record path, taken only when
-a stock client reads what the bundled client wrote (README: "Kafka listener").
+a stock client reads what the bundled client wrote (docs/kafka-clients.md: "Ordering and batches").
 """
 
 from __future__ import annotations
