@@ -3,8 +3,8 @@
 The conventions, which the pages follow (docs/testing.md points here):
 
 - A fenced block is an example when its language is ``bash``, ``sh`` or ``python``;
-  ``text`` (output, synopses), ``toml`` and the like are shown, not run. A fence
-  without a language is refused, so nothing runnable escapes by accident.
+  ``text`` (output, synopses) and ``toml`` are shown, not run. A fence without a
+  language, or with any other, is refused, so nothing runnable escapes by accident.
 - A page's examples run in the order they appear, each in a fresh process, all in one
   working directory and against one cluster, as a reader running them one after another
   in one shell would: ``MINIBROKER_BOOTSTRAP`` is exported to that cluster (as the
@@ -46,6 +46,7 @@ from minibroker.deploy.testing import LocalCluster, start_cluster
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUN = {"bash", "sh", "python"}
+SHOWN = {"text", "toml"}
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 MARK = re.compile(r"<!-- docs-test: (\S+)(?: \((.+)\))? -->\s*$")
 CLUSTER_UP = re.compile(r"(minibroker cluster up\b[^\n#|&;]*)")
@@ -181,7 +182,18 @@ def test_skipped_examples_are_few_and_name_the_test_that_runs_them():
     assert len(every) - len(skipped) >= 15
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "README.md"], ids=lambda p: p.name)
+def runnable(page: Path) -> bool:
+    return any(b.lang in RUN and b.skip is None for b in blocks(page))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_fence_names_a_language_the_test_knows(page):
+    # blocks() refuses a bare fence and an unknown marker; a "shell" or "console" block
+    # would escape the run unnoticed, so only these are allowed.
+    assert {b.lang for b in blocks(page)} <= RUN | SHOWN
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES[1:] if runnable(p)], ids=lambda p: p.name)
 def test_the_page_examples_run_as_written(page, shared_cluster, tmp_path):
     run_page(page, tmp_path, shared_cluster)
 
