@@ -12,7 +12,7 @@ README = (ROOT / "README.md").read_text()
 
 
 def test_every_broker_config_key_is_documented_with_its_default():
-    reference = (ROOT / "docs" / "configuration.md").read_text()
+    reference = (ROOT / "docs" / "configuration.md").read_text().split("## Client settings")[0]
     rows = {
         line.split("|")[1].strip().strip("`"): line.split("|")[2].strip()
         for line in reference.splitlines()
@@ -24,6 +24,14 @@ def test_every_broker_config_key_is_documented_with_its_default():
         key: rows[key] for key, d in DEFS.items() if not rows[key].startswith(_shown(d.default))
     }
     assert wrong == {}
+
+
+def test_every_client_setting_is_documented():
+    from minibroker.client.config import SETTINGS
+
+    reference = (ROOT / "docs" / "configuration.md").read_text()
+    client = reference.split("## Client settings", 1)[1]
+    assert [key for key in SETTINGS if f"| `{key}` |" not in client] == []
 
 
 def _shown(value: object) -> str:
