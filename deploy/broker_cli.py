@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, parse_set_options(args.set))
     except ConfigError as exc:
-        raise CommandError(f"{exc}; see README.md 'Broker configuration' for every key") from None
+        raise CommandError(f"{exc}; see docs/configuration.md for every key") from None
     host, port = args.listen
     logger = configure_logging(args.id, level=config["log.level"], fmt=config["log.format"])
     try:

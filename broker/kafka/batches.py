@@ -10,7 +10,7 @@ are stored as they came, decompressed only in that walk's fixed window.
 Fetch: a wrapped batch is unwrapped (the offset and epoch the leader gave, then the
 client's own bytes). A batch our own client wrote (msgpack records) has no v2 form on
 disk and is re-encoded here, record by record: the one per-record path, taken only when
-a stock client reads what the bundled client wrote (README: "Kafka listener").
+a stock client reads what the bundled client wrote (docs/kafka-clients.md: "Ordering and batches").
 """
 
 from __future__ import annotations

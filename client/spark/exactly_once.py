@@ -6,7 +6,7 @@ each task derives its producer from names that are the same on every rerun (the
 streaming query's id, which its checkpoint keeps; the batch id; the task's partition),
 and sends deterministic batches (client/idempotence.py FixedIdentity): the partition
 leaders recognise every batch they already hold by producer id, epoch and sequence,
-and store nothing twice. The argument, and what it needs of the query, is in README
+and store nothing twice. The argument, and what it needs of the query, is in docs/spark.md
 ("Exactly once").
 
 One producer id per (write, task partition, block of 32,768 versions) and the version

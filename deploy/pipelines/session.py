@@ -41,8 +41,8 @@ def spark_session(app_name: str, master: str) -> Any:
 def ensure_topic(bootstrap: str, name: str, partitions: int = 1) -> bool:
     """Create ``name`` (the broker's default replication factor) unless it exists.
 
-    Topics are not auto-created (``auto.create.topics.enable`` is false, see README), so a
-    job writing results to a topic of its own creates it, and runs as its README recipe
+    Topics are not auto-created (``auto.create.topics.enable`` is false, see docs/semantics.md), so a
+    job writing results to a topic of its own creates it, and runs as its recipe in docs/spark.md
     is written. Returns True if it created the topic.
     """
     from minibroker.client import NewTopic, SyncAdmin
