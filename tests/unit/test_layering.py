@@ -23,8 +23,9 @@ TOP_LEVEL = {
 BROKER_LAYERS = [
     {"common"},
     {"purgatory", "storage", "metadata", "network"},
+    {"quota"},  # client and replication quotas: rates and throttle times on the timer
     {"raft", "replication"},
-    {"controller", "coordinator"},
+    {"controller", "coordinator", "transaction"},
     {"apis", "prometheus_export", "kafka"},
     {"server"},  # Broker: builds the others in order and wires them
 ]
