@@ -20,8 +20,13 @@ from typing import Any
 import trio
 
 from minibroker.broker.apis import RequestHandler
-from minibroker.broker.common.config import BrokerConfig
-from minibroker.broker.common.descriptors import fd_limit, set_max_connections
+from minibroker.broker.common.config import BrokerConfig, ConfigError
+from minibroker.broker.common.descriptors import (
+    connections_error,
+    descriptor_budget,
+    fd_limit,
+    raise_fd_limit,
+)
 from minibroker.broker.common.gc_policy import collect_garbage_rarely
 from minibroker.broker.common.logs import log_lines_dropped, write_fatal_line
 from minibroker.broker.common.tasks import BackgroundTasks
@@ -43,7 +48,7 @@ from minibroker.broker.network.faults import FaultInjector
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.network.poller import choose_backend
 from minibroker.broker.network.request_metrics import RequestMetrics
-from minibroker.broker.network.socket_server import ConnectionHandler, max_connections_for
+from minibroker.broker.network.socket_server import ConnectionHandler
 from minibroker.broker.purgatory import MonotonicClock, Purgatory, SystemTimer, switch_interval_for
 from minibroker.broker.raft.config import quorum_config
 from minibroker.broker.raft.driver import QuorumDriver
@@ -106,6 +111,7 @@ class Broker:
         self.log = logger
         self.clock = MonotonicClock()
         self.started_ms = self.clock.now_ms()
+        self.fd_limit_raised_from = fd_limit()  # run_broker says otherwise when it raised it
         self.voters = quorum_voters(broker_id, config)
         self.credentials = credentials_from_config(broker_id, config, self.voters)
         self.tasks = BackgroundTasks()
@@ -288,16 +294,20 @@ class Broker:
 
     def _socket_server(self, handler: RequestHandler) -> ConnectionHandler:
         config = self.config
-        # The controller's partition cap counts what this broker keeps for connections.
-        set_max_connections(config["max.connections"])
+        brokers = max(1, len(self.voters))
+        problem = connections_error(config["max.connections"], brokers)
+        if problem:
+            raise ConfigError(problem)
+        budget = descriptor_budget(brokers, config["max.connections"])
+        partitions = self.replica_manager.partitions
         return ConnectionHandler(
             handler,
             max_frame_bytes=config["socket.request.max.bytes"],
             idle_ms=config["connections.max.idle.ms"],
             logger=self.log,
-            max_connections=max_connections_for(
-                config["max.connections"], max(1, len(self.voters))
-            ),
+            max_connections=budget.connections,
+            # Connections and partitions share the descriptors: what is open decides.
+            connection_room=lambda: budget.connection_room(len(partitions)),
             max_connections_per_ip=config["max.connections.per.ip"],
             queued_response_bytes=config["queued.max.response.bytes"],
             send_stall_ms=config["connections.max.send.stall.ms"],
@@ -393,6 +403,12 @@ class Broker:
             "metadata_epoch": self.cache.metadata.epoch,
             "quorum": self.quorum.stats(),
             "connections": self.connections.open_connections,
+            "descriptors": {
+                "limit": fd_limit(),
+                "raised_from": self.fd_limit_raised_from,
+                "connection_room": self.connections.connection_room(),
+                "partitions_open": len(rm.partitions),
+            },
             # Kafka's log dirs (one here): which failed and why (see _log_dir_failed).
             "log_dirs": [
                 {
@@ -544,7 +560,11 @@ async def serve(broker: Broker) -> None:
 def run_broker(
     broker_id: int, host: str, port: int, data_dir: Path, config: BrokerConfig, logger: Any
 ) -> None:
+    raised_from, limit = raise_fd_limit()
     broker = Broker(broker_id, host, port, data_dir, config, logger)
+    broker.fd_limit_raised_from = raised_from
+    if raised_from != limit:
+        logger.info("fd_limit_raised", soft_before=raised_from, soft=limit)
     # The timer thread must not wait 5 ms (CPython's default) for the GIL while the trio
     # thread is busy: that would be 5 ms of lateness on every timeout.
     sys.setswitchinterval(switch_interval_for(config["timer.tick.ms"]))

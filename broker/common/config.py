@@ -153,7 +153,9 @@ DEFS: dict[str, ConfigDef] = {
         int,
         -1,
         "Connections the broker holds at once; at the limit it stops accepting until one "
-        "closes, as Kafka's acceptor does (-1: the open-file limit minus a reserve for log files).",
+        "closes, as Kafka's acceptor does. -1: all the open-file limit allows once the broker's own "
+        "files, its open partitions and a headroom for partitions to come are counted; a value "
+        "above what the limit allows is refused at start.",
         -1,
     ),
     "max.connections.per.ip": ConfigDef(

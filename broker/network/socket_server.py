@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import trio
 
-from minibroker.broker.common.descriptors import descriptor_budget, fd_limit
+from minibroker.broker.common.descriptors import fd_limit
 from minibroker.broker.network.outbox import Outbox
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.network.poller import Poller, choose_backend, open_poller
@@ -79,13 +79,6 @@ class Dispatcher(Protocol):
         self, header: RequestHeader, body: Any, session: ConnectionSession
     ) -> dict | PendingResponse | None:
         """An answer now, a parked one, or None (acks=0: no answer)."""
-
-
-def max_connections_for(configured: int, brokers: int = 1) -> int:
-    """``max.connections``, with -1 derived from the open-file limit: the connections'
-    share of the broker's descriptor budget (broker/common/descriptors.py), so that
-    connections and partitions at their caps together still fit under the limit."""
-    return descriptor_budget(brokers, max_connections=configured).connections
 
 
 def _open_spare() -> int | None:
@@ -269,6 +262,7 @@ class ConnectionHandler:
         idle_ms: int,
         logger: Any,
         max_connections: int = 2**31 - 1,
+        connection_room: Callable[[], int] | None = None,
         max_connections_per_ip: int = 2**31 - 1,
         queued_response_bytes: int = 1 << 25,
         send_stall_ms: int = 60000,
@@ -282,6 +276,8 @@ class ConnectionHandler:
         self.idle_s = idle_ms / 1000
         self.log = logger
         self.max_connections = max_connections
+        # The descriptor budget's say (common/descriptors.py): fewer while partitions are open.
+        self.connection_room = connection_room or (lambda: max_connections)
         self.max_connections_per_ip = max_connections_per_ip
         self.queued_response_bytes = queued_response_bytes
         self.send_stall_s = send_stall_ms / 1000
@@ -337,12 +333,8 @@ class ConnectionHandler:
     async def _accept_loop(self, listener: trio.SocketListener, codec: Any = None) -> None:
         async with listener:
             while True:
-                if self.open_connections >= self.max_connections:
-                    # Kafka's acceptor: at max.connections, stop accepting until one closes.
-                    # New clients wait in the listen backlog; served ones are not disturbed.
-                    self.log.warning("max_connections_reached", limit=self.max_connections)
-                    while self.open_connections >= self.max_connections:
-                        await self._slot_free.park()
+                if self.open_connections >= self.connection_room():
+                    await self._wait_for_a_slot()
                 try:
                     stream = await listener.accept()
                 except OSError as exc:
@@ -366,6 +358,19 @@ class ConnectionHandler:
                     await trio.aclose_forcefully(stream)
                     continue
                 self._open(stream, host, f"{host}:{port}", codec)
+
+    async def _wait_for_a_slot(self) -> None:
+        """Kafka's acceptor: at max.connections, stop accepting until one closes. New
+        clients wait in the listen backlog; served ones are not disturbed. The room also
+        grows when partitions close, which wakes nobody: look again every second."""
+        self.log.warning(
+            "max_connections_reached",
+            limit=self.connection_room(),
+            configured=self.max_connections,
+        )
+        while self.open_connections >= self.connection_room():
+            with trio.move_on_after(1):
+                await self._slot_free.park()
 
     async def _refuse_at_capacity(self, listener: trio.SocketListener, exc: OSError) -> None:
         """Out of descriptors (EMFILE) or kernel memory: close the waiting connection.

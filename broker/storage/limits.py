@@ -59,7 +59,7 @@ def partition_cap_error(
         return None
     return (
         f"the topic would put {counts[busiest] + added} partition replicas on broker {busiest}, "
-        f"over its cap of {cap} (ulimit -n = {budget.limit}, less {budget.connections} for "
-        f"connections and {budget.reserved} for its own files): raise `ulimit -n` before "
+        f"over its cap of {cap} (ulimit -n = {budget.limit}, less {budget.connection_floor} kept "
+        f"for connections, {budget.headroom} headroom and {budget.reserved} for its own files): raise `ulimit -n` before "
         "starting the brokers, or use fewer partitions"
     )

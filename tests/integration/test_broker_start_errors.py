@@ -82,6 +82,18 @@ def test_an_unusable_data_dir_is_named_as_the_data_dir_not_the_port(tmp_path):
     assert "listen" not in line
 
 
+def test_a_max_connections_above_the_descriptor_limit_is_refused_naming_both(tmp_path):
+    """Issue 40: max.connections=19000 was cut to 14,916 without a word."""
+    port = free_port()
+    result = run_broker(
+        "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "b"),
+        "--set", "max.connections=5000", nofile=1024,
+    )  # fmt: skip
+    line = the_error_line(result)
+    assert "'max.connections' = 5000" in line and "`ulimit -n` = 1024" in line
+    assert "at most 896" in line  # 1024 - 112 own - 16 headroom
+
+
 async def test_too_few_file_descriptors_at_start_close_partitions_not_the_broker(tmp_path):
     data_dir = tmp_path / "b"
     broker = BrokerProcess(0, free_port(), data_dir)

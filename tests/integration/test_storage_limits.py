@@ -5,7 +5,7 @@ acknowledged record comes back unchanged."""
 from __future__ import annotations
 
 import contextlib
-import resource
+import os
 import struct
 import zlib
 
@@ -108,29 +108,34 @@ async def test_bad_topic_configs_are_refused_before_saving(broker, configs, name
 
 
 @contextlib.contextmanager
-def fd_limit(soft: int):
-    """Lower this test process's soft RLIMIT_NOFILE: brokers started inside inherit it."""
-    old = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, old[1]))
+def fd_limit(limit: int):
+    """Brokers started inside run under ``limit`` descriptors (a broker raises its soft
+    limit to the hard one at start; $MINIBROKER_NOFILE_LIMIT sets both instead)."""
+    old = os.environ.get("MINIBROKER_NOFILE_LIMIT")
+    os.environ["MINIBROKER_NOFILE_LIMIT"] = str(limit)
     try:
         yield
     finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, old)
+        if old is None:
+            del os.environ["MINIBROKER_NOFILE_LIMIT"]
+        else:
+            os.environ["MINIBROKER_NOFILE_LIMIT"] = old
 
 
 async def test_partition_cap_from_the_fd_limit(broker_factory, tmp_path):
     data = tmp_path / "fds"
-    # cap = 400 - 112 reserved - 72 for connections = 216 partitions (common/descriptors.py)
+    # cap = 400 - 112 reserved - 18 kept for connections - 16 headroom = 254 partitions
+    # (common/descriptors.py)
     with fd_limit(400):
         proc = broker_factory(data_dir=data)
     async with Admin(proc.address) as admin:
         with pytest.raises(KafkaError) as refused:
             await admin.create_topics([NewTopic("huge", 5000, 1)])
         assert refused.value.code == ErrorCode.POLICY_VIOLATION
-        assert "ulimit -n = 400" in str(refused.value) and "cap of 216" in str(refused.value)
+        assert "ulimit -n = 400" in str(refused.value) and "cap of 254" in str(refused.value)
         await admin.create_topics([NewTopic("many", 60, 1)])
-        with pytest.raises(KafkaError, match="cap of 216"):
-            await admin.create_topics([NewTopic("more", 160, 1)])
+        with pytest.raises(KafkaError, match="cap of 254"):
+            await admin.create_topics([NewTopic("more", 200, 1)])
         assert sorted(await admin.list_topics()) == ["many"]
     async with Producer(proc.address, acks=1) as producer:
         acked = [await producer.send("many", b"p%d" % i, partition=i) for i in range(60)]

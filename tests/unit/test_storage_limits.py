@@ -206,8 +206,9 @@ def test_only_the_active_segment_keeps_a_descriptor(tmp_path: Path) -> None:
 
 
 def test_partition_cap_from_the_descriptor_limit() -> None:
-    # 1024 - 112 reserved (48 own + 64 sealed) = 912: a quarter for connections.
-    assert partition_cap(1024) == 912 - 228
+    # 1024 - 112 reserved (48 own + 64 sealed) = 912, less a floor of 912 // 16 = 57 for
+    # connections and a headroom of 16 that connections leave for partitions to come.
+    assert partition_cap(1024) == 912 - 57 - 16
     assert partition_cap(10) == 1
     hosted = [[0, 1], [1, 2], [2, 0], [3]]  # two replicas on each of three brokers
     counts = replica_counts(hosted, [0, 1, 2])  # broker 3 is not live: not counted
@@ -230,10 +231,62 @@ def test_partitions_and_connections_at_their_caps_fit_the_limit(limit, brokers, 
     minimum of one partition and one connection a tiny limit still gets)."""
     budget = descriptor_budget(brokers, max_connections=configured, limit=limit)
     assert budget.partitions >= 1 and budget.connections >= 1
-    if limit >= budget.reserved + 2 * 16:
-        assert budget.reserved + budget.connections + budget.partitions <= limit
     if configured > 0:
         assert budget.connections <= configured
+    # Connections at their room with the partitions at their cap still fit.
+    if limit >= budget.reserved + 2 * 16:
+        room = budget.connection_room(budget.partitions)
+        assert budget.reserved + room + budget.partitions <= limit
+
+
+def test_connections_take_what_open_partitions_leave():
+    """One shared budget: a 20,000 limit admits ~19,500 connections while few partitions
+    are open (a fixed quarter held 4,969), fewer as partitions open, never fewer than the
+    floor the partition cap keeps for them."""
+    budget = descriptor_budget(3, limit=20_000)
+    assert budget.reserved == 122 and budget.headroom == 310
+    assert budget.connections == 19_568
+    assert budget.connection_room(0) == 19_568
+    assert budget.connection_room(1_000) == 18_568
+    assert budget.connection_room(budget.partitions) == budget.connection_floor == 1_242
+    assert budget.connection_room(10**6) == budget.connection_floor
+    capped = descriptor_budget(3, max_connections=500, limit=20_000)
+    assert capped.connection_room(0) == 500 and capped.connection_room(19_000) == 500
+
+
+def test_a_max_connections_the_limit_cannot_hold_is_refused_not_cut(monkeypatch):
+    from minibroker.broker.common import descriptors
+
+    monkeypatch.setattr(descriptors, "fd_limit", lambda: 20_000)
+    assert descriptors.connections_error(19_568, 3) is None
+    problem = descriptors.connections_error(19_569, 3)
+    assert problem is not None
+    assert "'max.connections' = 19569" in problem and "`ulimit -n` = 20000" in problem
+    assert "at most 19568" in problem
+
+
+def test_a_broker_raises_its_soft_descriptor_limit_or_takes_the_one_it_is_given(tmp_path):
+    """In a child process: setting a hard limit cannot be undone in this one."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource\n"
+        "from minibroker.broker.common.descriptors import raise_fd_limit\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "print(*raise_fd_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MINIBROKER_NOFILE_LIMIT"}
+    raised = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    before, after, at_hard = raised.stdout.split()
+    assert before == "256" and int(after) > 256 and at_hard == "True"
+    env["MINIBROKER_NOFILE_LIMIT"] = "300"
+    given = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert given.stdout.split()[:2] == ["256", "300"]
+    env["MINIBROKER_NOFILE_LIMIT"] = "lots"
+    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert "MINIBROKER_NOFILE_LIMIT='lots'" in bad.stderr
 
 
 # --- topic configs ----------------------------------------------------------------------
