@@ -146,6 +146,16 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> str:
     """One line saying what went wrong and what to do."""
     from minibroker.client.cluster import NO_BROKER_ANSWERED
 
+    if isinstance(exc, BrokerNotAvailable) and exc.message.startswith(
+        (NO_BROKER_ANSWERED, "cannot connect to ")
+    ):
+        from minibroker.deploy.kafka_probe import kafka_listener_hint
+
+        hint = kafka_listener_hint(
+            exc.message, getattr(args, "bootstrap", None) or default_bootstrap()
+        )
+        if hint is not None:
+            return hint
     if isinstance(exc, BrokerNotAvailable) and exc.message.startswith(NO_BROKER_ANSWERED):
         # Every address was tried, and the message says what happened to each.
         return (

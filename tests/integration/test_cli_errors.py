@@ -1,0 +1,57 @@
+"""The CLI's mistakes named as such, against a real broker: a Kafka port given as
+--bootstrap, a missing topic or group, and the exit status each ends with."""
+
+from __future__ import annotations
+
+import pytest
+
+from minibroker.deploy.cluster import KAFKA_PORT_OFFSET, ClusterState
+from minibroker.deploy.launcher import free_port, free_port_range
+
+from .test_cli_client import cli, one_error_line
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory):
+    """One broker laid out as `cluster up` lays it out: its Kafka listener on the native
+    port + KAFKA_PORT_OFFSET."""
+    base = free_port_range(KAFKA_PORT_OFFSET + 1)
+    state = ClusterState(
+        tmp_path_factory.mktemp("cli-errors"), base, 1, {}, kafka_base_port=base + KAFKA_PORT_OFFSET
+    )
+    state.start_all()
+    yield state
+    state.stop_all()
+
+
+def test_a_kafka_listener_given_as_bootstrap_is_named_with_the_native_address(state):
+    kafka = f"{state.host}:{state.kafka_base_port}"
+    native = f"{state.host}:{state.base_port}"
+    for command in (("topics", "list"), ("groups", "list"), ("consume", "t", "--group", "g")):
+        result = cli(*command, "--bootstrap", kafka)
+        line = one_error_line(result)
+        assert line == (
+            f"error: {kafka} speaks Kafka's protocol: that is the Kafka listener; "
+            f"use --bootstrap {native}"
+        ), command
+        assert "is the cluster running" not in line
+        assert result.returncode != 0, command
+    # The suggestion works as printed.
+    assert cli("topics", "list", "--bootstrap", native).returncode == 0
+
+
+def test_a_kafka_listener_among_others_is_replaced_in_the_suggested_bootstrap(state):
+    kafka = f"{state.host}:{state.kafka_base_port}"
+    refused = f"127.0.0.1:{free_port() + KAFKA_PORT_OFFSET}"
+    result = cli("topics", "list", "--bootstrap", f"{refused},{kafka}")
+    line = one_error_line(result)
+    assert line.endswith(f"use --bootstrap {refused},{state.host}:{state.base_port}"), line
+    assert line.startswith(f"error: {kafka} speaks Kafka's protocol"), line
+
+
+def test_a_refused_port_is_not_probed_as_kafka(state):
+    port = free_port()
+    line = one_error_line(cli("topics", "list", "--bootstrap", f"127.0.0.1:{port}"))
+    assert "Kafka" not in line and "is the cluster running?" in line
