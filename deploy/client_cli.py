@@ -172,6 +172,8 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> str:
         )
     if isinstance(exc, UnknownTopicOrPartition):
         topic = getattr(args, "topic", None)
+        if isinstance(topic, list) and len(topic) == 1:  # topics describe T
+            topic = topic[0]
         hint = (
             f": create it with 'minibroker topics create {topic}'" if isinstance(topic, str) else ""
         )

@@ -55,3 +55,14 @@ def test_a_refused_port_is_not_probed_as_kafka(state):
     port = free_port()
     line = one_error_line(cli("topics", "list", "--bootstrap", f"127.0.0.1:{port}"))
     assert "Kafka" not in line and "is the cluster running?" in line
+
+
+def test_describing_a_missing_topic_says_so_once(state):
+    result = cli("topics", "describe", "nosuch", "--bootstrap", state.bootstrap)
+    line = one_error_line(result)
+    assert line.count("does not exist") == 1, line
+    assert line == (
+        "error: UNKNOWN_TOPIC_OR_PARTITION: topic 'nosuch' does not exist: "
+        "create it with 'minibroker topics create nosuch'"
+    )
+    assert result.returncode == 1
