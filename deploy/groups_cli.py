@@ -9,6 +9,7 @@ from minibroker.client import Admin
 from minibroker.client.records import TopicPartition
 from minibroker.deploy.client_cli import CliError, _cmd, _common, _settings
 from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from minibroker.protocol.errors import GroupIdNotFound
 
 
 def add_arguments(groups: argparse.ArgumentParser) -> None:
@@ -74,6 +75,13 @@ async def describe_rows(admin: Admin, group_id: str) -> tuple[Any, list[dict]]:
 async def _describe(args: argparse.Namespace) -> int:
     async with Admin(config=_settings(args)) as admin:
         desc, rows = await describe_rows(admin, args.group)
+    if desc.state == "Dead" and not desc.members and not rows:
+        # DescribeGroups answers Dead for a group it has never heard of; with no members
+        # and no committed offsets there is nothing to describe (kafka-consumer-groups
+        # says the same: "Consumer group ... does not exist").
+        raise GroupIdNotFound(
+            f"group '{args.group}' does not exist: 'minibroker groups list' shows the groups"
+        )
     print(
         f"GROUP {desc.group_id}  STATE {desc.state}  PROTOCOL {desc.protocol or '-'}  "
         f"MEMBERS {len(desc.members)}"

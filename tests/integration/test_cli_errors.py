@@ -66,3 +66,22 @@ def test_describing_a_missing_topic_says_so_once(state):
         "create it with 'minibroker topics create nosuch'"
     )
     assert result.returncode == 1
+
+
+def test_describing_a_group_that_does_not_exist_is_group_id_not_found(state):
+    result = cli("groups", "describe", "nosuchgroup", "--bootstrap", state.bootstrap)
+    line = one_error_line(result)
+    assert line.startswith("error: GROUP_ID_NOT_FOUND: group 'nosuchgroup' does not exist"), line
+    assert result.stdout == "" and result.returncode == 1
+    # A group that has committed offsets (Empty, no members) is still described.
+    bootstrap = ("--bootstrap", state.bootstrap)
+    assert cli("topics", "create", "described", "--partitions", "1", *bootstrap).returncode == 0
+    assert cli("produce", "described", *bootstrap, stdin="a\n").returncode == 0
+    consumed = cli(
+        "consume", "described", "--group", "seen", "--from-beginning", "--max-messages", "1",
+        *bootstrap,
+    )  # fmt: skip
+    assert consumed.returncode == 0 and consumed.stdout == "a\n", consumed.stderr
+    described = cli("groups", "describe", "seen", *bootstrap)
+    assert described.returncode == 0, described.stderr
+    assert "STATE Empty" in described.stdout and "described" in described.stdout
