@@ -16,7 +16,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from minibroker.deploy import interrupt
+from minibroker.deploy import exit_codes, interrupt
 from minibroker.deploy.broker_cli import CommandError
 from minibroker.deploy.pipes import run_piped
 
@@ -154,7 +154,12 @@ def bench_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     """The parser for ``argv``: every command listed, the one ``argv`` names loaded."""
-    parser = argparse.ArgumentParser(prog="minibroker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="minibroker",
+        description=__doc__.splitlines()[0],
+        epilog=exit_codes.epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = _first_word(argv)
     for name, (module, adder, doc) in COMMANDS.items():
@@ -187,7 +192,7 @@ def _run(argv: Sequence[str]) -> int:
         return func(args) or 0
     except CommandError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.CLUSTER_ERROR
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from minibroker.client.config import DEFAULT_BOOTSTRAP, parse_properties
-from minibroker.deploy import interrupt
+from minibroker.deploy import exit_codes, interrupt
 from minibroker.protocol.errors import (
     BrokerNotAvailable,
     KafkaError,
@@ -29,8 +29,8 @@ from minibroker.protocol.errors import (
 if TYPE_CHECKING:
     from minibroker.client import Consumer, Producer
 
-EXIT_ERROR = 1
-EXIT_NOT_DELIVERED = 3
+EXIT_ERROR = exit_codes.USER_ERROR
+EXIT_NOT_DELIVERED = exit_codes.NOT_DELIVERED
 
 
 class CliError(Exception):
@@ -198,9 +198,10 @@ def _cmd(
             raise  # stdout's reader left: not an error to report (deploy/pipes.py)
         except CliError as exc:
             print(f"error: {exc}", file=sys.stderr)
+            return EXIT_ERROR
         except (KafkaError, ValueError, OSError) as exc:
             print(f"error: {describe_error(exc, args)}", file=sys.stderr)
-        return EXIT_ERROR
+            return exit_codes.of(exc)
 
     return run
 

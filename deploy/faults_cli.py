@@ -16,7 +16,7 @@ import sys
 import trio
 
 from minibroker.client import Admin
-from minibroker.deploy import isolation
+from minibroker.deploy import exit_codes, isolation
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import ErrorCode, KafkaError
 
@@ -147,11 +147,11 @@ def run(args: argparse.Namespace) -> int:
         per_broker, errors = trio.run(_apply, args)
     except (KafkaError, isolation.IsolationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.of(exc)  # IsolationError: nonsense broker ids, the user's
     for broker, active in sorted(per_broker.items()):
         print(f"broker {broker}: {len(active)} active fault(s)")
         for fault in active:
             print("  " + json.dumps(fault))
     for broker, error in sorted(errors.items()):
         print(f"error: broker {broker} was not cleared: {error}", file=sys.stderr)
-    return 2 if errors else 0
+    return exit_codes.CLUSTER_ERROR if errors else exit_codes.OK
