@@ -152,6 +152,17 @@ def bench_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     return p
 
 
+def installed_version() -> str:
+    """The installed distribution's version (pyproject.toml's, via its metadata): what
+    `pip show minibroker` says, so a bug report names the code that ran."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("minibroker")
+    except PackageNotFoundError:  # run from a checkout that was never pip-installed
+        return "(not installed: run 'pip install -e .')"
+
+
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     """The parser for ``argv``: every command listed, the one ``argv`` names loaded."""
     parser = argparse.ArgumentParser(
@@ -160,6 +171,7 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         epilog=exit_codes.epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"minibroker {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = _first_word(argv)
     for name, (module, adder, doc) in COMMANDS.items():

@@ -44,3 +44,12 @@ def test_the_exit_status_table_is_in_help_and_in_the_docs():
 )
 def test_an_error_ends_as_a_user_or_a_cluster_error(error, status):
     assert exit_codes.of(error) == status
+
+
+def test_version_is_the_installed_distributions(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser(["--version"]).parse_args(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"minibroker {version('minibroker')}"
