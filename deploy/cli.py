@@ -15,6 +15,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from minibroker.deploy import exit_codes, interrupt
 from minibroker.deploy.broker_cli import CommandError
@@ -127,6 +128,30 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 }
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already names it (in
+    words, as "default: $MINIBROKER_BOOTSTRAP or ..." does) or there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class RootFormatter(argparse.RawDescriptionHelpFormatter, DefaultsFormatter):
+    """The top-level help: its epilog (the exit statuses) is a table, kept as written."""
+
+
+class Parser(argparse.ArgumentParser):
+    """Shows defaults; ``add_subparsers`` builds every command's parser with this class,
+    so the commands' own modules need not ask for it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def _first_word(argv: Sequence[str]) -> str | None:
     """The subcommand a parser with no options of its own (only -h) will pick."""
     return next((word for word in argv if not word.startswith("-")), None)
@@ -147,7 +172,7 @@ def add_benchmarks(p: argparse.ArgumentParser, argv: Sequence[str]) -> None:
 def bench_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     """A `minibroker bench` parser for one bench's arguments (bench compare checks the
     benches it is to run with it before it builds or starts anything)."""
-    p = argparse.ArgumentParser(prog="minibroker bench")
+    p = Parser(prog="minibroker bench")
     add_benchmarks(p, argv)
     return p
 
@@ -165,11 +190,11 @@ def installed_version() -> str:
 
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     """The parser for ``argv``: every command listed, the one ``argv`` names loaded."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="minibroker",
         description=__doc__.splitlines()[0],
         epilog=exit_codes.epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RootFormatter,
     )
     parser.add_argument("--version", action="version", version=f"minibroker {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -60,7 +60,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def add_topics_arguments(topics: argparse.ArgumentParser) -> None:
     tsub = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
     create = tsub.add_parser("create", help="create a topic")
-    create.add_argument("topic")
+    create.add_argument("topic", help="the new topic's name")
     create.add_argument(
         "--partitions",
         type=int,
@@ -92,34 +92,49 @@ def add_topics_arguments(topics: argparse.ArgumentParser) -> None:
     describe.add_argument("topic", nargs="*", help="topics to describe (default: all)")
     describe.set_defaults(func=_cmd(_topics_describe))
     delete = tsub.add_parser("delete", help="delete topics, their partitions and files")
-    delete.add_argument("topics", nargs="+", metavar="TOPIC")
+    delete.add_argument("topics", nargs="+", metavar="TOPIC", help="topics to delete")
     delete.set_defaults(func=_cmd(_topics_delete))
     for p in (create, lst, describe, delete):
         _common(p)
 
 
 def add_produce_arguments(produce: argparse.ArgumentParser) -> None:
-    produce.add_argument("topic")
+    produce.add_argument("topic", help="the topic to send to (it must exist)")
     produce.add_argument(
         "--key-separator", metavar="SEP", help="split each line at the first SEP into key and value"
     )
-    produce.add_argument("--acks", choices=["all", "-1", "0", "1"], help="acks (default all)")
-    produce.add_argument("--partition", type=int, help="send every record to this partition")
+    produce.add_argument("--acks", choices=["all", "-1", "0", "1"], help="acks (default: all)")
+    produce.add_argument(
+        "--partition",
+        type=int,
+        help="send every record to this partition (default: the key's hash, else sticky)",
+    )
     _common(produce)
     produce.set_defaults(func=_cmd(_produce))
 
 
 def add_consume_arguments(consume: argparse.ArgumentParser) -> None:
-    consume.add_argument("topic")
+    consume.add_argument("topic", help="the topic to read")
     start = consume.add_mutually_exclusive_group()
     start.add_argument("--from-beginning", action="store_true", help="start at the earliest record")
-    start.add_argument("--offset", type=int, help="start at this offset")
+    start.add_argument(
+        "--offset", type=int, help="start at this offset (default: the end, only new records)"
+    )
     consume.add_argument("--partition", type=int, help="read only this partition (default: all)")
-    consume.add_argument("--max-messages", type=int, help="exit after this many records")
-    consume.add_argument("--timeout-ms", type=int, help="exit when no record arrives for this long")
+    consume.add_argument(
+        "--max-messages", type=int, help="exit after this many records (default: no limit)"
+    )
+    consume.add_argument(
+        "--timeout-ms",
+        type=int,
+        help="exit when no record arrives for this long (default: wait for ever)",
+    )
     consume.add_argument("--print-key", action="store_true", help="print KEY<separator>VALUE")
     consume.add_argument(
-        "--key-separator", default="\t", metavar="SEP", help="separator for --print-key (tab)"
+        "--key-separator",
+        default="\t",
+        metavar="SEP",
+        help="separator for --print-key (default: tab)",
     )
     consume.add_argument(
         "--group", metavar="G", help="consume as a member of group G (subscribe; commits offsets)"

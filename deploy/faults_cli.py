@@ -52,7 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         parser: argparse.ArgumentParser, broker_help: str | None = None
     ) -> argparse.ArgumentParser:
         parser.add_argument(
-            "--bootstrap", default=os.environ.get("MINIBROKER_BOOTSTRAP", DEFAULT_BOOTSTRAP)
+            "--bootstrap",
+            default=os.environ.get("MINIBROKER_BOOTSTRAP", DEFAULT_BOOTSTRAP),
+            metavar="HOST:PORT",
+            help=f"a broker to start from (default: $MINIBROKER_BOOTSTRAP or {DEFAULT_BOOTSTRAP})",
         )
         parser.add_argument(
             "--broker",
@@ -71,7 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     d = common(ops.add_parser("delay-replication", help="delay this broker's replica fetches"))
     partition_args(d)
-    d.add_argument("--delay-ms", type=int, required=True)
+    d.add_argument(
+        "--delay-ms", type=int, required=True, help="how long each replication fetch waits"
+    )
     partition_args(
         common(
             ops.add_parser(
@@ -81,9 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     a = common(ops.add_parser("delay-api", help="delay this broker's responses of one API"))
     a.add_argument("--api", type=api_key, required=True, help="e.g. produce, fetch, metadata")
-    a.add_argument("--delay-ms", type=int, required=True)
+    a.add_argument("--delay-ms", type=int, required=True, help="how long each response waits")
     f = common(ops.add_parser("fail-api", help="answer one API with an error code"))
-    f.add_argument("--api", type=api_key, required=True)
+    f.add_argument("--api", type=api_key, required=True, help="e.g. produce, fetch, metadata")
     f.add_argument("--error", type=error_code, required=True, help="e.g. REQUEST_TIMED_OUT")
     f.add_argument(
         "--count", type=int, default=-1, help="for the next N requests (default: until cleared)"

@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="brokers to start from, each tried in turn (default: $MINIBROKER_BOOTSTRAP)",
     )
     p.add_argument("--broker", type=int, help="broker id (default: the bootstrap broker's answer)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="the same figures as one JSON object")
     p.set_defaults(func=run)
 
 
