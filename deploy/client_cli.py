@@ -485,6 +485,8 @@ async def _consume_group(args: argparse.Namespace) -> int:
             "--group takes its partitions and offsets from the group: drop "
             "--partition/--offset (reset a group with `minibroker groups reset-offsets`)"
         )
+    import trio
+
     from minibroker.client import Consumer
 
     extra = {"auto.offset.reset": "earliest"} if args.from_beginning else {}
@@ -499,9 +501,40 @@ async def _consume_group(args: argparse.Namespace) -> int:
         printer = RecordPrinter(args)
         # An interrupt ends the printing; closing the consumer then commits and leaves.
         with interrupt.work():
-            await printer.run(consumer)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_say_why_the_first_assignment_waits, consumer, args.group)
+                await printer.run(consumer)
+                nursery.cancel_scope.cancel()
     print(f"Processed a total of {printer.seen} messages", file=sys.stderr)
     return 0
+
+
+FIRST_ASSIGNMENT_NOTICE_S = 1.0
+
+
+async def _say_why_the_first_assignment_waits(consumer: Consumer, group: str) -> None:
+    """One stderr line when the first assignment is late: the member has joined (the
+    coordinator gave it a member id) but no generation has formed after
+    FIRST_ASSIGNMENT_NOTICE_S. A new group's first rebalance waits
+    group.initial.rebalance.delay.ms (3 s by default), again after each member that
+    arrives meanwhile: two consumers started together waited 6 s, and nothing said why."""
+    import trio
+
+    await trio.sleep(FIRST_ASSIGNMENT_NOTICE_S)
+    while True:
+        _, generation, member_id = consumer.group_metadata()
+        if generation >= 0:
+            return  # assigned: nothing to explain
+        if member_id:
+            print(
+                f"waiting for group '{group}' to assign partitions: a new group's first "
+                "rebalance waits group.initial.rebalance.delay.ms (broker setting, 3000 ms by "
+                "default) for more members, again after each one that joins",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        await trio.sleep(0.1)
 
 
 class RecordPrinter:

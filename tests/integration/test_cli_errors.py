@@ -85,3 +85,35 @@ def test_describing_a_group_that_does_not_exist_is_group_id_not_found(state):
     described = cli("groups", "describe", "seen", *bootstrap)
     assert described.returncode == 0, described.stderr
     assert "STATE Empty" in described.stdout and "described" in described.stdout
+
+
+NOTICE = "rebalance waits group.initial.rebalance.delay.ms"
+
+
+def consume_one(bootstrap: str, topic: str, group: str):
+    return cli(
+        "consume", topic, "--group", group, "--from-beginning", "--max-messages", "1",
+        "--bootstrap", bootstrap,
+    )  # fmt: skip
+
+
+def test_a_new_groups_first_rebalance_delay_is_explained_once(state):
+    """The broker's default delay (3 s) holds up a new group's first assignment."""
+    bootstrap = ("--bootstrap", state.bootstrap)
+    assert cli("topics", "create", "waited", "--partitions", "1", *bootstrap).returncode == 0
+    assert cli("produce", "waited", *bootstrap, stdin="a\n").returncode == 0
+    result = consume_one(state.bootstrap, "waited", "newgroup")
+    assert result.returncode == 0 and result.stdout == "a\n", result.stderr
+    notices = [line for line in result.stderr.splitlines() if NOTICE in line]
+    assert len(notices) == 1, result.stderr
+    assert "group 'newgroup'" in notices[0]
+
+
+def test_no_notice_when_the_assignment_comes_at_once(broker_factory):
+    broker = broker_factory({"group.initial.rebalance.delay.ms": 0}).address
+    assert cli("topics", "create", "prompt", "--bootstrap", broker).returncode == 0
+    assert cli("produce", "prompt", "--bootstrap", broker, stdin="a\n").returncode == 0
+    result = consume_one(broker, "prompt", "quick")
+    assert result.returncode == 0 and result.stdout == "a\n", result.stderr
+    assert NOTICE not in result.stderr
+    assert result.stderr.strip() == "Processed a total of 1 messages"
