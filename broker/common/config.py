@@ -153,7 +153,10 @@ DEFS: dict[str, ConfigDef] = {
         int,
         -1,
         "Connections the broker holds at once; at the limit it stops accepting until one "
-        "closes, as Kafka's acceptor does (-1: the open-file limit minus a reserve for log files).",
+        "closes, as Kafka's acceptor does. -1: a quarter of what the open-file limit leaves "
+        "after the broker's own descriptors (112, plus 5 per other broker), at least 16; a "
+        "configured value is capped at three quarters of that remainder "
+        "(broker/common/descriptors.py).",
         -1,
     ),
     "max.connections.per.ip": ConfigDef(
