@@ -109,12 +109,15 @@ class Cluster:
     def topic_error(self, topic: str, message: str) -> KafkaError:
         """Why ``topic`` is not in the metadata: the broker's error for it, its message after
         ours; when no broker could be asked, why not; UNKNOWN_TOPIC_OR_PARTITION when the
-        metadata does not mention the topic."""
+        metadata does not mention the topic. A broker's message that already begins with
+        ours ("topic 'x' does not exist") is said once, not twice."""
         failed = self.refresh_error
         if topic not in self.topic_errors and failed is not None:
             return type(failed)(f"{message}: {failed.message}")
         code, said = self.topic_errors.get(topic, (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, None))
-        return error_class(code)(f"{message} ({said})" if said else message)
+        if not said:
+            return error_class(code)(message)
+        return error_class(code)(said if said.startswith(message) else f"{message} ({said})")
 
     @property
     def stale(self) -> bool:

@@ -44,6 +44,8 @@ def describe_os_error(exc: BaseException) -> str:
 # What a connection's failures say, after the address: one wording for the exceptions
 # below and for failure_reason, which reads it back to list every address tried.
 NOT_OUR_PROTOCOL = "does not speak minibroker's protocol"
+CLOSED_BY_PEER = "closed the connection"
+CONNECTION_BROKE = "the connection broke"
 
 
 def no_answer(seconds: float) -> str:
@@ -215,7 +217,7 @@ class BrokerConnection:
             try:
                 await self._stream.send_all(frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                self._fail(NetworkException(f"{self.address}: the connection broke ({exc})"))
+                self._fail(NetworkException(f"{self.address}: {CONNECTION_BROKE} ({exc})"))
                 raise self._error from None
 
     async def _read_loop(self) -> None:
@@ -224,7 +226,7 @@ class BrokerConnection:
             while True:
                 data = await self._stream.receive_some(_RECEIVE_BYTES)
                 if not data:
-                    self._fail(NetworkException(f"{self.address}: closed the connection"))
+                    self._fail(NetworkException(f"{self.address}: {CLOSED_BY_PEER}"))
                     return
                 for response in conn.receive_data(data):
                     waiter = response.waiter
@@ -236,7 +238,7 @@ class BrokerConnection:
                         )
                     waiter.done.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            self._fail(NetworkException(f"{self.address}: the connection broke ({exc})"))
+            self._fail(NetworkException(f"{self.address}: {CONNECTION_BROKE} ({exc})"))
         except ProtocolError as exc:
             said = str(exc).removeprefix("the peer ")  # framing's own words for text, kept
             reason = said if said.startswith(NOT_OUR_PROTOCOL) else f"{NOT_OUR_PROTOCOL} ({said})"

@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="where the cluster lives (default: a temporary dir, removed unless a violation)",
     )
-    p.add_argument("--partitions", type=int, default=3)
+    p.add_argument("--partitions", type=int, default=3, help="partitions of the chaos topic")
     p.add_argument(
         "--faults",
         type=fault_kinds,

@@ -15,8 +15,9 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from minibroker.deploy import interrupt
+from minibroker.deploy import exit_codes, interrupt
 from minibroker.deploy.broker_cli import CommandError
 from minibroker.deploy.pipes import run_piped
 
@@ -127,6 +128,30 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 }
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already names it (in
+    words, as "default: $MINIBROKER_BOOTSTRAP or ..." does) or there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class RootFormatter(argparse.RawDescriptionHelpFormatter, DefaultsFormatter):
+    """The top-level help: its epilog (the exit statuses) is a table, kept as written."""
+
+
+class Parser(argparse.ArgumentParser):
+    """Shows defaults; ``add_subparsers`` builds every command's parser with this class,
+    so the commands' own modules need not ask for it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def _first_word(argv: Sequence[str]) -> str | None:
     """The subcommand a parser with no options of its own (only -h) will pick."""
     return next((word for word in argv if not word.startswith("-")), None)
@@ -147,14 +172,31 @@ def add_benchmarks(p: argparse.ArgumentParser, argv: Sequence[str]) -> None:
 def bench_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     """A `minibroker bench` parser for one bench's arguments (bench compare checks the
     benches it is to run with it before it builds or starts anything)."""
-    p = argparse.ArgumentParser(prog="minibroker bench")
+    p = Parser(prog="minibroker bench")
     add_benchmarks(p, argv)
     return p
 
 
+def installed_version() -> str:
+    """The installed distribution's version (pyproject.toml's, via its metadata): what
+    `pip show minibroker` says, so a bug report names the code that ran."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("minibroker")
+    except PackageNotFoundError:  # run from a checkout that was never pip-installed
+        return "(not installed: run 'pip install -e .')"
+
+
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     """The parser for ``argv``: every command listed, the one ``argv`` names loaded."""
-    parser = argparse.ArgumentParser(prog="minibroker", description=__doc__.splitlines()[0])
+    parser = Parser(
+        prog="minibroker",
+        description=__doc__.splitlines()[0],
+        epilog=exit_codes.epilog(),
+        formatter_class=RootFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"minibroker {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = _first_word(argv)
     for name, (module, adder, doc) in COMMANDS.items():
@@ -187,7 +229,7 @@ def _run(argv: Sequence[str]) -> int:
         return func(args) or 0
     except CommandError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.CLUSTER_ERROR
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from minibroker.client.config import DEFAULT_BOOTSTRAP, parse_properties
-from minibroker.deploy import interrupt
+from minibroker.deploy import exit_codes, interrupt
 from minibroker.protocol.errors import (
     BrokerNotAvailable,
     KafkaError,
@@ -29,8 +29,8 @@ from minibroker.protocol.errors import (
 if TYPE_CHECKING:
     from minibroker.client import Consumer, Producer
 
-EXIT_ERROR = 1
-EXIT_NOT_DELIVERED = 3
+EXIT_ERROR = exit_codes.USER_ERROR
+EXIT_NOT_DELIVERED = exit_codes.NOT_DELIVERED
 
 
 class CliError(Exception):
@@ -60,7 +60,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def add_topics_arguments(topics: argparse.ArgumentParser) -> None:
     tsub = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
     create = tsub.add_parser("create", help="create a topic")
-    create.add_argument("topic")
+    create.add_argument("topic", help="the new topic's name")
     create.add_argument(
         "--partitions",
         type=int,
@@ -92,34 +92,49 @@ def add_topics_arguments(topics: argparse.ArgumentParser) -> None:
     describe.add_argument("topic", nargs="*", help="topics to describe (default: all)")
     describe.set_defaults(func=_cmd(_topics_describe))
     delete = tsub.add_parser("delete", help="delete topics, their partitions and files")
-    delete.add_argument("topics", nargs="+", metavar="TOPIC")
+    delete.add_argument("topics", nargs="+", metavar="TOPIC", help="topics to delete")
     delete.set_defaults(func=_cmd(_topics_delete))
     for p in (create, lst, describe, delete):
         _common(p)
 
 
 def add_produce_arguments(produce: argparse.ArgumentParser) -> None:
-    produce.add_argument("topic")
+    produce.add_argument("topic", help="the topic to send to (it must exist)")
     produce.add_argument(
         "--key-separator", metavar="SEP", help="split each line at the first SEP into key and value"
     )
-    produce.add_argument("--acks", choices=["all", "-1", "0", "1"], help="acks (default all)")
-    produce.add_argument("--partition", type=int, help="send every record to this partition")
+    produce.add_argument("--acks", choices=["all", "-1", "0", "1"], help="acks (default: all)")
+    produce.add_argument(
+        "--partition",
+        type=int,
+        help="send every record to this partition (default: the key's hash, else sticky)",
+    )
     _common(produce)
     produce.set_defaults(func=_cmd(_produce))
 
 
 def add_consume_arguments(consume: argparse.ArgumentParser) -> None:
-    consume.add_argument("topic")
+    consume.add_argument("topic", help="the topic to read")
     start = consume.add_mutually_exclusive_group()
     start.add_argument("--from-beginning", action="store_true", help="start at the earliest record")
-    start.add_argument("--offset", type=int, help="start at this offset")
+    start.add_argument(
+        "--offset", type=int, help="start at this offset (default: the end, only new records)"
+    )
     consume.add_argument("--partition", type=int, help="read only this partition (default: all)")
-    consume.add_argument("--max-messages", type=int, help="exit after this many records")
-    consume.add_argument("--timeout-ms", type=int, help="exit when no record arrives for this long")
+    consume.add_argument(
+        "--max-messages", type=int, help="exit after this many records (default: no limit)"
+    )
+    consume.add_argument(
+        "--timeout-ms",
+        type=int,
+        help="exit when no record arrives for this long (default: wait for ever)",
+    )
     consume.add_argument("--print-key", action="store_true", help="print KEY<separator>VALUE")
     consume.add_argument(
-        "--key-separator", default="\t", metavar="SEP", help="separator for --print-key (tab)"
+        "--key-separator",
+        default="\t",
+        metavar="SEP",
+        help="separator for --print-key (default: tab)",
     )
     consume.add_argument(
         "--group", metavar="G", help="consume as a member of group G (subscribe; commits offsets)"
@@ -146,6 +161,16 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> str:
     """One line saying what went wrong and what to do."""
     from minibroker.client.cluster import NO_BROKER_ANSWERED
 
+    if isinstance(exc, BrokerNotAvailable) and exc.message.startswith(
+        (NO_BROKER_ANSWERED, "cannot connect to ")
+    ):
+        from minibroker.deploy.kafka_probe import kafka_listener_hint
+
+        hint = kafka_listener_hint(
+            exc.message, getattr(args, "bootstrap", None) or default_bootstrap()
+        )
+        if hint is not None:
+            return hint
     if isinstance(exc, BrokerNotAvailable) and exc.message.startswith(NO_BROKER_ANSWERED):
         # Every address was tried, and the message says what happened to each.
         return (
@@ -162,6 +187,8 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> str:
         )
     if isinstance(exc, UnknownTopicOrPartition):
         topic = getattr(args, "topic", None)
+        if isinstance(topic, list) and len(topic) == 1:  # topics describe T
+            topic = topic[0]
         hint = (
             f": create it with 'minibroker topics create {topic}'" if isinstance(topic, str) else ""
         )
@@ -186,9 +213,10 @@ def _cmd(
             raise  # stdout's reader left: not an error to report (deploy/pipes.py)
         except CliError as exc:
             print(f"error: {exc}", file=sys.stderr)
+            return EXIT_ERROR
         except (KafkaError, ValueError, OSError) as exc:
             print(f"error: {describe_error(exc, args)}", file=sys.stderr)
-        return EXIT_ERROR
+            return exit_codes.of(exc)
 
     return run
 
@@ -457,6 +485,8 @@ async def _consume_group(args: argparse.Namespace) -> int:
             "--group takes its partitions and offsets from the group: drop "
             "--partition/--offset (reset a group with `minibroker groups reset-offsets`)"
         )
+    import trio
+
     from minibroker.client import Consumer
 
     extra = {"auto.offset.reset": "earliest"} if args.from_beginning else {}
@@ -471,9 +501,40 @@ async def _consume_group(args: argparse.Namespace) -> int:
         printer = RecordPrinter(args)
         # An interrupt ends the printing; closing the consumer then commits and leaves.
         with interrupt.work():
-            await printer.run(consumer)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_say_why_the_first_assignment_waits, consumer, args.group)
+                await printer.run(consumer)
+                nursery.cancel_scope.cancel()
     print(f"Processed a total of {printer.seen} messages", file=sys.stderr)
     return 0
+
+
+FIRST_ASSIGNMENT_NOTICE_S = 1.0
+
+
+async def _say_why_the_first_assignment_waits(consumer: Consumer, group: str) -> None:
+    """One stderr line when the first assignment is late: the member has joined (the
+    coordinator gave it a member id) but no generation has formed after
+    FIRST_ASSIGNMENT_NOTICE_S. A new group's first rebalance waits
+    group.initial.rebalance.delay.ms (3 s by default), again after each member that
+    arrives meanwhile: two consumers started together waited 6 s, and nothing said why."""
+    import trio
+
+    await trio.sleep(FIRST_ASSIGNMENT_NOTICE_S)
+    while True:
+        _, generation, member_id = consumer.group_metadata()
+        if generation >= 0:
+            return  # assigned: nothing to explain
+        if member_id:
+            print(
+                f"waiting for group '{group}' to assign partitions: a new group's first "
+                "rebalance waits group.initial.rebalance.delay.ms (broker setting, 3000 ms by "
+                "default) for more members, again after each one that joins",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        await trio.sleep(0.1)
 
 
 class RecordPrinter:

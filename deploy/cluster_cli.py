@@ -46,8 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     up = common(
         ops.add_parser("up", help="start N brokers on 127.0.0.1 and wait for an acks=all write")
     )
-    up.add_argument("--brokers", type=int, default=3)
-    up.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT)
+    up.add_argument("--brokers", type=int, default=3, help="how many brokers to run")
+    up.add_argument(
+        "--base-port",
+        type=int,
+        default=DEFAULT_BASE_PORT,
+        help="broker N's native listener is on this port + N (keep it below 32768)",
+    )
     up.add_argument(
         "--kafka-base-port",
         type=int,
@@ -73,7 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     up.set_defaults(func=cmd_up)
 
     status = common(ops.add_parser("status", help="brokers (pid, state, RSS, CPU) and partitions"))
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--json", action="store_true", help="the same figures as one JSON object")
     status.set_defaults(func=cmd_status)
 
     for name, doc in (
@@ -83,7 +88,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ("restart", "start a broker again (data kept)"),
     ):
         op = common(ops.add_parser(name, help=doc))
-        op.add_argument("id", type=int)
+        op.add_argument("id", type=int, help="the broker's id (0 .. brokers-1)")
         op.set_defaults(func=cmd_control)
     common(ops.add_parser("down", help="stop every broker cleanly")).set_defaults(func=cmd_down)
 

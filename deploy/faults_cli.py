@@ -16,7 +16,7 @@ import sys
 import trio
 
 from minibroker.client import Admin
-from minibroker.deploy import isolation
+from minibroker.deploy import exit_codes, isolation
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import ErrorCode, KafkaError
 
@@ -52,7 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         parser: argparse.ArgumentParser, broker_help: str | None = None
     ) -> argparse.ArgumentParser:
         parser.add_argument(
-            "--bootstrap", default=os.environ.get("MINIBROKER_BOOTSTRAP", DEFAULT_BOOTSTRAP)
+            "--bootstrap",
+            default=os.environ.get("MINIBROKER_BOOTSTRAP", DEFAULT_BOOTSTRAP),
+            metavar="HOST:PORT",
+            help=f"a broker to start from (default: $MINIBROKER_BOOTSTRAP or {DEFAULT_BOOTSTRAP})",
         )
         parser.add_argument(
             "--broker",
@@ -71,7 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     d = common(ops.add_parser("delay-replication", help="delay this broker's replica fetches"))
     partition_args(d)
-    d.add_argument("--delay-ms", type=int, required=True)
+    d.add_argument(
+        "--delay-ms", type=int, required=True, help="how long each replication fetch waits"
+    )
     partition_args(
         common(
             ops.add_parser(
@@ -81,9 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     a = common(ops.add_parser("delay-api", help="delay this broker's responses of one API"))
     a.add_argument("--api", type=api_key, required=True, help="e.g. produce, fetch, metadata")
-    a.add_argument("--delay-ms", type=int, required=True)
+    a.add_argument("--delay-ms", type=int, required=True, help="how long each response waits")
     f = common(ops.add_parser("fail-api", help="answer one API with an error code"))
-    f.add_argument("--api", type=api_key, required=True)
+    f.add_argument("--api", type=api_key, required=True, help="e.g. produce, fetch, metadata")
     f.add_argument("--error", type=error_code, required=True, help="e.g. REQUEST_TIMED_OUT")
     f.add_argument(
         "--count", type=int, default=-1, help="for the next N requests (default: until cleared)"
@@ -147,11 +152,11 @@ def run(args: argparse.Namespace) -> int:
         per_broker, errors = trio.run(_apply, args)
     except (KafkaError, isolation.IsolationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.of(exc)  # IsolationError: nonsense broker ids, the user's
     for broker, active in sorted(per_broker.items()):
         print(f"broker {broker}: {len(active)} active fault(s)")
         for fault in active:
             print("  " + json.dumps(fault))
     for broker, error in sorted(errors.items()):
         print(f"error: broker {broker} was not cleared: {error}", file=sys.stderr)
-    return 2 if errors else 0
+    return exit_codes.CLUSTER_ERROR if errors else exit_codes.OK

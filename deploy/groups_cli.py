@@ -9,6 +9,7 @@ from minibroker.client import Admin
 from minibroker.client.records import TopicPartition
 from minibroker.deploy.client_cli import CliError, _cmd, _common, _settings
 from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from minibroker.protocol.errors import GroupIdNotFound
 
 
 def add_arguments(groups: argparse.ArgumentParser) -> None:
@@ -18,18 +19,18 @@ def add_arguments(groups: argparse.ArgumentParser) -> None:
     describe = sub.add_parser(
         "describe", help="members, assignment, committed offset, log end and lag per partition"
     )
-    describe.add_argument("group")
+    describe.add_argument("group", help="the group's id (group.id)")
     describe.set_defaults(func=_cmd(_describe))
     delete = sub.add_parser("delete", help="delete an empty group and its offsets")
-    delete.add_argument("group")
+    delete.add_argument("group", help="the group's id; it must have no members")
     delete.set_defaults(func=_cmd(_delete))
     reset = sub.add_parser("reset-offsets", help="set an empty group's committed offsets")
-    reset.add_argument("group")
-    reset.add_argument("--topic", required=True)
+    reset.add_argument("group", help="the group's id; it must have no members")
+    reset.add_argument("--topic", required=True, help="reset this topic's partitions (all of them)")
     to = reset.add_mutually_exclusive_group(required=True)
-    to.add_argument("--to-earliest", action="store_true")
-    to.add_argument("--to-latest", action="store_true")
-    to.add_argument("--to-offset", type=int, metavar="N")
+    to.add_argument("--to-earliest", action="store_true", help="to each partition's log start")
+    to.add_argument("--to-latest", action="store_true", help="to each partition's log end")
+    to.add_argument("--to-offset", type=int, metavar="N", help="to offset N in every partition")
     reset.set_defaults(func=_cmd(_reset))
     for p in (lst, describe, delete, reset):
         _common(p)
@@ -74,6 +75,13 @@ async def describe_rows(admin: Admin, group_id: str) -> tuple[Any, list[dict]]:
 async def _describe(args: argparse.Namespace) -> int:
     async with Admin(config=_settings(args)) as admin:
         desc, rows = await describe_rows(admin, args.group)
+    if desc.state == "Dead" and not desc.members and not rows:
+        # DescribeGroups answers Dead for a group it has never heard of; with no members
+        # and no committed offsets there is nothing to describe (kafka-consumer-groups
+        # says the same: "Consumer group ... does not exist").
+        raise GroupIdNotFound(
+            f"group '{args.group}' does not exist: 'minibroker groups list' shows the groups"
+        )
     print(
         f"GROUP {desc.group_id}  STATE {desc.state}  PROTOCOL {desc.protocol or '-'}  "
         f"MEMBERS {len(desc.members)}"

@@ -9,6 +9,7 @@ time (psutil), so a reused pid is never taken for it.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -59,7 +60,12 @@ def parse_port_range(value: str | None = None) -> tuple[int, int]:
     return low, high
 
 
-TEST_PORTS = parse_port_range()
+@functools.cache
+def configured_ports() -> tuple[int, int]:
+    """The environment's range, read when a port is first picked rather than at import:
+    the pytest plugin imports this module while pytest loads it, where a ValueError is a
+    traceback; its pytest_configure reports a bad value as one usage-error line."""
+    return parse_port_range()
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -87,9 +93,10 @@ def _bind_all(host: str, ports: range) -> bool:
 
 
 def worker_ports() -> tuple[int, int]:
-    """TEST_PORTS (MINIBROKER_PORT_RANGE), or this pytest-xdist worker's own share of them: a port one worker
-    checked free is never the one another worker's broker binds a moment later."""
-    low, high = TEST_PORTS
+    """configured_ports() (MINIBROKER_PORT_RANGE), or this pytest-xdist worker's own share of
+    them: a port one worker checked free is never the one another worker's broker binds a
+    moment later."""
+    low, high = configured_ports()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
     if count <= 1 or not worker[2:].isdigit():

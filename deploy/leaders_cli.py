@@ -12,7 +12,8 @@ import argparse
 import sys
 
 from minibroker.client import Admin
-from minibroker.deploy.client_cli import EXIT_ERROR, CliError, _cmd, _common, _settings
+from minibroker.deploy import exit_codes
+from minibroker.deploy.client_cli import CliError, _cmd, _common, _settings
 from minibroker.protocol.errors import ElectionNotNeeded
 
 
@@ -71,7 +72,9 @@ async def _elect(args: argparse.Namespace) -> int:
         )
     if failed:
         print(f"error: {len(failed)} replica(s) could not be elected", file=sys.stderr)
-        return EXIT_ERROR
+        # A partition that does not exist is the command's mistake (1); one whose
+        # preferred replica is down or out of the ISR is the cluster's state (2).
+        return min(exit_codes.of(e) for e in failed.values())
     return 0
 
 

@@ -10,6 +10,7 @@ import sys
 import trio
 
 from minibroker.client import Admin
+from minibroker.deploy import exit_codes
 from minibroker.deploy.client_cli import describe_error
 from minibroker.protocol.errors import KafkaError
 
@@ -24,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="brokers to start from, each tried in turn (default: $MINIBROKER_BOOTSTRAP)",
     )
     p.add_argument("--broker", type=int, help="broker id (default: the bootstrap broker's answer)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="the same figures as one JSON object")
     p.set_defaults(func=run)
 
 
@@ -95,6 +96,6 @@ def run(args: argparse.Namespace) -> int:
         body = trio.run(_fetch, args)
     except (KafkaError, ValueError) as exc:
         print(f"error: {describe_error(exc, args)}", file=sys.stderr)
-        return 2
+        return exit_codes.of(exc)
     print(json.dumps(body) if args.json else render(body))
     return 0

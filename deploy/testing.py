@@ -38,7 +38,7 @@ from minibroker.client import Admin, NewTopic, PartitionInfo
 from minibroker.deploy import isolation
 from minibroker.deploy.cluster import ClusterState
 from minibroker.deploy.cluster_ops import HEALTH_TOPIC, acks_all_write
-from minibroker.deploy.launcher import free_port_range, port_in_use
+from minibroker.deploy.launcher import configured_ports, free_port_range, port_in_use
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import ErrorCode, KafkaError
 
@@ -390,6 +390,10 @@ def start_cluster(
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    try:
+        configured_ports()
+    except ValueError as exc:  # a bad MINIBROKER_PORT_RANGE: one line, not a traceback
+        raise pytest.UsageError(str(exc)) from None
     config.addinivalue_line(
         "markers",
         "minibroker(brokers=3, config=None): the cluster the minibroker_cluster fixture starts",

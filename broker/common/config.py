@@ -153,9 +153,10 @@ DEFS: dict[str, ConfigDef] = {
         int,
         -1,
         "Connections the broker holds at once; at the limit it stops accepting until one "
-        "closes, as Kafka's acceptor does. -1: all the open-file limit allows once the broker's own "
-        "files, its open partitions and a headroom for partitions to come are counted; a value "
-        "above what the limit allows is refused at start.",
+        "closes, as Kafka's acceptor does. -1: all the open-file limit allows after the broker's "
+        "own descriptors (112, plus 5 per other broker), the partitions open now and a headroom "
+        "of 1/64 of the rest (at least 16) for partitions to come; a configured value above "
+        "that is refused at start (broker/common/descriptors.py).",
         -1,
     ),
     "max.connections.per.ip": ConfigDef(

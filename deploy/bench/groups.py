@@ -61,10 +61,21 @@ from minibroker.deploy.bench.load import broker_under_test
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_connection_arguments(p)
     p.add_argument("--members", type=int, default=10, help="members of the rebalanced group")
-    p.add_argument("--heartbeat-members", type=int, default=10_000)
-    p.add_argument("--heartbeat-groups", type=int, default=1000)
-    p.add_argument("--heartbeat-interval-ms", type=int, default=1000)
-    p.add_argument("--session-timeout-ms", type=int, default=6000)
+    p.add_argument(
+        "--heartbeat-members", type=int, default=10_000, help="members heartbeating, in all"
+    )
+    p.add_argument(
+        "--heartbeat-groups", type=int, default=1000, help="groups those members are spread over"
+    )
+    p.add_argument(
+        "--heartbeat-interval-ms",
+        type=int,
+        default=1000,
+        help="each member's heartbeat.interval.ms",
+    )
+    p.add_argument(
+        "--session-timeout-ms", type=int, default=6000, help="each member's session.timeout.ms"
+    )
     p.add_argument(
         "--duration",
         type=float,

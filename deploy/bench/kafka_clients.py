@@ -63,8 +63,10 @@ def _property(text: str) -> tuple[str, str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", default="127.0.0.1:9192", help="Kafka listeners (cluster up's)")
-    p.add_argument("--client", choices=CLIENTS, default="confluent")
-    p.add_argument("--records", type=int, default=200_000)
+    p.add_argument(
+        "--client", choices=CLIENTS, default="confluent", help="the Kafka client library"
+    )
+    p.add_argument("--records", type=int, default=200_000, help="records produced, then consumed")
     p.add_argument("--size", type=int, default=100, help="value bytes (default 100)")
     pacing = p.add_mutually_exclusive_group()
     pacing.add_argument(

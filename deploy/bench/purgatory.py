@@ -88,7 +88,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="sys.setswitchinterval seconds (default: the broker's, one timer tick)",
     )
-    a("--seed", type=int, default=42)
+    a(
+        "--seed",
+        type=int,
+        default=42,
+        help="seed of the workload's random arrivals, latencies and keys",
+    )
     a("--sweep", action="store_true", help="step the target rate; find each impl's saturation")
     a("--sweep-rates", help="comma-separated target rates for --sweep")
     a("--runs", type=int, default=3, help="runs per sweep point; the median is used")

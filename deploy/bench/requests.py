@@ -32,7 +32,12 @@ APIS = ("api-versions", "empty-fetch")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--api", choices=APIS, default="api-versions")
+    p.add_argument(
+        "--api",
+        choices=APIS,
+        default="api-versions",
+        help="the request: ApiVersions, or a fetch that finds nothing new",
+    )
     p.add_argument("--connections", type=int, default=4, help="connections (default 4)")
     p.add_argument(
         "--pipeline", type=int, default=64, help="requests in flight per connection (default 64)"

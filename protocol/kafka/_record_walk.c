@@ -128,37 +128,29 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 st = DEFECT;
                 break;
             }
+            /* A header's key and value: one grammar, each with the least length it may
+             * have (a key is never null), as record_stream._HEADER_FIELDS. */
+            static const char *header_what[2] = {"key", "value"};
+            static const int64_t header_least[2] = {0, -1};
             for (int64_t i = 0; i < h && st == OK; i++) {
-                if ((st = uvarint(buf, end, &p, 5, &raw)) != OK) break;
-                int64_t size = zigzag(raw);
-                if (size < 0) {
-                    snprintf(message, sizeof message, "record %zd has header key length %lld",
-                             index, (long long)size);
-                    st = DEFECT;
-                    break;
+                for (int field = 0; field < 2; field++) {
+                    if ((st = uvarint(buf, end, &p, 5, &raw)) != OK) break;
+                    int64_t size = zigzag(raw);
+                    if (size < header_least[field]) {
+                        snprintf(message, sizeof message,
+                                 "record %zd has header %s length %lld", index,
+                                 header_what[field], (long long)size);
+                        st = DEFECT;
+                        break;
+                    }
+                    if (size > e - p) {
+                        snprintf(message, sizeof message,
+                                 "record %zd's header runs past its length", index);
+                        st = DEFECT;
+                        break;
+                    }
+                    if (size > 0) p += (Py_ssize_t)size;
                 }
-                if (size > e - p) {
-                    snprintf(message, sizeof message, "record %zd's header runs past its length",
-                             index);
-                    st = DEFECT;
-                    break;
-                }
-                p += (Py_ssize_t)size;
-                if ((st = uvarint(buf, end, &p, 5, &raw)) != OK) break;
-                size = zigzag(raw);
-                if (size < -1) {
-                    snprintf(message, sizeof message, "record %zd has header value length %lld",
-                             index, (long long)size);
-                    st = DEFECT;
-                    break;
-                }
-                if (size > e - p) {
-                    snprintf(message, sizeof message, "record %zd's header runs past its length",
-                             index);
-                    st = DEFECT;
-                    break;
-                }
-                if (size > 0) p += (Py_ssize_t)size;
             }
             if (st != OK) break;
         }

@@ -70,6 +70,9 @@ DEFAULT_MAX_DECOMPRESSED = 64 * 1024 * 1024
 MAX_RECORD_ERRORS = 100  # per-record errors kept for the answer (the count is exact)
 NO_LIMIT = 2**63 - 1
 _MIN_RECORD = 6  # attributes, timestamp delta, offset delta, key, value, header count
+_KEY_VALUE = ("key", "value")  # the two length-prefixed fields, walked alike
+# A header's key and value, each with the least length it may have: a key is never null.
+_HEADER_FIELDS = (("key", 0), ("value", -1))
 
 
 class RecordDefect(CorruptKafkaBatch):
@@ -550,39 +553,26 @@ class _Walk:
                     o, p = _uvarint(buf, p, 5)
                 if o != index << 1:  # zigzag(index)
                     raise _invalid(f"record {index} has offset delta {_zigzag(o)}, not {index}")
-                b = buf[p]  # key length
-                if b < 0x80:
-                    k = b
-                    p += 1
-                elif buf[p + 1] < 0x80:  # two bytes: lengths of 64 to 8191, say
-                    k = (b & 0x7F) | (buf[p + 1] << 7)
-                    p += 2
-                else:
-                    k, p = _uvarint(buf, p, 5)
-                keyless = k == 1
-                if k & 1:
-                    if k != 1:
-                        raise _invalid(f"record {index} has key length {_zigzag(k)}")
-                else:
-                    p += k >> 1
-                    if p > e:
-                        raise _invalid(f"record {index}'s key runs past its length")
-                b = buf[p]  # value length
-                if b < 0x80:
-                    v = b
-                    p += 1
-                elif buf[p + 1] < 0x80:  # two bytes: lengths of 64 to 8191, say
-                    v = (b & 0x7F) | (buf[p + 1] << 7)
-                    p += 2
-                else:
-                    v, p = _uvarint(buf, p, 5)
-                if v & 1:
-                    if v != 1:
-                        raise _invalid(f"record {index} has value length {_zigzag(v)}")
-                else:
-                    p += v >> 1
-                    if p > e:
-                        raise _invalid(f"record {index}'s value runs past its length")
+                keyless = False
+                for what in _KEY_VALUE:  # one grammar for both (the C loop's too)
+                    b = buf[p]  # its length: -1 (zigzag 1) for null
+                    if b < 0x80:
+                        m = b
+                        p += 1
+                    elif buf[p + 1] < 0x80:  # two bytes: lengths of 64 to 8191, say
+                        m = (b & 0x7F) | (buf[p + 1] << 7)
+                        p += 2
+                    else:
+                        m, p = _uvarint(buf, p, 5)
+                    if m & 1:
+                        if m != 1:
+                            raise _invalid(f"record {index} has {what} length {_zigzag(m)}")
+                        if what == "key":
+                            keyless = True
+                    else:
+                        p += m >> 1
+                        if p > e:
+                            raise _invalid(f"record {index}'s {what} runs past its length")
                 if buf[p]:  # header count
                     p = _headers(buf, p, e, index)
                 else:
@@ -671,19 +661,13 @@ def _headers(buf: bytes, p: int, e: int, index: int) -> int:
     if h < 0 or h * 2 > e - p:
         raise _invalid(f"record {index} has {h} headers")
     for _ in range(h):
-        n, p = _uvarint(buf, p, 5)
-        n = _zigzag(n)
-        if n < 0:
-            raise _invalid(f"record {index} has header key length {n}")
-        p += n
-        if p > e:
-            raise _invalid(f"record {index}'s header runs past its length")
-        n, p = _uvarint(buf, p, 5)
-        n = _zigzag(n)
-        if n < -1:
-            raise _invalid(f"record {index} has header value length {n}")
-        if n > 0:
-            p += n
-        if p > e:
-            raise _invalid(f"record {index}'s header runs past its length")
+        for what, least in _HEADER_FIELDS:
+            n, p = _uvarint(buf, p, 5)
+            n = _zigzag(n)
+            if n < least:
+                raise _invalid(f"record {index} has header {what} length {n}")
+            if n > 0:
+                p += n
+            if p > e:
+                raise _invalid(f"record {index}'s header runs past its length")
     return p

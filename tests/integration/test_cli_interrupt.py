@@ -105,7 +105,8 @@ def test_random_interrupts_end_quietly_and_leave_the_group(broker):
     interrupted = 0
     for kind, _, name, status, err in outcomes:
         assert "Traceback" not in err, note
-        lines = err.strip().splitlines()
+        # A group member still waiting for its first assignment says why, once.
+        lines = [x for x in err.strip().splitlines() if "initial.rebalance.delay.ms" not in x]
         assert len(lines) <= 1, note
         if lines:  # a consumer says how many records it printed, as Kafka's does
             assert kind in ("group", "consume") and TALLY.fullmatch(lines[0]), note

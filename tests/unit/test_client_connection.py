@@ -300,3 +300,26 @@ async def test_no_answer_names_every_address_and_what_happened(nursery):
     assert f"127.0.0.1:{quiet} (no answer in 300 ms)" in message
     assert f"127.0.0.1:{http} (does not speak minibroker's protocol" in message
     assert "UNKNOWN_TOPIC" not in message
+
+
+async def test_a_topic_error_says_the_brokers_message_once(nursery):
+    """`topics describe nosuch` printed "topic 'nosuch' does not exist (topic 'nosuch'
+    does not exist)": the broker's message began with ours."""
+    from minibroker.client.cluster import Cluster
+    from minibroker.client.config import load_config
+    from minibroker.protocol.errors import ErrorCode, InvalidTopic, UnknownTopicOrPartition
+
+    cluster = Cluster(load_config("producer", {}), nursery)
+    said = "topic 'x' does not exist"
+    cluster.topic_errors["x"] = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, said)
+    for ours in (said, "topic 'x'"):
+        error = cluster.topic_error("x", ours)
+        assert isinstance(error, UnknownTopicOrPartition)
+        assert str(error) == f"UNKNOWN_TOPIC_OR_PARTITION: {said}"
+    # A message that adds something is still kept, after ours.
+    cluster.topic_errors["y"] = (ErrorCode.INVALID_TOPIC_EXCEPTION, "name too long")
+    assert (
+        str(cluster.topic_error("y", "topic 'y'"))
+        == "INVALID_TOPIC_EXCEPTION: topic 'y' (name too long)"
+    )
+    assert isinstance(cluster.topic_error("y", "topic 'y'"), InvalidTopic)

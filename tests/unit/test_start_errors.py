@@ -4,6 +4,7 @@ range; text where a frame length should be is named as another protocol."""
 from __future__ import annotations
 
 import errno
+import os
 import resource
 import socket
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from minibroker.deploy.broker_cli import describe_start_error
 from minibroker.deploy.launcher import (
     DEFAULT_TEST_PORTS,
-    TEST_PORTS,
+    configured_ports,
     ephemeral_range,
     free_port,
     free_port_range,
@@ -51,11 +52,12 @@ def test_start_errors_name_port_data_dir_or_descriptor_limit():
 
 def test_test_ports_come_from_below_the_ephemeral_range():
     low, _ = ephemeral_range()
-    assert TEST_PORTS[1] < min(low, 32768)
+    first, last = configured_ports()
+    assert last < min(low, 32768)
     for _ in range(20):
-        assert TEST_PORTS[0] <= free_port() <= TEST_PORTS[1]
+        assert first <= free_port() <= last
         base = free_port_range(3)
-        assert TEST_PORTS[0] <= base and base + 2 <= TEST_PORTS[1]
+        assert first <= base and base + 2 <= last
 
 
 def test_port_range_comes_from_the_environment_or_says_what_is_wrong():
@@ -84,3 +86,26 @@ def test_text_instead_of_a_frame_length_says_the_peer_speaks_another_protocol(re
 def test_a_binary_oversized_length_is_still_reported_as_a_size():
     with pytest.raises(FrameTooLarge, match="frame of 4294967295 bytes exceeds the maximum"):
         FrameDecoder().feed(b"\xff\xff\xff\xff")
+
+
+def test_a_bad_port_range_stops_pytest_with_one_line(tmp_path):
+    """The plugin reads MINIBROKER_PORT_RANGE in pytest_configure: a usage error, not the
+    "Error while loading plugin" traceback an import-time ValueError gave."""
+    import subprocess
+    import sys
+
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "MINIBROKER_PORT_RANGE": "abc"},
+    )
+    output = (result.stdout + result.stderr).strip()
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, output
+    assert "Traceback" not in output and "Error while loading plugin" not in output
+    assert output.splitlines() == [
+        "ERROR: MINIBROKER_PORT_RANGE='abc' is not a port range: write it as lo-hi, e.g. 21000-22999"
+    ], output
