@@ -82,19 +82,17 @@ def test_shared_purge_interval_applies_to_both_purgatories():
 
 
 def test_max_connections_help_says_what_the_budget_does():
-    """The help once said "minus a reserve for log files" where the code takes a quarter
-    of what is left after the broker's own descriptors: the figures in the text are the
-    constants the budget uses."""
+    """The help once said "minus a reserve for log files" where the code took a quarter:
+    the figures in the text are the constants the budget uses."""
     from minibroker.broker.common import descriptors as d
     from minibroker.broker.common.config import DEFS
 
     text = DEFS["max.connections"].doc
     reserve = d.BASE_FDS + d.SEALED_OPEN
     assert f"({reserve}, plus {d.OUTGOING_PER_PEER} per other broker)" in text
-    assert d.CONNECTION_SHARE == 4 and "a quarter" in text and "three quarters" in text
-    assert f"at least {d.MIN_CONNECTIONS}" in text
-    budget = d.descriptor_budget(brokers=3, max_connections=-1, limit=1024)
-    assert budget.connections == (1024 - reserve - 2 * d.OUTGOING_PER_PEER) // 4
-    capped = d.descriptor_budget(brokers=3, max_connections=10**6, limit=1024)
-    rest = 1024 - reserve - 2 * d.OUTGOING_PER_PEER
-    assert capped.connections == rest - rest // 4
+    assert f"1/{d.HEADROOM_SHARE} of the rest (at least {d.MIN_HEADROOM})" in text
+    assert "refused at start" in text
+    budget = d.descriptor_budget(brokers=3, max_connections=-1, limit=4096)
+    rest = 4096 - reserve - 2 * d.OUTGOING_PER_PEER
+    assert budget.connections == rest - rest // d.HEADROOM_SHARE
+    assert budget.connection_room(100) == budget.connections - 100
