@@ -24,20 +24,26 @@ from minibroker.broker.storage.producer_state import ProducerStateManager
 from minibroker.broker.storage.record_validation import validate_records
 from minibroker.broker.storage.segment import BatchInfo, Segment, scan_segment, walk_to
 from minibroker.broker.storage.swap import discard_pending, recover_swaps
+from minibroker.broker.storage.txn_index import AbortedTxn, TransactionIndex
 from minibroker.protocol.batch import (
     BASE_AND_LENGTH,
+    CONTROL_FLAG,
     HEADER_SIZE,
     LAST_DELTA,
     LAST_DELTA_AT,
     LENGTH_AT,
     LOG_OVERHEAD,
     PRODUCER_FLAG,
+    TRANSACTIONAL_FLAG,
     CheckedBatches,
     CorruptBatch,
     check_batch,
+    encode_control_batch,
     patch_base_offset,
     patch_leader_epoch,
     producer_fields,
+    read_control_batch,
+    unpack_header,
 )
 from minibroker.protocol.errors import (
     CorruptMessage,
@@ -158,6 +164,7 @@ class Log:
         self.log_start_offset = 0
         self._unflushed = 0
         self.producers = ProducerStateManager(directory, self.log)
+        self.txn_index = TransactionIndex(directory)
         # The log cleaner's clean/dirty boundary (its checkpoint, read on first use).
         self.first_dirty_offset: int | None = None
         self.closed = False
@@ -249,6 +256,8 @@ class Log:
         active.activate()
         self._bases = [s.base_offset for s in self.segments]
         self.log_start_offset = self.segments[0].base_offset
+        for problem in self.txn_index.load(self._bases):
+            self.log.warning("txn_index_recovered", problem=problem)
         self._rebuild_producer_state(scans)
 
     def _rebuild_producer_state(self, scans: dict[int, list[BatchInfo]] | None = None) -> None:
@@ -257,6 +266,8 @@ class Log:
         producers = self.producers
         start = producers.load_latest(self.log_end_offset)
         replay_from = self.log_start_offset if start is None else max(start, self.log_start_offset)
+        # The replay writes the aborted-txn entries of the markers it meets again.
+        self.txn_index.truncate_from(replay_from, self._bases)
         replayed = 0
         for segment in self.segments:
             if segment.next_offset <= replay_from:
@@ -267,8 +278,20 @@ class Log:
             for b in batches:
                 if b.producer is not None and b.base_offset >= replay_from:
                     pid, epoch, seq = b.producer
-                    count = b.next_offset - b.base_offset
-                    producers.update(pid, epoch, seq, count, b.base_offset, b.max_timestamp)
+                    if b.attributes & CONTROL_FLAG:
+                        data = segment.pread(b.size, b.position)
+                        self._marker_in_log(data, 0, unpack_header(data), segment.base_offset)
+                    else:
+                        count = b.next_offset - b.base_offset
+                        producers.update(
+                            pid,
+                            epoch,
+                            seq,
+                            count,
+                            b.base_offset,
+                            b.max_timestamp,
+                            bool(b.attributes & TRANSACTIONAL_FLAG),
+                        )
                     replayed += 1
         if replayed or start is not None:
             self.log.info(
@@ -308,6 +331,62 @@ class Log:
     @property
     def active(self) -> Segment:
         return self.segments[-1]
+
+    # --- transactions ---------------------------------------------------------------------
+
+    def last_stable_offset(self, high_watermark: int) -> int:
+        """What a read_committed reader may see: below every undecided transaction."""
+        return self.producers.last_stable_offset(high_watermark)
+
+    def collect_aborted(self, fetch_offset: int, upper_bound: int) -> list[tuple[int, int]]:
+        """``(producer_id, first_offset)`` of aborted transactions with records in
+        ``[fetch_offset, upper_bound)``: what a read_committed fetch answer names."""
+        return self.txn_index.collect(fetch_offset, upper_bound)
+
+    def append_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        coordinator_epoch: int,
+        commit: bool,
+        leader_epoch: int,
+    ) -> AppendInfo:
+        """The leader ends a producer's transaction here (WriteTxnMarkers): one control
+        batch at the LEO. InvalidProducerEpoch / TransactionCoordinatorFenced before
+        anything is written if the marker is stale."""
+        self.producers.check_marker(producer_id, producer_epoch, coordinator_epoch)
+        now = self.now_ms()
+        buf = encode_control_batch(
+            commit,
+            coordinator_epoch,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            timestamp=now,
+        )
+        offset = self.log_end_offset
+        patch_base_offset(buf, 0, offset)
+        patch_leader_epoch(buf, 0, leader_epoch)
+        self._write(buf, offset, offset + 1, now, 1, [(0, offset)])
+        self._marker_in_log(buf, 0, unpack_header(buf), self.active.base_offset)
+        return AppendInfo(offset, offset, now, 1, len(buf))
+
+    def _marker_in_log(self, buf, pos: int, header: Any, segment_base: int) -> None:
+        """A control batch is in the log (appended, copied, replayed): its transaction
+        ends; an abort goes into the aborted-transactions index."""
+        pid, epoch, _ = producer_fields(buf, pos, header)
+        try:
+            commit, coordinator_epoch = read_control_batch(buf, pos, header)
+        except CorruptBatch as exc:  # a follower keeps the leader's log whatever it holds
+            self.log.warning("txn_marker_unreadable", offset=header.base_offset, reason=str(exc))
+            return
+        done = self.producers.complete_txn(
+            pid, epoch, coordinator_epoch, header.base_offset, commit, header.max_timestamp
+        )
+        if done is not None and done.aborted:
+            entry = AbortedTxn(
+                pid, done.first_offset, done.last_offset, self.producers.aborted_lso(done)
+            )
+            self.txn_index.append(segment_base, entry)
 
     # --- append ---------------------------------------------------------------------------
 
@@ -358,12 +437,14 @@ class Log:
             max_decompressed=config.max_decompressed_bytes,
         )
         producer = None
-        if batches[0][1].attributes & PRODUCER_FLAG or len(batches) > 1:
+        transactional = False
+        if batches[0][1].attributes & (PRODUCER_FLAG | TRANSACTIONAL_FLAG) or len(batches) > 1:
             producer = self._producer_batch(records, batches)
             if producer is not None:
                 pid, epoch, seq = producer
                 header = batches[0][1]
-                original = self.producers.check(pid, epoch, seq, header.record_count)
+                transactional = bool(header.attributes & TRANSACTIONAL_FLAG)
+                original = self.producers.check(pid, epoch, seq, header.record_count, transactional)
                 if original is not None:
                     # first_offset -1: older than the window, acknowledged once the HW
                     # passes last_offset (the window's start) without offsets of its own.
@@ -390,13 +471,20 @@ class Log:
                 max_ts = header.max_timestamp
         self._write(buf, first, offset, max_ts, count, starts)
         if producer is not None:
-            self.producers.update(*producer, count, first, max_ts)
+            self.producers.update(*producer, count, first, max_ts, transactional)
         return AppendInfo(first, offset - 1, max_ts, count, len(buf))
 
     @staticmethod
     def _producer_batch(records: bytes | bytearray, batches: list) -> tuple[int, int, int] | None:
         """The producer fields of an idempotent produce, which must be one batch (Kafka's
-        rule: a sequence check spanning batches could half-accept a request)."""
+        rule: a sequence check spanning batches could half-accept a request). Control
+        batches come from the leader's markers only (Kafka refuses them from clients), and
+        a transactional batch needs its producer."""
+        for _, header in batches:
+            if header.attributes & CONTROL_FLAG:
+                raise InvalidRecord("clients may not write control batches (transaction markers)")
+            if header.attributes & TRANSACTIONAL_FLAG and not header.attributes & PRODUCER_FLAG:
+                raise InvalidRecord("a transactional batch must carry its producer id and epoch")
         fields = [producer_fields(records, position, header) for position, header in batches]
         if all(f is None for f in fields):
             return None
@@ -429,11 +517,21 @@ class Log:
                 max_ts = header.max_timestamp
         starts = [(position, header.base_offset) for position, header in batches]
         self._write(records, first, expected, max_ts, count, starts)
+        segment_base = self.active.base_offset
         for position, header in batches:
-            if header.attributes & PRODUCER_FLAG:
+            attributes = header.attributes
+            if attributes & CONTROL_FLAG and attributes & PRODUCER_FLAG:
+                self._marker_in_log(records, position, header, segment_base)
+            elif attributes & PRODUCER_FLAG:
                 pid, epoch, seq = producer_fields(records, position, header)
                 self.producers.update(
-                    pid, epoch, seq, header.record_count, header.base_offset, header.max_timestamp
+                    pid,
+                    epoch,
+                    seq,
+                    header.record_count,
+                    header.base_offset,
+                    header.max_timestamp,
+                    bool(attributes & TRANSACTIONAL_FLAG),
                 )
         return AppendInfo(first, expected - 1, max_ts, count, len(records))
 
@@ -476,6 +574,7 @@ class Log:
         if old.size == 0:
             return old
         old.flush()
+        self.txn_index.flush(old.base_offset)
         segment = Segment(
             self.dir, old.next_offset, self.config.index_interval_bytes, self.now_ms(), fresh=True
         )
@@ -625,6 +724,7 @@ class Log:
         self.log_start_offset = offset
         self._unflushed = 0
         self.producers.reset()
+        self.txn_index.reset()
         self._dirty_from(offset)
         self.log.info("log_truncated_fully", start_offset=offset)
 
@@ -674,6 +774,7 @@ class Log:
             deleted += 1
         if deleted:
             self.log_start_offset = self.segments[0].base_offset
+            self.txn_index.forget_below(self.log_start_offset)
             self.log.info(
                 "retention_deleted", segments=deleted, log_start_offset=self.log_start_offset
             )
@@ -706,6 +807,8 @@ class Log:
             segment.close_handle()
         self.segments[i : i + len(old)] = [new]
         self._bases = [s.base_offset for s in self.segments]
+        # The cleaned segment's aborted-txn entries are those of the segments it replaced.
+        self.txn_index.rewrite(new.base_offset, old[-1].next_offset, [s.base_offset for s in old])
 
     # --- durability -----------------------------------------------------------------------
 
