@@ -172,9 +172,12 @@ class TransactionIndex:
             for e in self.entries[lo:hi]
         )
         path = index_path(self.dir, segment_base)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        if data:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        else:
+            path.unlink(missing_ok=True)
         for base in stale:
             if base != segment_base:
                 index_path(self.dir, base).unlink(missing_ok=True)
