@@ -143,7 +143,7 @@ class RequestHandler:
             ApiKey.ELECT_LEADERS: self.elect_leaders,
             ApiKey.DELETE_TOPICS: self.delete_topics,
             ApiKey.PRODUCE: self.produce,
-            ApiKey.FETCH: answer_in_asked_version(ApiKey.FETCH, self.fetch),
+            ApiKey.FETCH: self.fetch,
             ApiKey.WRITE_TXN_MARKERS: self.write_txn_markers,
             ApiKey.LIST_OFFSETS: self.list_offsets,
             ApiKey.BROKER_STATS: self.broker_stats,
@@ -241,7 +241,7 @@ class RequestHandler:
         identical long polls from thousands of consumers are decoded and prepared once.
         """
         if header.api_key == ApiKey.FETCH:
-            return self.replica_manager.fetch_request(body)
+            return self.replica_manager.fetch_request(body, header.api_version)
         return body
 
     def handle(

@@ -416,7 +416,7 @@ class ReplicaManager:
 
     # --- fetch ----------------------------------------------------------------------------
 
-    def fetch_request(self, body: dict) -> FetchRequest:
+    def fetch_request(self, body: dict, version: int = 0) -> FetchRequest:
         """A validated Fetch body as the read path takes it; InvalidRequest if it names a
         partition twice.
 
@@ -429,7 +429,7 @@ class ReplicaManager:
             raise InvalidRequest(
                 f"partition {duplicate} appears more than once in one fetch request"
             )
-        return FetchRequest(body, self.fetch_max_bytes)
+        return FetchRequest(body, self.fetch_max_bytes, version)
 
     def fetch(
         self, fetch: FetchRequest, session: ConnectionSession | None = None
@@ -557,7 +557,7 @@ class ReplicaManager:
             entry["high_watermark"] = partition.high_watermark
             entry["log_start_offset"] = log.log_start_offset
             entry["log_end_offset"] = log.log_end_offset
-            if not fetch.for_follower:
+            if fetch.transactions:
                 entry["last_stable_offset"] = partition.last_stable_offset
             try:
                 result = partition.read_result(
@@ -574,7 +574,7 @@ class ReplicaManager:
                 continue
             data = result.data
             entry["records"] = data
-            if fetch.committed:
+            if fetch.committed and fetch.transactions:
                 # Kafka's: the aborted transactions with records in what is returned.
                 entry["aborted_transactions"] = (
                     [
