@@ -20,11 +20,13 @@ from typing import Any
 
 import structlog
 
+from minibroker.broker.storage.log_txn import TransactionalLog
 from minibroker.broker.storage.producer_state import ProducerStateManager
 from minibroker.broker.storage.record_validation import validate_records
+from minibroker.broker.storage.results import AppendInfo, ReadResult
 from minibroker.broker.storage.segment import BatchInfo, Segment, scan_segment, walk_to
 from minibroker.broker.storage.swap import discard_pending, recover_swaps
-from minibroker.broker.storage.txn_index import AbortedTxn, TransactionIndex
+from minibroker.broker.storage.txn_index import TransactionIndex
 from minibroker.protocol.batch import (
     BASE_AND_LENGTH,
     CONTROL_FLAG,
@@ -38,11 +40,9 @@ from minibroker.protocol.batch import (
     CheckedBatches,
     CorruptBatch,
     check_batch,
-    encode_control_batch,
     patch_base_offset,
     patch_leader_epoch,
     producer_fields,
-    read_control_batch,
     unpack_header,
 )
 from minibroker.protocol.errors import (
@@ -101,55 +101,11 @@ class LogConfig:
         return "delete" in self.cleanup_policy
 
 
-class AppendInfo:
-    """Where an append landed: the broker answers the producer and moves the HW with it.
-
-    ``duplicate``: an idempotent producer's retry of a batch the log already holds; the
-    offsets are the original's and nothing was written.
-    """
-
-    __slots__ = (
-        "duplicate",
-        "first_offset",
-        "last_offset",
-        "max_timestamp",
-        "num_bytes",
-        "record_count",
-    )
-
-    def __init__(
-        self,
-        first_offset: int,
-        last_offset: int,
-        max_timestamp: int,
-        record_count: int,
-        num_bytes: int,
-        duplicate: bool = False,
-    ):
-        self.first_offset = first_offset
-        self.last_offset = last_offset
-        self.max_timestamp = max_timestamp
-        self.record_count = record_count
-        self.num_bytes = num_bytes
-        self.duplicate = duplicate
-
-
-class ReadResult:
-    """File bytes to send as they are, plus the offset the next fetch should ask for."""
-
-    __slots__ = ("data", "first_offset", "next_offset")
-
-    def __init__(self, data: bytes, first_offset: int, next_offset: int) -> None:
-        self.data = data
-        self.first_offset = first_offset
-        self.next_offset = next_offset
-
-
 class LogAppendError(ValueError):
     """A follower append that does not continue the log (offsets do not match the LEO)."""
 
 
-class Log:
+class Log(TransactionalLog):
     """One partition replica's log. Not thread-safe: the broker's trio loop owns it."""
 
     def __init__(
@@ -331,62 +287,6 @@ class Log:
     @property
     def active(self) -> Segment:
         return self.segments[-1]
-
-    # --- transactions ---------------------------------------------------------------------
-
-    def last_stable_offset(self, high_watermark: int) -> int:
-        """What a read_committed reader may see: below every undecided transaction."""
-        return self.producers.last_stable_offset(high_watermark)
-
-    def collect_aborted(self, fetch_offset: int, upper_bound: int) -> list[tuple[int, int]]:
-        """``(producer_id, first_offset)`` of aborted transactions with records in
-        ``[fetch_offset, upper_bound)``: what a read_committed fetch answer names."""
-        return self.txn_index.collect(fetch_offset, upper_bound)
-
-    def append_marker(
-        self,
-        producer_id: int,
-        producer_epoch: int,
-        coordinator_epoch: int,
-        commit: bool,
-        leader_epoch: int,
-    ) -> AppendInfo:
-        """The leader ends a producer's transaction here (WriteTxnMarkers): one control
-        batch at the LEO. InvalidProducerEpoch / TransactionCoordinatorFenced before
-        anything is written if the marker is stale."""
-        self.producers.check_marker(producer_id, producer_epoch, coordinator_epoch)
-        now = self.now_ms()
-        buf = encode_control_batch(
-            commit,
-            coordinator_epoch,
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            timestamp=now,
-        )
-        offset = self.log_end_offset
-        patch_base_offset(buf, 0, offset)
-        patch_leader_epoch(buf, 0, leader_epoch)
-        self._write(buf, offset, offset + 1, now, 1, [(0, offset)])
-        self._marker_in_log(buf, 0, unpack_header(buf), self.active.base_offset)
-        return AppendInfo(offset, offset, now, 1, len(buf))
-
-    def _marker_in_log(self, buf, pos: int, header: Any, segment_base: int) -> None:
-        """A control batch is in the log (appended, copied, replayed): its transaction
-        ends; an abort goes into the aborted-transactions index."""
-        pid, epoch, _ = producer_fields(buf, pos, header)
-        try:
-            commit, coordinator_epoch = read_control_batch(buf, pos, header)
-        except CorruptBatch as exc:  # a follower keeps the leader's log whatever it holds
-            self.log.warning("txn_marker_unreadable", offset=header.base_offset, reason=str(exc))
-            return
-        done = self.producers.complete_txn(
-            pid, epoch, coordinator_epoch, header.base_offset, commit, header.max_timestamp
-        )
-        if done is not None and done.aborted:
-            entry = AbortedTxn(
-                pid, done.first_offset, done.last_offset, self.producers.aborted_lso(done)
-            )
-            self.txn_index.append(segment_base, entry)
 
     # --- append ---------------------------------------------------------------------------
 
