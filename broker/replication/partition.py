@@ -205,6 +205,7 @@ class Partition:
                 new_hw = rs.log_end_offset
         if new_hw > self.high_watermark:
             self.high_watermark = new_hw
+            self.log.producers.forget_replicated(new_hw)
             return True
         return False
 
@@ -336,6 +337,7 @@ class Partition:
         new_hw = min(leader_hw, self.log.log_end_offset)
         if new_hw > self.high_watermark:
             self.high_watermark = new_hw
+            self.log.producers.forget_replicated(new_hw)
             return True
         return False
 

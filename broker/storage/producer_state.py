@@ -156,14 +156,20 @@ class ProducerStateManager:
         is not yet under ``high_watermark``; None if there is none (Kafka's
         firstUnstableOffset)."""
         unreplicated = self.unreplicated
-        while unreplicated and unreplicated[0][0] < high_watermark:
-            unreplicated.popleft()
+        self.forget_replicated(high_watermark)
         first = self.first_ongoing
         if unreplicated:
             oldest = min(f for _, f in unreplicated)
             if first is None or oldest < first:
                 first = oldest
         return first
+
+    def forget_replicated(self, high_watermark: int) -> None:
+        """Decided transactions whose marker is under the HW no longer hold the LSO (the
+        partition calls this as its HW moves, so a follower's list stays short too)."""
+        unreplicated = self.unreplicated
+        while unreplicated and unreplicated[0][0] < high_watermark:
+            unreplicated.popleft()
 
     def last_stable_offset(self, high_watermark: int) -> int:
         """LSO = min(first unstable offset, HW): what a read_committed reader may see."""

@@ -239,3 +239,18 @@ def test_open_transactions_do_not_expire(tmp_path) -> None:
     )
     assert log.producers.remove_expired(now_ms=10**12, expiration_ms=1) == 1
     assert set(log.producers.producers) == {P1}
+
+
+def test_a_follower_forgets_decided_transactions_as_its_hw_passes_their_markers(tmp_path) -> None:
+    from minibroker.broker.replication.partition import Partition
+    from minibroker.broker.storage.epoch_cache import LeaderEpochCache
+
+    leader = open_log(tmp_path / "leader")
+    for seq in range(3):
+        leader.append_as_leader(txn_batch(P1, seq * 2), 0)
+        leader.append_marker(P1, 0, 0, True, 0)
+    follower = Partition("t", 0, open_log(tmp_path / "f"), 1, LeaderEpochCache(tmp_path / "f"))
+    follower.append_records_to_follower(leader.read(0, 1 << 20).data)
+    assert len(follower.log.producers.unreplicated) == 3
+    follower.maybe_update_follower_hw(6)  # past the second marker (offset 5)
+    assert list(follower.log.producers.unreplicated) == [(8, 6)]
