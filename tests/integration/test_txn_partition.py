@@ -4,9 +4,9 @@ The coordinator is not needed: transactional batches are produced as a transacti
 producer writes them (a stock client's v2 batch on the Kafka listener, or our own batch on
 the native one), and the markers are sent as a coordinator sends them: WriteTxnMarkers,
 authenticated with the cluster secret. Then read_committed readers (native Fetch,
-confluent-kafka, kafka-python, the bundled consumer) see committed records and never
-aborted ones, and stop at the LSO while a transaction is open; read_uncommitted readers
-see every record; and a leader's kill -9 and restart keep the open transaction (the LSO)
+confluent-kafka, kafka-python, aiokafka, the bundled consumer) see committed records and
+never aborted ones, and stop at the LSO while a transaction is open; read_uncommitted
+readers see every record; and a leader's kill -9 and restart keep the open transaction (the LSO)
 and the aborted-transactions index.
 """
 
@@ -208,6 +208,38 @@ def kp_values(cluster, topic: str, until: int) -> list[bytes]:
         consumer.close()
 
 
+def aio_values(cluster, topic: str, until: int) -> list[bytes]:
+    """aiokafka's read_committed consumer, from the start until its position is ``until``."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka import TopicPartition as AioTopicPartition
+
+    async def run() -> list[bytes]:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=cluster.kafka_bootstrap,
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        await consumer.start()
+        try:
+            tp = AioTopicPartition(topic, 0)
+            consumer.assign([tp])
+            consumer.seek(tp, 0)
+            got = []
+            deadline = time.monotonic() + 30
+            while await consumer.position(tp) < until and time.monotonic() < deadline:
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    got += [r.value for r in records]
+            assert await consumer.position(tp) >= until, got
+            return got
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
+
+
 def our_values(cluster, topic: str, isolation: str, until: int) -> list[bytes]:
     with SyncConsumer(cluster.bootstrap, config={"isolation.level": isolation}) as consumer:
         consumer.assign([(topic, 0)])
@@ -259,6 +291,7 @@ def test_read_committed_sees_commits_never_aborts_and_stops_at_the_lso(cluster):
     assert rd_values(cluster, topic, "read_committed", until=7) == committed
     assert rd_values(cluster, topic, "read_uncommitted", until=7) == everything
     assert kp_values(cluster, topic, until=7) == committed
+    assert aio_values(cluster, topic, until=7) == committed
     assert our_values(cluster, topic, "read_committed", until=7) == committed
     assert our_values(cluster, topic, "read_uncommitted", until=7) == everything
 
