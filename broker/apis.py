@@ -66,6 +66,7 @@ WAIT_FOR_METADATA = frozenset(
         ApiKey.LIST_OFFSETS,
         ApiKey.OFFSET_FOR_LEADER_EPOCH,
         ApiKey.FIND_COORDINATOR,
+        ApiKey.WRITE_TXN_MARKERS,
     }
 )
 
@@ -143,6 +144,7 @@ class RequestHandler:
             ApiKey.DELETE_TOPICS: self.delete_topics,
             ApiKey.PRODUCE: self.produce,
             ApiKey.FETCH: self.fetch,
+            ApiKey.WRITE_TXN_MARKERS: self.write_txn_markers,
             ApiKey.LIST_OFFSETS: self.list_offsets,
             ApiKey.BROKER_STATS: self.broker_stats,
             ApiKey.BROKER_REGISTRATION: self.controller_only(self.role.register_broker),
@@ -239,7 +241,7 @@ class RequestHandler:
         identical long polls from thousands of consumers are decoded and prepared once.
         """
         if header.api_key == ApiKey.FETCH:
-            return self.replica_manager.fetch_request(body)
+            return self.replica_manager.fetch_request(body, header.api_version)
         return body
 
     def handle(
@@ -470,6 +472,15 @@ class RequestHandler:
         if refusal is not None:
             return refusal
         return self.replica_manager.fetch(fetch, session)
+
+    def write_txn_markers(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse:
+        """Inter-broker: a transaction coordinator ends transactions on our partitions."""
+        refusal = self.refuse_unless_member(session, header.api_key)
+        if refusal is not None:
+            return refusal
+        return self.replica_manager.write_txn_markers(body, session)
 
     def init_producer_id(
         self, header: RequestHeader, body: dict, session: ConnectionSession

@@ -209,6 +209,13 @@ SETTINGS: dict[str, Setting] = {
         _C,
         "Where to start without a valid position (or committed offset, in a group).",
     ),
+    "isolation.level": Setting(
+        _choice("read_uncommitted", "read_committed"),
+        "read_uncommitted",
+        _C,
+        "read_committed: fetches stop at the last stable offset and skip aborted "
+        "transactions' records; read_uncommitted reads every record.",
+    ),
     # consumer groups (Kafka's classic protocol)
     "group.id": Setting(
         _string, "", _C, "The consumer group to join on subscribe() and commit offsets for."

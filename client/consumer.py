@@ -256,6 +256,10 @@ class Consumer(ClusterClient):
                     out += chunk[:room]
                     st.chunks[0] = chunk[room:]
                     st.position = chunk[room - 1].offset + 1
+            if not st.chunks and st.fetch_offset is not None and st.fetch_offset > st.position:
+                # Everything fetched is handed out: what remains before the fetch offset is
+                # markers and aborted records, which the position passes as Kafka's does.
+                st.position = st.fetch_offset
             # Move this partition to the back so others get their turn next poll.
             self._states[tp] = self._states.pop(tp)
             if len(out) >= limit:

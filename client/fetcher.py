@@ -14,7 +14,15 @@ from itertools import count
 from typing import Any
 
 from minibroker.client.records import NO_HEADERS, ConsumerRecord, TopicPartition
-from minibroker.protocol import CorruptBatch, batch_rows
+from minibroker.protocol import CorruptBatch, iter_batches
+from minibroker.protocol.batch import (
+    CONTROL_FLAG,
+    PRODUCER_FLAG,
+    TRANSACTIONAL_FLAG,
+    decode_rows,
+    producer_fields,
+    read_control_batch,
+)
 from minibroker.protocol.errors import (
     CorruptMessage,
     ErrorCode,
@@ -89,18 +97,58 @@ def fetch_body(states: list[PartitionState], config: dict[str, Any]) -> dict:
         "max_wait_ms": config["fetch.max.wait.ms"],
         "min_bytes": config["fetch.min.bytes"],
         "max_bytes": config["fetch.max.bytes"],
+        "isolation_level": 1 if config.get("isolation.level") == "read_committed" else 0,
         "topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()],
     }
 
 
 def to_consumer_records(
-    topic: str, partition: int, buf: bytes, min_offset: int
+    topic: str,
+    partition: int,
+    buf: bytes,
+    min_offset: int,
+    aborted: list[dict] | None = None,
 ) -> list[ConsumerRecord]:
+    """``decode_fetched``'s records only."""
+    return decode_fetched(topic, partition, buf, min_offset, aborted)[0]
+
+
+def decode_fetched(
+    topic: str,
+    partition: int,
+    buf: bytes,
+    min_offset: int,
+    aborted: list[dict] | None = None,
+) -> tuple[list[ConsumerRecord], int]:
     """Decode a fetched buffer into ConsumerRecords (the consumer's only per-record work):
     one tuple per record built straight from msgpack's row, nothing in between, and
-    nothing inside it that the cyclic collector keeps tracking (see protocol.batch)."""
+    nothing inside it that the cyclic collector keeps tracking (see protocol.batch).
+
+    Returns the records and the offset after the last whole batch (``min_offset`` if
+    none): control batches (transaction markers) hold no record for the application but
+    are read past. ``aborted`` (a read_committed answer's aborted_transactions) drops the
+    records of aborted transactions as Kafka's consumer does: from an aborted
+    transaction's first offset, that producer's transactional batches are skipped until
+    its abort marker.
+    """
     out: list[ConsumerRecord] = []
-    for base, first_ts, rows in batch_rows(buf, min_offset=min_offset):
+    next_offset = min_offset
+    pending = sorted((a["first_offset"], a["producer_id"]) for a in aborted) if aborted else []
+    aborting: set[int] = set()
+    for pos, header in iter_batches(buf, verify=True, allow_partial=True):
+        if header.next_offset <= min_offset:
+            continue
+        next_offset = header.next_offset
+        if header.attributes & (CONTROL_FLAG | TRANSACTIONAL_FLAG) and _skipped(
+            buf, pos, header, pending, aborting
+        ):
+            continue
+        rows = decode_rows(buf, pos, header)
+        base = header.base_offset
+        first_ts = header.first_timestamp
+        if base < min_offset:
+            rows = rows[min_offset - base :]
+            base = min_offset
         out += [
             _new_tuple(
                 ConsumerRecord,
@@ -116,7 +164,23 @@ def to_consumer_records(
             )
             for offset, row in zip(count(base), rows)
         ]
-    return out
+    return out, next_offset
+
+
+def _skipped(buf: bytes, pos: int, header: Any, pending: list, aborting: set[int]) -> bool:
+    """Whether a transactional or control batch is kept from the application (Kafka's
+    CompletedFetch.nextFetchedRecord: aborted producers are those whose aborted
+    transaction started at or before this batch's last offset, until their abort marker)."""
+    while pending and pending[0][0] <= header.last_offset:
+        aborting.add(pending.pop(0)[1])
+    if not header.attributes & PRODUCER_FLAG:
+        return bool(header.attributes & CONTROL_FLAG)
+    producer_id = producer_fields(buf, pos, header)[0]
+    if header.attributes & CONTROL_FLAG:
+        if aborting and not read_control_batch(buf, pos, header)[0]:
+            aborting.discard(producer_id)  # its abort marker: what follows is not aborted
+        return True
+    return producer_id in aborting
 
 
 class FetchOutcome:
@@ -150,7 +214,9 @@ def apply_partition_result(
     if not buf:
         return outcome
     try:
-        records = to_consumer_records(st.tp.topic, st.tp.partition, buf, sent_offset)
+        records, next_offset = decode_fetched(
+            st.tp.topic, st.tp.partition, buf, sent_offset, result.get("aborted_transactions")
+        )
     except CorruptBatch as exc:
         # Kafka's CorruptRecordException: one line for the user, and no more fetches of
         # this partition until they seek (past the bad batch, if they choose to).
@@ -162,7 +228,12 @@ def apply_partition_result(
         return outcome
     if records:
         st.chunks.append(records)
-        st.fetch_offset = records[-1].offset + 1
+    if next_offset > sent_offset:
+        # Past every whole batch, markers and aborted transactions included; with nothing
+        # left to hand out, the position moves past them too (as Kafka's consumer's).
+        st.fetch_offset = next_offset
+        if not st.chunks and st.position == sent_offset:
+            st.position = next_offset
     elif st.max_bytes < max_partition_bytes_limit:
         # Only part of a batch came back: the batch is bigger than we asked for. Ask for more.
         st.max_bytes = min(st.max_bytes * 2, max_partition_bytes_limit)

@@ -53,6 +53,7 @@ class ApiKey(IntEnum):
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
     INIT_PRODUCER_ID = 22
+    WRITE_TXN_MARKERS = 27
     OFFSET_FOR_LEADER_EPOCH = 23
     DELETE_GROUPS = 42
     SASL_AUTHENTICATE = 36
@@ -321,19 +322,37 @@ FETCH_REQ = struct(
     },
 )
 _DIVERGING = struct({"epoch": INT32, "end_offset": OFFSET})
+_FETCH_PARTITION = {"error_code": ERROR, "high_watermark": OFFSET, "records": BYTES}
+_FETCH_PARTITION_OPTIONAL = {
+    "log_start_offset": (OFFSET, -1),
+    "log_end_offset": (OFFSET, -1),
+    "diverging_epoch": (nullable(_DIVERGING), None),
+    "error_message": ERROR_MESSAGE,
+}
+_FETCH_TOP = {
+    "error_code": (ERROR, 0),
+    "error_message": ERROR_MESSAGE,
+    "throttle_time_ms": (INT32, 0),
+}
 FETCH_RESP = struct(
+    {"topics": _per_partition(_FETCH_PARTITION, _FETCH_PARTITION_OPTIONAL)}, _FETCH_TOP
+)
+# Version 1: transactions (KIP-98). A read_committed answer (isolation_level 1) stops at
+# the last stable offset and names the aborted transactions in the range it returns, so
+# the reader can drop their records; every consumer answer carries the LSO.
+_ABORTED_TXN = struct({"producer_id": PRODUCER_ID, "first_offset": OFFSET})
+FETCH_RESP_V1 = struct(
     {
         "topics": _per_partition(
-            {"error_code": ERROR, "high_watermark": OFFSET, "records": BYTES},
+            _FETCH_PARTITION,
             {
-                "log_start_offset": (OFFSET, -1),
-                "log_end_offset": (OFFSET, -1),
-                "diverging_epoch": (nullable(_DIVERGING), None),
-                "error_message": ERROR_MESSAGE,
+                **_FETCH_PARTITION_OPTIONAL,
+                "last_stable_offset": (OFFSET, -1),
+                "aborted_transactions": (nullable(array(_ABORTED_TXN)), None),
             },
         )
     },
-    {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE, "throttle_time_ms": (INT32, 0)},
+    _FETCH_TOP,
 )
 
 # --- ListOffsets ---------------------------------------------------------------------------
@@ -352,6 +371,40 @@ LIST_OFFSETS_RESP = struct(
             {"error_message": ERROR_MESSAGE, "leader_epoch": (INT32, -1)},
         )
     },
+    {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
+)
+
+# --- WriteTxnMarkers (inter-broker: a transaction coordinator to partition leaders) ----
+
+# Kafka's WriteTxnMarkersRequest v1 (docs/transactions.md, "The partition side"): one
+# control batch per (marker, partition), answered when the ISR has it (acks=all).
+_TXN_MARKER = struct(
+    {
+        "producer_id": PRODUCER_ID,
+        "producer_epoch": PRODUCER_EPOCH,
+        "transaction_result": BOOL,
+        "topics": array(struct({"name": TOPIC_NAME, "partition_indexes": array(PARTITION)})),
+        "coordinator_epoch": INT32,
+    }
+)
+WRITE_TXN_MARKERS_REQ = struct({"markers": array(_TXN_MARKER)})
+_TXN_MARKER_RESULT = struct(
+    {
+        "producer_id": PRODUCER_ID,
+        "topics": array(
+            struct(
+                {
+                    "name": TOPIC_NAME,
+                    "partitions": array(
+                        struct({"partition_index": PARTITION, "error_code": ERROR})
+                    ),
+                }
+            )
+        ),
+    }
+)
+WRITE_TXN_MARKERS_RESP = struct(
+    {"markers": array(_TXN_MARKER_RESULT)},
     {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
 )
 
@@ -570,7 +623,7 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.ELECT_LEADERS: {0: (ELECT_LEADERS_REQ, ELECT_LEADERS_RESP)},
     ApiKey.DELETE_TOPICS: {0: (DELETE_TOPICS_REQ, DELETE_TOPICS_RESP)},
     ApiKey.PRODUCE: {0: (PRODUCE_REQ, PRODUCE_RESP)},
-    ApiKey.FETCH: {0: (FETCH_REQ, FETCH_RESP)},
+    ApiKey.FETCH: {0: (FETCH_REQ, FETCH_RESP), 1: (FETCH_REQ, FETCH_RESP_V1)},
     ApiKey.LIST_OFFSETS: {0: (LIST_OFFSETS_REQ, LIST_OFFSETS_RESP)},
     ApiKey.BROKER_STATS: {0: (BROKER_STATS_REQ, BROKER_STATS_RESP)},
     ApiKey.BROKER_REGISTRATION: {0: (BROKER_REGISTRATION_REQ, BROKER_REGISTRATION_RESP)},
@@ -582,6 +635,8 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     },
     ApiKey.INIT_PRODUCER_ID: {0: (INIT_PRODUCER_ID_REQ, INIT_PRODUCER_ID_RESP)},
     ApiKey.ALLOCATE_PRODUCER_IDS: {0: (ALLOCATE_PRODUCER_IDS_REQ, ALLOCATE_PRODUCER_IDS_RESP)},
+    # Version 1, as Kafka's (the contract with the coordinator, docs/transactions.md).
+    ApiKey.WRITE_TXN_MARKERS: {1: (WRITE_TXN_MARKERS_REQ, WRITE_TXN_MARKERS_RESP)},
     ApiKey.FAULTS: {0: (FAULTS_REQ, FAULTS_RESP)},
     ApiKey.VOTE: {0: (VOTE_REQ, VOTE_RESP), 1: (VOTE_REQ_V1, VOTE_RESP_V1)},
     ApiKey.BEGIN_QUORUM_EPOCH: {0: (BEGIN_QUORUM_EPOCH_REQ, BEGIN_QUORUM_EPOCH_RESP)},

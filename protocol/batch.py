@@ -67,6 +67,12 @@ PRODUCER_FIELDS = struct.Struct(">qhi")  # producer_id, producer_epoch, base_seq
 # (compression, timestamp type) stay inside that tail; ours never carry them.
 KAFKA_FLAG = 0x0200
 _KAFKA_TAIL_MIN = kafka_records.HEADER_SIZE - kafka_records.MAGIC_AT  # magic .. record_count
+# attributes bits of a transaction (KIP-98), at Kafka's own positions: the batch belongs
+# to a transaction (its records count only once a commit marker follows), and a control
+# batch (a transaction marker, never a record for applications). A wrapped v2 batch
+# carries them in its own attributes too; ours repeat them so the broker never looks in.
+TRANSACTIONAL_FLAG = 0x0010
+CONTROL_FLAG = 0x0020
 NO_PRODUCER_ID = -1
 MAX_SEQUENCE = 2**31 - 1  # sequences wrap to 0 after this, as Kafka's
 # Producer ids at or above this are derived by a writer from a stable name (the Spark
@@ -381,7 +387,7 @@ def wrap_kafka_batch(
     after base offset, length and epoch, the fields the leader patches) stays valid and
     ``unwrap_kafka_batch`` serves the client's bytes back.
     """
-    attributes = KAFKA_FLAG
+    attributes = KAFKA_FLAG | (kafka.attributes & (TRANSACTIONAL_FLAG | CONTROL_FLAG))
     tail = memoryview(buf)[pos + kafka_records.MAGIC_AT : pos + kafka.size]
     if kafka.producer_id >= 0:
         attributes |= PRODUCER_FLAG
@@ -405,6 +411,34 @@ def wrap_kafka_batch(
     out += fixed
     out += tail
     return out
+
+
+def encode_control_batch(
+    commit: bool, coordinator_epoch: int, *, producer_id: int, producer_epoch: int, timestamp: int
+) -> bytearray:
+    """A transaction marker as our batch: a Kafka v2 control batch (what a stock consumer
+    is served as it is) wrapped like a stock client's batch."""
+    v2 = kafka_records.encode_end_txn_marker(
+        commit,
+        coordinator_epoch,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        timestamp=timestamp,
+    )
+    return wrap_kafka_batch(v2, 0, kafka_records.unpack_header(v2))
+
+
+def read_control_batch(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
+) -> tuple[bool, int]:
+    """``(commit, coordinator_epoch)`` of our control batch at ``pos``; CorruptBatch if it
+    does not hold a transaction marker."""
+    if not header.attributes & KAFKA_FLAG:
+        raise CorruptBatch(f"control batch at offset {header.base_offset} is not a v2 batch")
+    try:
+        return kafka_records.read_end_txn_marker(unwrap_kafka_batch(buf, pos, header))
+    except ProtocolError as exc:
+        raise CorruptBatch(f"control batch at offset {header.base_offset}: {exc}") from None
 
 
 def unwrap_kafka_batch(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> bytes:

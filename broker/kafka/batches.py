@@ -46,11 +46,15 @@ def wrap_produce(records: bytes | None) -> CheckedBatches:
         for pos, size in kafka_records.iter_batches(records):
             header = kafka_records.check_batch(records, pos, size)
             kafka_records.check_compression(header.compression)
-            if header.attributes & (kafka_records.TRANSACTIONAL_FLAG | kafka_records.CONTROL_FLAG):
+            if header.attributes & kafka_records.CONTROL_FLAG:
+                # Kafka's rule: markers are written by partition leaders only.
+                raise RefusedBatch(
+                    ErrorCode.INVALID_RECORD, "clients may not write control batches"
+                )
+            if header.attributes & kafka_records.TRANSACTIONAL_FLAG and header.producer_id < 0:
                 raise RefusedBatch(
                     ErrorCode.INVALID_RECORD,
-                    "transactional and control batches are not served: minibroker has no "
-                    "transactions (use an idempotent producer without transactional.id)",
+                    "a transactional batch must carry its producer id and epoch",
                 )
             if header.producer_id >= 0 and header.base_sequence < 0:
                 raise RefusedBatch(

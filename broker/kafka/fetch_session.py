@@ -53,20 +53,25 @@ def next_epoch(epoch: int) -> int:
 class CachedPartition:
     """A partition's last request parameters and last answered watermarks."""
 
-    __slots__ = ("fetch", "high_watermark", "log_start_offset")
+    __slots__ = ("fetch", "high_watermark", "last_stable_offset", "log_start_offset")
 
     def __init__(self, fetch: dict) -> None:
         self.fetch = fetch  # the request's partition entry, as the client last sent it
         self.high_watermark = -1
+        self.last_stable_offset = -1
         self.log_start_offset = -1
 
     def must_respond(self, answer: dict) -> bool:
         """Kafka's CachedPartition.maybeUpdateResponseData, updating: whether the answer
-        carries news (records, an error, a moved watermark or log start)."""
+        carries news (records, an error, a moved watermark, LSO or log start)."""
         respond = bool(answer["records"])
         if answer["high_watermark"] != self.high_watermark:
             respond = True
             self.high_watermark = answer["high_watermark"]
+        lso = answer.get("last_stable_offset", -1)
+        if lso != self.last_stable_offset:
+            respond = True
+            self.last_stable_offset = lso
         if answer["log_start_offset"] != self.log_start_offset:
             respond = True
             self.log_start_offset = answer["log_start_offset"]

@@ -19,7 +19,7 @@ from minibroker.broker.common.topic_config import TOPIC_CONFIGS
 from minibroker.broker.kafka.admin import AdminApis
 from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
 from minibroker.broker.kafka.fetch_session import FetchSessionCache
-from minibroker.broker.kafka.groups import TRANSACTIONS_NOT_SERVED, GroupApis
+from minibroker.broker.kafka.groups import GroupApis
 from minibroker.broker.kafka.metadata import MetadataApis
 from minibroker.broker.kafka.translate import failed
 from minibroker.broker.metadata.cache import MetadataCache
@@ -96,10 +96,6 @@ class KafkaRequestHandler(MetadataApis, GroupApis, AdminApis):
                 try:
                     if illegal is not None:
                         raise RefusedBatch(ErrorCode.INVALID_TOPIC_EXCEPTION, illegal)
-                    if body["transactional_id"] is not None:
-                        raise RefusedBatch(
-                            ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, TRANSACTIONS_NOT_SERVED
-                        )
                     records = wrap_produce(p["records"])
                 except RefusedBatch as exc:
                     refused[t["name"], p["index"]] = exc
@@ -161,8 +157,7 @@ class KafkaRequestHandler(MetadataApis, GroupApis, AdminApis):
             "max_wait_ms": max(body["max_wait_ms"], 0),
             "min_bytes": max(body["min_bytes"], 0),
             "max_bytes": max(body["max_bytes"], 0),
-            # read_committed reads the same records: no transactions, so LSO == HW.
-            "isolation_level": 0,
+            "isolation_level": body.get("isolation_level", 0),
             "topics": [
                 {
                     "name": t["topic"],
@@ -213,9 +208,10 @@ class KafkaRequestHandler(MetadataApis, GroupApis, AdminApis):
                             "partition_index": p["partition"],
                             "error_code": p["error_code"],
                             "high_watermark": p["high_watermark"],
-                            "last_stable_offset": p["high_watermark"],
+                            "last_stable_offset": p.get("last_stable_offset", -1),
                             "log_start_offset": p.get("log_start_offset", -1),
-                            "aborted_transactions": [],
+                            # null for read_uncommitted, as Kafka answers
+                            "aborted_transactions": p.get("aborted_transactions"),
                             "preferred_read_replica": -1,
                             "records": to_kafka(p["records"]),
                         }
@@ -228,6 +224,7 @@ class KafkaRequestHandler(MetadataApis, GroupApis, AdminApis):
 
     def list_offsets(self, header, body, session) -> Any:
         native = {
+            "isolation_level": body.get("isolation_level", 0),
             "topics": [
                 {
                     "name": t["name"],

@@ -164,7 +164,7 @@ class DelayedFetch(_Parked):
             if partition is None or not partition.is_leader:
                 return self.force_complete()
             available = partition.available_bytes(
-                offset, for_follower, min(max_bytes, min_bytes - accumulated)
+                offset, for_follower, min(max_bytes, min_bytes - accumulated), fetch.committed
             )
             if available:
                 if available < 0:

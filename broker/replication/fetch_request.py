@@ -30,6 +30,7 @@ class FetchRequest:
     """
 
     __slots__ = (
+        "committed",
         "epochs",
         "for_follower",
         "known_hw",
@@ -40,11 +41,18 @@ class FetchRequest:
         "response_bound",
         "shape",
         "targets",
+        "transactions",
     )
 
-    def __init__(self, body: dict, fetch_max_bytes: int = 2**31 - 1) -> None:
+    def __init__(self, body: dict, fetch_max_bytes: int = 2**31 - 1, version: int = 0) -> None:
         self.replica_id = body["replica_id"]
         self.for_follower = self.replica_id >= 0
+        # read_committed (isolation_level 1): reads stop at the LSO and the answer names the
+        # aborted transactions. A follower copies everything, whatever it asks.
+        self.committed = body.get("isolation_level", 0) == 1 and not self.for_follower
+        # Version 1 answers a consumer with the LSO (and, read_committed, the aborted
+        # transactions); a version 0 asker's schema has no room for them.
+        self.transactions = version >= 1 and not self.for_follower
         self.epochs = {
             (t["name"], p["partition"]): p["current_leader_epoch"]
             for t in body["topics"]
@@ -76,4 +84,10 @@ class FetchRequest:
         self.response_bound = min(self.max_bytes, sum(cap for _, _, cap in self.targets))
         # Everything besides the partitions' state that an answer depends on: two fetches
         # of the same shape read the same answer from the same state.
-        self.shape = (tuple(self.targets), self.max_bytes, tuple(self.epochs.values()))
+        self.shape = (
+            tuple(self.targets),
+            self.max_bytes,
+            tuple(self.epochs.values()),
+            self.committed,
+            self.transactions,
+        )

@@ -1,8 +1,8 @@
 """Read-only offset lookups on a leader: ListOffsets (by time) and OffsetsForLeaderEpoch.
 
 They change nothing and park nothing, so they are plain functions over a partition
-lookup; ReplicaManager hands them its registry. Consumers see offsets up to the HW,
-replicas up to the LEO, as for fetches.
+lookup; ReplicaManager hands them its registry. Consumers see offsets up to the HW
+(read_committed ones up to the LSO), replicas up to the LEO, as for fetches.
 """
 
 from __future__ import annotations
@@ -45,11 +45,16 @@ def offsets_for_leader_epoch(lookup: Lookup, body: dict) -> dict:
 def list_offsets(lookup: Lookup, body: dict) -> dict:
     """The offset for each (partition, timestamp): earliest (-2), latest (-1) or by time."""
     consumer = body["replica_id"] < 0
+    committed = consumer and body.get("isolation_level", 0) == 1
     topics = []
     for t in body["topics"]:
         parts = [
             _list_offset(
-                lookup((t["name"], p["partition"])), p["partition"], p["timestamp"], consumer
+                lookup((t["name"], p["partition"])),
+                p["partition"],
+                p["timestamp"],
+                consumer,
+                committed,
             )
             for p in t["partitions"]
         ]
@@ -57,7 +62,10 @@ def list_offsets(lookup: Lookup, body: dict) -> dict:
     return {"topics": topics}
 
 
-def _list_offset(partition: Partition | None, index: int, timestamp: int, consumer: bool) -> dict:
+def _list_offset(
+    partition: Partition | None, index: int, timestamp: int, consumer: bool, committed: bool
+) -> dict:
+    """read_committed (``committed``) sees the log up to the LSO, as its fetches do."""
     out = {"partition": index, "error_code": 0, "timestamp": -1, "offset": -1}
     if partition is None:
         out["error_code"] = int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
@@ -66,12 +74,16 @@ def _list_offset(partition: Partition | None, index: int, timestamp: int, consum
     elif timestamp == EARLIEST_TIMESTAMP:
         out["offset"] = partition.log.log_start_offset
     elif timestamp == LATEST_TIMESTAMP:
-        out["offset"] = partition.high_watermark if consumer else partition.log_end_offset
+        if committed:
+            out["offset"] = partition.last_stable_offset
+        else:
+            out["offset"] = partition.high_watermark if consumer else partition.log_end_offset
     elif timestamp < 0:
         out["error_code"] = int(ErrorCode.INVALID_REQUEST)
         out["error_message"] = f"timestamp {timestamp}: use -2 (earliest), -1 (latest) or >= 0"
     else:
         found = partition.log.offset_for_timestamp(timestamp)
-        if found is not None and found[0] < partition.high_watermark:
+        visible = partition.last_stable_offset if committed else partition.high_watermark
+        if found is not None and found[0] < visible:
             out["offset"], out["timestamp"] = found
     return out

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from minibroker.broker.metadata.image import PartitionState
+from minibroker.broker.storage.log import ReadResult
 from minibroker.protocol import iter_batches
 from minibroker.protocol.errors import (
     ErrorCode,
@@ -169,6 +170,26 @@ class Partition:
         self.maybe_increment_leader_hw()
         return info
 
+    def append_marker_to_leader(
+        self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool
+    ):
+        """End a producer's transaction here (WriteTxnMarkers): a control batch, appended
+        with acks=all's rules (refused below min.insync.replicas, as Kafka's markers)."""
+        if not self.is_leader:
+            raise NotLeaderOrFollower(
+                f"broker {self.broker_id} is not the leader of {self.topic}-{self.index}"
+            )
+        if self.is_under_min_isr():
+            raise NotEnoughReplicas(
+                f"{self.topic}-{self.index}: ISR {self.isr} is smaller than "
+                f"min.insync.replicas={min(self.min_insync_replicas, len(self.replicas) or 1)}"
+            )
+        info = self.log.append_marker(
+            producer_id, producer_epoch, coordinator_epoch, commit, self.leader_epoch
+        )
+        self.maybe_increment_leader_hw()
+        return info
+
     def maybe_increment_leader_hw(self) -> bool:
         """HW = min LEO over the ISR; monotonic; held while the ISR is under min.insync.replicas."""
         if self.is_under_min_isr():
@@ -184,6 +205,7 @@ class Partition:
                 new_hw = rs.log_end_offset
         if new_hw > self.high_watermark:
             self.high_watermark = new_hw
+            self.log.producers.forget_replicated(new_hw)
             return True
         return False
 
@@ -315,6 +337,7 @@ class Partition:
         new_hw = min(leader_hw, self.log.log_end_offset)
         if new_hw > self.high_watermark:
             self.high_watermark = new_hw
+            self.log.producers.forget_replicated(new_hw)
             return True
         return False
 
@@ -363,22 +386,62 @@ class Partition:
 
     # --- both sides -----------------------------------------------------------------------
 
+    @property
+    def last_stable_offset(self) -> int:
+        """LSO: below every transaction not yet decided (and replicated); <= the HW."""
+        return self.log.last_stable_offset(self.high_watermark)
+
+    def _upper(self, for_follower: bool, committed: bool) -> int:
+        """Where a read stops: followers the LEO, consumers the HW, read_committed the LSO."""
+        if for_follower:
+            return self.log.log_end_offset
+        return (
+            self.log.last_stable_offset(self.high_watermark) if committed else self.high_watermark
+        )
+
     def read(
-        self, fetch_offset: int, max_bytes: int, *, for_follower: bool, min_one_batch: bool = True
-    ):
-        """Bytes from ``fetch_offset``: consumers up to the HW, followers up to the LEO."""
+        self,
+        fetch_offset: int,
+        max_bytes: int,
+        *,
+        for_follower: bool,
+        min_one_batch: bool = True,
+        committed: bool = False,
+    ) -> bytes:
+        """Bytes from ``fetch_offset``: consumers up to the HW (read_committed: the LSO),
+        followers up to the LEO."""
+        return self.read_result(
+            fetch_offset,
+            max_bytes,
+            for_follower=for_follower,
+            min_one_batch=min_one_batch,
+            committed=committed,
+        ).data
+
+    def read_result(
+        self,
+        fetch_offset: int,
+        max_bytes: int,
+        *,
+        for_follower: bool,
+        min_one_batch: bool = True,
+        committed: bool = False,
+    ) -> ReadResult:
+        """``read`` with where the bytes end (a read_committed answer's aborted range)."""
         log = self.log
-        upper = log.log_end_offset if for_follower else self.high_watermark
+        upper = self._upper(for_follower, committed)
         if fetch_offset > log.log_end_offset or fetch_offset < log.log_start_offset:
             raise OffsetOutOfRange(
                 f"{self.topic}-{self.index}: offset {fetch_offset} is outside "
                 f"[{log.log_start_offset}, {log.log_end_offset}]"
             )
         if fetch_offset >= upper:
-            return b""
-        return log.read(fetch_offset, max_bytes, max_offset=upper, min_one_batch=min_one_batch).data
+            return ReadResult(b"", fetch_offset, fetch_offset)
+        return log.read(fetch_offset, max_bytes, max_offset=upper, min_one_batch=min_one_batch)
 
-    def available_bytes(self, fetch_offset: int, for_follower: bool, wanted: int) -> int:
+    def available_bytes(
+        self, fetch_offset: int, for_follower: bool, wanted: int, committed: bool = False
+    ) -> int:
         """Bytes a fetch from ``fetch_offset`` could return now, counted up to ``wanted``.
 
         -1 when the offset is outside the log as this fetch sees it (a truncated leader,
@@ -386,11 +449,13 @@ class Partition:
         when any batch is there and one byte is enough (the common case) it costs no I/O.
         """
         log = self.log
-        upper = log.log_end_offset if for_follower else self.high_watermark
-        if fetch_offset > upper or fetch_offset < log.log_start_offset:
+        upper = self._upper(for_follower, committed)
+        if fetch_offset < log.log_start_offset or fetch_offset > log.log_end_offset:
             return -1
-        if fetch_offset == upper:
-            return 0
+        if fetch_offset > upper and not committed:
+            return -1
+        if fetch_offset >= upper:
+            return 0  # read_committed past the LSO (it read uncommitted before): wait
         if wanted <= 1:
             return 1
         return len(log.read(fetch_offset, wanted, max_offset=upper, min_one_batch=True).data)

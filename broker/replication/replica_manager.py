@@ -29,6 +29,7 @@ from minibroker.broker.replication.delayed import (
 from minibroker.broker.replication.fetch_request import FetchRequest
 from minibroker.broker.replication.offset_queries import list_offsets, offsets_for_leader_epoch
 from minibroker.broker.replication.partition import Partition
+from minibroker.broker.replication.txn_markers import write_txn_markers
 from minibroker.broker.storage import Log, LogConfig
 from minibroker.broker.storage.epoch_cache import LeaderEpochCache
 from minibroker.broker.storage.partition_metadata import claim_partition_dir, read_topic_id
@@ -127,6 +128,9 @@ class ReplicaManager:
         self.on_storage_error: Callable[[OSError, str], None] | None = None
         # Why the log dir is offline, once it is: appends answer KAFKA_STORAGE_ERROR.
         self.offline_reason: str | None = None
+        # Told of every replicated transaction marker on a __consumer_offsets partition:
+        # listener(topic, partition, producer_id, commit). The group coordinator registers.
+        self.txn_marker_listeners: list[Callable[[str, int, int, bool], None]] = []
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -387,16 +391,32 @@ class ReplicaManager:
         except Exception:
             self.logger.exception("append_failed", topic=key[0], partition=key[1])
             return ProducePartitionStatus(ErrorCode.KAFKA_STORAGE_ERROR, -1, -1)
+        self.appended(key, partition, hw_before)
+        return ProducePartitionStatus(ErrorCode.NONE, info.first_offset, info.last_offset + 1)
+
+    def appended(self, key: Key, partition: Partition, hw_before: int) -> None:
+        """After an append: the purgatories that it may complete."""
         if partition.high_watermark > hw_before:
             self._hw_increased(key)
         else:
             # Followers long-poll on the LEO: new data may complete their fetches.
             self.fetch_purgatory.check_and_complete(key)
-        return ProducePartitionStatus(ErrorCode.NONE, info.first_offset, info.last_offset + 1)
+
+    def park_produce(
+        self, op: DelayedProduce, keys: list[Key], session: ConnectionSession | None
+    ) -> dict | PendingResponse:
+        """Wait for the ISR as an acks=all produce does (WriteTxnMarkers' markers)."""
+        return self._park(self.produce_purgatory, op, keys, session)
+
+    def write_txn_markers(
+        self, body: dict, session: ConnectionSession | None = None
+    ) -> dict | PendingResponse:
+        """WriteTxnMarkers: broker/replication/txn_markers.py."""
+        return write_txn_markers(self, body, session)
 
     # --- fetch ----------------------------------------------------------------------------
 
-    def fetch_request(self, body: dict) -> FetchRequest:
+    def fetch_request(self, body: dict, version: int = 0) -> FetchRequest:
         """A validated Fetch body as the read path takes it; InvalidRequest if it names a
         partition twice.
 
@@ -409,7 +429,7 @@ class ReplicaManager:
             raise InvalidRequest(
                 f"partition {duplicate} appears more than once in one fetch request"
             )
-        return FetchRequest(body, self.fetch_max_bytes)
+        return FetchRequest(body, self.fetch_max_bytes, version)
 
     def fetch(
         self, fetch: FetchRequest, session: ConnectionSession | None = None
@@ -457,6 +477,9 @@ class ReplicaManager:
                     partition.high_watermark,
                     log.log_start_offset,
                     log.log_end_offset,
+                    # the LSO's inputs besides the HW: transactions opening and closing
+                    log.producers.first_ongoing,
+                    len(log.txn_index),
                 )
             )
         shared = self._shared_answers
@@ -534,19 +557,33 @@ class ReplicaManager:
             entry["high_watermark"] = partition.high_watermark
             entry["log_start_offset"] = log.log_start_offset
             entry["log_end_offset"] = log.log_end_offset
+            if fetch.transactions:
+                entry["last_stable_offset"] = partition.last_stable_offset
             try:
-                data = partition.read(
+                result = partition.read_result(
                     offset,
                     min(max_bytes, budget),
                     for_follower=fetch.for_follower,
                     min_one_batch=total == 0,
+                    committed=fetch.committed,
                 )
             except KafkaError as exc:
                 entry["error_code"] = int(exc.code)
                 entry["error_message"] = str(exc)
                 stop_now = True
                 continue
+            data = result.data
             entry["records"] = data
+            if fetch.committed and fetch.transactions:
+                # Kafka's: the aborted transactions with records in what is returned.
+                entry["aborted_transactions"] = (
+                    [
+                        {"producer_id": pid, "first_offset": first}
+                        for pid, first in log.collect_aborted(offset, result.next_offset)
+                    ]
+                    if data
+                    else []
+                )
             total += len(data)
             budget = max(0, budget - len(data))
             if not counted and partition.update_follower_fetch_state(

@@ -20,6 +20,13 @@ batch boundary stays a boundary (a follower's log end always is one) and followe
 the cleaned log as it is. A producer's last batch stays whole (Kafka keeps it for the
 producer state), so the state a replay rebuilds is the one the log had.
 
+Transactions (Kafka's cleaner): nothing at or above the last stable offset is cleanable
+(an open transaction may still abort). An aborted transaction's batches are dropped whole
+and their keys never enter the offset map, so they hide no committed record. Markers
+(control batches) are copied as they are, and so are the aborted transactions' entries of
+the aborted-transactions index (``Log.replace_segments``); Kafka removes markers too once
+``delete.retention.ms`` has passed and no record of their transaction remains: not done.
+
 Memory: a pass holds one batch at a time, its records streamed and re-encoded in chunks
 (cleaner_batch.py: ``log.cleaner.io.buffer.size``; a batch that does not fit is copied as
 it is and logged), and the key -> offset map (offset_map.py), which holds what
@@ -64,14 +71,17 @@ from minibroker.broker.storage.offset_map import OffsetMap
 from minibroker.broker.storage.segment import MAX_RELATIVE_OFFSET, Segment, index_bytes
 from minibroker.broker.storage.swap import cleaned_index, cleaned_log, commit, finish_steps
 from minibroker.protocol.batch import (
+    CONTROL_FLAG,
     CRC_START,
     HEADER_SIZE,
     KAFKA_FLAG,
     PRODUCER_FLAG,
+    TRANSACTIONAL_FLAG,
     BatchHeader,
     CorruptBatch,
     batch_size_at,
     check_batch,
+    producer_fields,
     unpack_header,
 )
 
@@ -103,6 +113,24 @@ class Plan:
     protected: frozenset[int]  # last offsets of each producer's last batch: kept whole
     changes: int  # the log's retention/truncation count when planned
     budget: Budget = field(default_factory=Budget)
+    # Aborted transactions below first_uncleanable: producer id -> ((first, marker), ...),
+    # copied from the aborted-transactions index when planned (the worker reads it).
+    aborted: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+
+    def skips(self, buf: bytes, pos: int, header: BatchHeader) -> bool:
+        """Whether a batch is a marker (copied as it is) or an aborted transaction's
+        (dropped), rather than records to compact: per batch, nothing for others."""
+        attributes = header.attributes
+        if not attributes & (CONTROL_FLAG | TRANSACTIONAL_FLAG):
+            return False
+        return bool(attributes & CONTROL_FLAG) or self.is_aborted(buf, pos, header)
+
+    def is_aborted(self, buf: bytes, pos: int, header: BatchHeader) -> bool:
+        if not header.attributes & TRANSACTIONAL_FLAG or not header.attributes & PRODUCER_FLAG:
+            return False
+        ranges = self.aborted.get(producer_fields(buf, pos, header)[0])
+        offset = header.base_offset
+        return ranges is not None and any(first <= offset < last for first, last in ranges)
 
     def size_of(self, segment: Segment) -> int:
         """Its size when planned: the bytes the worker reads (sealed files do not grow)."""
@@ -158,9 +186,11 @@ def plan(log: Log, high_watermark: int, now_ms: int, budget: Budget | None = Non
     lag = cfg.min_compaction_lag_ms
     cleanable: list[Segment] = []
     segments = log.segments
+    # Only what every in-sync replica has (as retention), and no undecided transaction.
+    stable = log.last_stable_offset(high_watermark)
     for i, segment in enumerate(segments[:-1]):
-        if segments[i + 1].base_offset > high_watermark:
-            break  # as retention: only what every in-sync replica has
+        if segments[i + 1].base_offset > stable:
+            break
         if lag > 0 and segment.max_timestamp > now_ms - lag:
             break
         cleanable.append(segment)
@@ -178,6 +208,12 @@ def plan(log: Log, high_watermark: int, now_ms: int, budget: Budget | None = Non
     protected = frozenset(
         e.batches[-1].last_offset for e in log.producers.producers.values() if e.batches
     )
+    aborted: dict[int, list[tuple[int, int]]] = {}
+    for entry in log.txn_index.entries:
+        if entry.first_offset < uncleanable:
+            aborted.setdefault(entry.producer_id, []).append(
+                (entry.first_offset, entry.last_offset)
+            )
     return Plan(
         log,
         cleanable,
@@ -189,6 +225,7 @@ def plan(log: Log, high_watermark: int, now_ms: int, budget: Budget | None = Non
         protected,
         log.changes,
         dataclasses.replace(budget or Budget(), max_decompressed=cfg.max_decompressed_bytes),
+        {pid: tuple(ranges) for pid, ranges in aborted.items()},
     )
 
 
@@ -284,8 +321,8 @@ def build_offset_map(plan: Plan, stop: threading.Event) -> OffsetMap:
                 continue  # too large to read: copied as it is, its keys unmapped (kept)
             # CRC checked: a copy must never launder a damaged batch into a valid one.
             header = check_batch(buf, pos, length)
-            if header.next_offset <= first_dirty:
-                continue
+            if header.next_offset <= first_dirty or plan.skips(buf, pos, header):
+                continue  # a marker's or an aborted transaction's keys shadow nothing
             base = header.base_offset
             put = latest.put
             try:
@@ -315,6 +352,12 @@ def _clean_batch(
     length = header.size
     if header.attributes & PRODUCER_FLAG and header.last_offset in plan.protected:
         out.add(memoryview(buf)[pos : pos + length], header)
+        return
+    if plan.skips(buf, pos, header):
+        if header.attributes & CONTROL_FLAG:
+            out.add(memoryview(buf)[pos : pos + length], header)  # markers stay
+        else:
+            stats.records_read += header.record_count  # an aborted transaction's: dropped
         return
     base = header.base_offset
     ts = header.max_timestamp

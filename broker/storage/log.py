@@ -20,24 +20,30 @@ from typing import Any
 
 import structlog
 
+from minibroker.broker.storage.log_txn import TransactionalLog
 from minibroker.broker.storage.producer_state import ProducerStateManager
 from minibroker.broker.storage.record_validation import validate_records
+from minibroker.broker.storage.results import AppendInfo, ReadResult
 from minibroker.broker.storage.segment import BatchInfo, Segment, scan_segment, walk_to
 from minibroker.broker.storage.swap import discard_pending, recover_swaps
+from minibroker.broker.storage.txn_index import TransactionIndex
 from minibroker.protocol.batch import (
     BASE_AND_LENGTH,
+    CONTROL_FLAG,
     HEADER_SIZE,
     LAST_DELTA,
     LAST_DELTA_AT,
     LENGTH_AT,
     LOG_OVERHEAD,
     PRODUCER_FLAG,
+    TRANSACTIONAL_FLAG,
     CheckedBatches,
     CorruptBatch,
     check_batch,
     patch_base_offset,
     patch_leader_epoch,
     producer_fields,
+    unpack_header,
 )
 from minibroker.protocol.errors import (
     CorruptMessage,
@@ -95,55 +101,11 @@ class LogConfig:
         return "delete" in self.cleanup_policy
 
 
-class AppendInfo:
-    """Where an append landed: the broker answers the producer and moves the HW with it.
-
-    ``duplicate``: an idempotent producer's retry of a batch the log already holds; the
-    offsets are the original's and nothing was written.
-    """
-
-    __slots__ = (
-        "duplicate",
-        "first_offset",
-        "last_offset",
-        "max_timestamp",
-        "num_bytes",
-        "record_count",
-    )
-
-    def __init__(
-        self,
-        first_offset: int,
-        last_offset: int,
-        max_timestamp: int,
-        record_count: int,
-        num_bytes: int,
-        duplicate: bool = False,
-    ):
-        self.first_offset = first_offset
-        self.last_offset = last_offset
-        self.max_timestamp = max_timestamp
-        self.record_count = record_count
-        self.num_bytes = num_bytes
-        self.duplicate = duplicate
-
-
-class ReadResult:
-    """File bytes to send as they are, plus the offset the next fetch should ask for."""
-
-    __slots__ = ("data", "first_offset", "next_offset")
-
-    def __init__(self, data: bytes, first_offset: int, next_offset: int) -> None:
-        self.data = data
-        self.first_offset = first_offset
-        self.next_offset = next_offset
-
-
 class LogAppendError(ValueError):
     """A follower append that does not continue the log (offsets do not match the LEO)."""
 
 
-class Log:
+class Log(TransactionalLog):
     """One partition replica's log. Not thread-safe: the broker's trio loop owns it."""
 
     def __init__(
@@ -158,6 +120,7 @@ class Log:
         self.log_start_offset = 0
         self._unflushed = 0
         self.producers = ProducerStateManager(directory, self.log)
+        self.txn_index = TransactionIndex(directory)
         # The log cleaner's clean/dirty boundary (its checkpoint, read on first use).
         self.first_dirty_offset: int | None = None
         self.closed = False
@@ -249,6 +212,8 @@ class Log:
         active.activate()
         self._bases = [s.base_offset for s in self.segments]
         self.log_start_offset = self.segments[0].base_offset
+        for problem in self.txn_index.load(self._bases):
+            self.log.warning("txn_index_recovered", problem=problem)
         self._rebuild_producer_state(scans)
 
     def _rebuild_producer_state(self, scans: dict[int, list[BatchInfo]] | None = None) -> None:
@@ -257,6 +222,8 @@ class Log:
         producers = self.producers
         start = producers.load_latest(self.log_end_offset)
         replay_from = self.log_start_offset if start is None else max(start, self.log_start_offset)
+        # The replay writes the aborted-txn entries of the markers it meets again.
+        self.txn_index.truncate_from(replay_from, self._bases)
         replayed = 0
         for segment in self.segments:
             if segment.next_offset <= replay_from:
@@ -267,8 +234,20 @@ class Log:
             for b in batches:
                 if b.producer is not None and b.base_offset >= replay_from:
                     pid, epoch, seq = b.producer
-                    count = b.next_offset - b.base_offset
-                    producers.update(pid, epoch, seq, count, b.base_offset, b.max_timestamp)
+                    if b.attributes & CONTROL_FLAG:
+                        data = segment.pread(b.size, b.position)
+                        self._marker_in_log(data, 0, unpack_header(data), segment.base_offset)
+                    else:
+                        count = b.next_offset - b.base_offset
+                        producers.update(
+                            pid,
+                            epoch,
+                            seq,
+                            count,
+                            b.base_offset,
+                            b.max_timestamp,
+                            bool(b.attributes & TRANSACTIONAL_FLAG),
+                        )
                     replayed += 1
         if replayed or start is not None:
             self.log.info(
@@ -358,12 +337,14 @@ class Log:
             max_decompressed=config.max_decompressed_bytes,
         )
         producer = None
-        if batches[0][1].attributes & PRODUCER_FLAG or len(batches) > 1:
+        transactional = False
+        if batches[0][1].attributes & (PRODUCER_FLAG | TRANSACTIONAL_FLAG) or len(batches) > 1:
             producer = self._producer_batch(records, batches)
             if producer is not None:
                 pid, epoch, seq = producer
                 header = batches[0][1]
-                original = self.producers.check(pid, epoch, seq, header.record_count)
+                transactional = bool(header.attributes & TRANSACTIONAL_FLAG)
+                original = self.producers.check(pid, epoch, seq, header.record_count, transactional)
                 if original is not None:
                     # first_offset -1: older than the window, acknowledged once the HW
                     # passes last_offset (the window's start) without offsets of its own.
@@ -390,13 +371,20 @@ class Log:
                 max_ts = header.max_timestamp
         self._write(buf, first, offset, max_ts, count, starts)
         if producer is not None:
-            self.producers.update(*producer, count, first, max_ts)
+            self.producers.update(*producer, count, first, max_ts, transactional)
         return AppendInfo(first, offset - 1, max_ts, count, len(buf))
 
     @staticmethod
     def _producer_batch(records: bytes | bytearray, batches: list) -> tuple[int, int, int] | None:
         """The producer fields of an idempotent produce, which must be one batch (Kafka's
-        rule: a sequence check spanning batches could half-accept a request)."""
+        rule: a sequence check spanning batches could half-accept a request). Control
+        batches come from the leader's markers only (Kafka refuses them from clients), and
+        a transactional batch needs its producer."""
+        for _, header in batches:
+            if header.attributes & CONTROL_FLAG:
+                raise InvalidRecord("clients may not write control batches (transaction markers)")
+            if header.attributes & TRANSACTIONAL_FLAG and not header.attributes & PRODUCER_FLAG:
+                raise InvalidRecord("a transactional batch must carry its producer id and epoch")
         fields = [producer_fields(records, position, header) for position, header in batches]
         if all(f is None for f in fields):
             return None
@@ -429,11 +417,21 @@ class Log:
                 max_ts = header.max_timestamp
         starts = [(position, header.base_offset) for position, header in batches]
         self._write(records, first, expected, max_ts, count, starts)
+        segment_base = self.active.base_offset
         for position, header in batches:
-            if header.attributes & PRODUCER_FLAG:
+            attributes = header.attributes
+            if attributes & CONTROL_FLAG and attributes & PRODUCER_FLAG:
+                self._marker_in_log(records, position, header, segment_base)
+            elif attributes & PRODUCER_FLAG:
                 pid, epoch, seq = producer_fields(records, position, header)
                 self.producers.update(
-                    pid, epoch, seq, header.record_count, header.base_offset, header.max_timestamp
+                    pid,
+                    epoch,
+                    seq,
+                    header.record_count,
+                    header.base_offset,
+                    header.max_timestamp,
+                    bool(attributes & TRANSACTIONAL_FLAG),
                 )
         return AppendInfo(first, expected - 1, max_ts, count, len(records))
 
@@ -476,6 +474,7 @@ class Log:
         if old.size == 0:
             return old
         old.flush()
+        self.txn_index.flush(old.base_offset)
         segment = Segment(
             self.dir, old.next_offset, self.config.index_interval_bytes, self.now_ms(), fresh=True
         )
@@ -625,6 +624,7 @@ class Log:
         self.log_start_offset = offset
         self._unflushed = 0
         self.producers.reset()
+        self.txn_index.reset()
         self._dirty_from(offset)
         self.log.info("log_truncated_fully", start_offset=offset)
 
@@ -674,6 +674,7 @@ class Log:
             deleted += 1
         if deleted:
             self.log_start_offset = self.segments[0].base_offset
+            self.txn_index.forget_below(self.log_start_offset)
             self.log.info(
                 "retention_deleted", segments=deleted, log_start_offset=self.log_start_offset
             )
@@ -706,6 +707,8 @@ class Log:
             segment.close_handle()
         self.segments[i : i + len(old)] = [new]
         self._bases = [s.base_offset for s in self.segments]
+        # The cleaned segment's aborted-txn entries are those of the segments it replaced.
+        self.txn_index.rewrite(new.base_offset, old[-1].next_offset, [s.base_offset for s in old])
 
     # --- durability -----------------------------------------------------------------------
 

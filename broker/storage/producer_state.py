@@ -22,6 +22,17 @@ below the log end plus the batches after it, and again after a truncation. Snaps
 (``<offset>.snapshot``, msgpack behind a CRC) are taken when a segment rolls and when the
 log closes, so a clean restart replays nothing and a crash replays the active segment.
 An unreadable snapshot is skipped with a warning: the log itself is the truth.
+
+Transactions (KIP-98): a producer's first transactional batch opens its transaction
+(``txn_first_offset``); its marker (a control batch, written by the partition leader on
+the coordinator's WriteTxnMarkers) closes it and may bump the producer's epoch, which
+fences an older one (INVALID_PRODUCER_EPOCH), and records the coordinator epoch, which
+fences an older coordinator (TRANSACTION_COORDINATOR_FENCED). The first offset of the
+oldest transaction not yet decided *and replicated* is the first unstable offset: the
+last stable offset (LSO) is the smaller of it and the high watermark. A transaction whose
+marker is appended but not yet under the HW still holds the LSO back (Kafka's
+unreplicated transactions), so a read_committed reader never sees a decision a failover
+could still take back. Snapshots (version 3) keep every open transaction.
 """
 
 from __future__ import annotations
@@ -36,14 +47,19 @@ import msgpack
 
 from minibroker.broker.common.atomic_file import write_atomic
 from minibroker.protocol.batch import DERIVED_PRODUCER_ID_BASE, increment_sequence
-from minibroker.protocol.errors import InvalidProducerEpoch, OutOfOrderSequenceNumber
+from minibroker.protocol.errors import (
+    InvalidProducerEpoch,
+    InvalidTxnState,
+    OutOfOrderSequenceNumber,
+    TransactionCoordinatorFenced,
+)
 
 # Kafka's ProducerStateEntry.NumBatchesToRetain.
 BATCHES_TO_RETAIN = 5
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOTS_KEPT = 2
 _CRC = struct.Struct(">I")
-_VERSION = 2  # 2 added epoch_first_seq; 1 is still read
+_VERSION = 3  # 3 added the open transaction and coordinator epoch; 2 and 1 are still read
 
 
 class BatchMetadata:
@@ -58,12 +74,36 @@ class BatchMetadata:
         self.last_offset = last_offset
 
 
+class CompletedTxn:
+    """A transaction its marker ended: ``[first_offset, last_offset]``, the marker last."""
+
+    __slots__ = ("aborted", "first_offset", "last_offset", "producer_id")
+
+    def __init__(self, producer_id: int, first_offset: int, last_offset: int, aborted: bool):
+        self.producer_id = producer_id
+        self.first_offset = first_offset
+        self.last_offset = last_offset
+        self.aborted = aborted
+
+
 class ProducerEntry:
-    __slots__ = ("batches", "epoch", "epoch_first_seq", "last_timestamp", "producer_id")
+    __slots__ = (
+        "batches",
+        "coordinator_epoch",
+        "epoch",
+        "epoch_first_seq",
+        "last_timestamp",
+        "producer_id",
+        "txn_first_offset",
+    )
 
     def __init__(self, producer_id: int, epoch: int, epoch_first_seq: int) -> None:
         self.producer_id = producer_id
         self.epoch = epoch
+        # The open transaction's first offset (-1: none), and the newest coordinator
+        # epoch a marker for this producer carried (-1: none yet).
+        self.txn_first_offset = -1
+        self.coordinator_epoch = -1
         # The lowest sequence of this epoch known to be in the log: every sequence from it
         # to last_seq is stored (appends are contiguous within an epoch).
         self.epoch_first_seq = epoch_first_seq
@@ -98,14 +138,119 @@ class ProducerStateManager:
         self.dir = directory
         self.log = logger
         self.producers: dict[int, ProducerEntry] = {}
+        # Open transactions: producer id -> first offset. And decided ones whose marker is
+        # not yet under the HW: (marker offset, first offset), in marker order.
+        self.ongoing: dict[int, int] = {}
+        self.unreplicated: deque[tuple[int, int]] = deque()
+        # min(ongoing first offsets), or None: the hot path (every read_committed fetch)
+        # reads it; it changes only when a transaction starts or ends.
+        self.first_ongoing: int | None = None
 
     def __len__(self) -> int:
         return len(self.producers)
 
+    # --- transactions ---------------------------------------------------------------------
+
+    def first_unstable_offset(self, high_watermark: int) -> int | None:
+        """The first offset of a transaction not yet decided, or decided by a marker that
+        is not yet under ``high_watermark``; None if there is none (Kafka's
+        firstUnstableOffset)."""
+        unreplicated = self.unreplicated
+        self.forget_replicated(high_watermark)
+        first = self.first_ongoing
+        if unreplicated:
+            oldest = min(f for _, f in unreplicated)
+            if first is None or oldest < first:
+                first = oldest
+        return first
+
+    def forget_replicated(self, high_watermark: int) -> None:
+        """Decided transactions whose marker is under the HW no longer hold the LSO (the
+        partition calls this as its HW moves, so a follower's list stays short too)."""
+        unreplicated = self.unreplicated
+        while unreplicated and unreplicated[0][0] < high_watermark:
+            unreplicated.popleft()
+
+    def last_stable_offset(self, high_watermark: int) -> int:
+        """LSO = min(first unstable offset, HW): what a read_committed reader may see."""
+        first = self.first_unstable_offset(high_watermark)
+        return high_watermark if first is None or first > high_watermark else first
+
+    def _open_txn(self, entry: ProducerEntry, first_offset: int) -> None:
+        entry.txn_first_offset = first_offset
+        self.ongoing[entry.producer_id] = first_offset
+        if self.first_ongoing is None or first_offset < self.first_ongoing:
+            self.first_ongoing = first_offset
+
+    def _close_txn(self, producer_id: int) -> None:
+        first = self.ongoing.pop(producer_id, None)
+        if first is not None and first == self.first_ongoing:
+            self.first_ongoing = min(self.ongoing.values(), default=None)
+
+    def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int) -> None:
+        """Before a leader appends a marker: InvalidProducerEpoch for an epoch older than
+        the producer's, TransactionCoordinatorFenced for a coordinator epoch older than
+        one seen (Kafka's appendEndTxnMarker checks)."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return
+        if epoch < entry.epoch:
+            raise InvalidProducerEpoch(
+                f"marker for producer {producer_id}: epoch {epoch} is older than {entry.epoch}"
+            )
+        if coordinator_epoch < entry.coordinator_epoch:
+            raise TransactionCoordinatorFenced(
+                f"marker for producer {producer_id}: coordinator epoch {coordinator_epoch} "
+                f"is older than {entry.coordinator_epoch}"
+            )
+
+    def complete_txn(
+        self,
+        producer_id: int,
+        epoch: int,
+        coordinator_epoch: int,
+        marker_offset: int,
+        commit: bool,
+        timestamp: int,
+    ) -> CompletedTxn | None:
+        """A marker is in the log (appended, copied or replayed): the producer's open
+        transaction, if any, ends; the marker's epoch becomes the producer's (a bumped
+        epoch fences the producer's earlier incarnation)."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            entry = self.producers[producer_id] = ProducerEntry(producer_id, epoch, 0)
+        elif epoch > entry.epoch:
+            # A new epoch starts its sequences afresh (Kafka's maybeUpdateProducerEpoch).
+            entry.epoch = epoch
+            entry.epoch_first_seq = 0
+            entry.batches.clear()
+        if coordinator_epoch > entry.coordinator_epoch:
+            entry.coordinator_epoch = coordinator_epoch
+        if timestamp > entry.last_timestamp:
+            entry.last_timestamp = timestamp
+        first = entry.txn_first_offset
+        if first < 0:
+            return None  # a marker for a transaction with no records here (a retry)
+        entry.txn_first_offset = -1
+        self._close_txn(producer_id)
+        self.unreplicated.append((marker_offset, first))
+        return CompletedTxn(producer_id, first, marker_offset, not commit)
+
+    def aborted_lso(self, completed: CompletedTxn) -> int:
+        """The LSO an aborted transaction's index entry records (Kafka's
+        lastStableOffset(completedTxn)): the next open transaction's first offset, else
+        the offset after the marker."""
+        return self.first_ongoing if self.first_ongoing is not None else completed.last_offset + 1
+
     # --- the leader's check and every replica's update -------------------------------------
 
     def check(
-        self, producer_id: int, epoch: int, first_seq: int, record_count: int
+        self,
+        producer_id: int,
+        epoch: int,
+        first_seq: int,
+        record_count: int,
+        transactional: bool = False,
     ) -> BatchMetadata | None:
         """Before a leader appends: the original of a duplicate (answer with it, write
         nothing; first_offset -1 for one older than the window), None to append, or
@@ -129,6 +274,11 @@ class ProducerStateManager:
         if epoch < entry.epoch:
             raise InvalidProducerEpoch(
                 f"producer {producer_id}: epoch {epoch} is older than the current {entry.epoch}"
+            )
+        if entry.txn_first_offset >= 0 and not transactional:
+            raise InvalidTxnState(
+                f"producer {producer_id} has a transaction open since offset "
+                f"{entry.txn_first_offset}: expected a transactional batch"
             )
         if epoch > entry.epoch:
             if first_seq != 0:
@@ -155,13 +305,21 @@ class ProducerStateManager:
         record_count: int,
         first_offset: int,
         timestamp: int,
+        transactional: bool = False,
     ) -> None:
-        """An idempotent batch is in the log (appended, copied or replayed)."""
+        """An idempotent batch is in the log (appended, copied or replayed); a
+        transactional one opens its producer's transaction if none is open."""
         entry = self.producers.get(producer_id)
         if entry is None or epoch > entry.epoch:
+            old = entry
             entry = self.producers[producer_id] = ProducerEntry(producer_id, epoch, first_seq)
+            if old is not None:
+                entry.txn_first_offset = old.txn_first_offset
+                entry.coordinator_epoch = old.coordinator_epoch
         elif epoch < entry.epoch:
             return  # only a replay of an old batch gets here; its epoch is over
+        if transactional and entry.txn_first_offset < 0:
+            self._open_txn(entry, first_offset)
         entry.batches.append(
             BatchMetadata(
                 first_seq,
@@ -175,8 +333,11 @@ class ProducerStateManager:
 
     def remove_expired(self, now_ms: int, expiration_ms: int) -> int:
         """Forget producers silent for ``producer.id.expiration.ms``; returns how many."""
+        # Never one with a transaction open (Kafka's isProducerExpired): its marker will come.
         expired = [
-            pid for pid, e in self.producers.items() if now_ms - e.last_timestamp >= expiration_ms
+            pid
+            for pid, e in self.producers.items()
+            if now_ms - e.last_timestamp >= expiration_ms and e.txn_first_offset < 0
         ]
         for pid in expired:
             del self.producers[pid]
@@ -184,9 +345,15 @@ class ProducerStateManager:
 
     def reset(self) -> None:
         """The log was emptied: no producer state, no snapshot."""
-        self.producers.clear()
+        self._clear()
         for offset in self.snapshot_offsets():
             self._path(offset).unlink(missing_ok=True)
+
+    def _clear(self) -> None:
+        self.producers.clear()
+        self.ongoing.clear()
+        self.unreplicated.clear()
+        self.first_ongoing = None
 
     # --- snapshots ------------------------------------------------------------------------
 
@@ -216,6 +383,8 @@ class ProducerStateManager:
                             [b.first_seq, b.last_seq, b.first_offset, b.last_offset]
                             for b in e.batches
                         ],
+                        e.txn_first_offset,
+                        e.coordinator_epoch,
                     ]
                     for e in self.producers.values()
                 ],
@@ -234,7 +403,7 @@ class ProducerStateManager:
     def load_latest(self, log_end_offset: int) -> int | None:
         """Load the newest readable snapshot at or below ``log_end_offset``; its offset, or
         None (then the caller replays the whole log)."""
-        self.producers.clear()
+        self._clear()
         self.delete_snapshots_above(log_end_offset)
         for offset in reversed(self.snapshot_offsets()):
             path = self._path(offset)
@@ -242,7 +411,7 @@ class ProducerStateManager:
                 self._read(path.read_bytes(), offset)
                 return offset
             except (OSError, ValueError) as exc:
-                self.producers.clear()
+                self._clear()
                 self.log.warning("producer_snapshot_unreadable", file=str(path), reason=str(exc))
         return None
 
@@ -251,16 +420,22 @@ class ProducerStateManager:
             raise ValueError("CRC mismatch or truncated file")
         try:
             version, at, producers = msgpack.unpackb(raw[_CRC.size :])
-            if version not in (1, _VERSION) or at != offset:
+            if version not in (1, 2, _VERSION) or at != offset:
                 raise ValueError(f"version {version} / offset {at} in a file named {offset}")
             for fields in producers:
+                txn_first, coordinator_epoch = -1, -1
                 if version == 1:  # no epoch_first_seq: the window's oldest is what is known
                     pid, epoch, last_ts, batches = fields
                     first_known = batches[0][0] if batches else 0
-                else:
+                elif version == 2:
                     pid, epoch, first_known, last_ts, batches = fields
+                else:
+                    pid, epoch, first_known, last_ts, batches, txn_first, coordinator_epoch = fields
                 entry = self.producers[pid] = ProducerEntry(pid, epoch, first_known)
                 entry.last_timestamp = last_ts
+                entry.coordinator_epoch = coordinator_epoch
+                if txn_first >= 0:
+                    self._open_txn(entry, txn_first)
                 for first_seq, last_seq, first_offset, last_offset in batches:
                     entry.batches.append(
                         BatchMetadata(first_seq, last_seq, first_offset, last_offset)

@@ -104,9 +104,13 @@ def _kafka_batch(
         raise RecordDefect(ErrorCode.CORRUPT_MESSAGE, str(exc)) from None
     if inner is not None:
         # Not from the Kafka listener: nobody has looked at this client-made v2 batch yet.
-        if inner.attributes & (kafka_records.TRANSACTIONAL_FLAG | kafka_records.CONTROL_FLAG):
+        flags = kafka_records.TRANSACTIONAL_FLAG | kafka_records.CONTROL_FLAG
+        if inner.attributes & kafka_records.CONTROL_FLAG:
+            raise RecordDefect(ErrorCode.INVALID_RECORD, "clients may not write control batches")
+        if (inner.attributes ^ header.attributes) & flags:
             raise RecordDefect(
-                ErrorCode.INVALID_RECORD, "transactional and control batches are not served"
+                ErrorCode.INVALID_RECORD,
+                "the wrapped v2 batch's transactional bit does not match ours",
             )
         ours = producer_fields(buf, pos, header) or (-1, -1, -1)
         theirs = (inner.producer_id, inner.producer_epoch, inner.base_sequence)

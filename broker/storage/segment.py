@@ -70,6 +70,7 @@ class BatchInfo(NamedTuple):
     max_timestamp: int
     # (producer_id, producer_epoch, base_sequence) of an idempotent producer's batch.
     producer: tuple[int, int, int] | None = None
+    attributes: int = 0  # the batch's attributes (transactional, control: batch.py)
 
 
 class ScanResult(NamedTuple):
@@ -275,8 +276,10 @@ class Segment:
         self.close_handle()
 
     def delete(self) -> None:
+        """Remove the segment's files: log, offset index and aborted-transactions index."""
         self.close()
-        for path in (self.path, self.index_path):
+        txn_index = self.path.with_suffix(".txnindex")
+        for path in (self.path, self.index_path, txn_index):
             try:
                 path.unlink()
             except FileNotFoundError:
@@ -347,10 +350,11 @@ class Segment:
         self.close_handle()
         target = self.path.with_name(self.path.name + ".corrupt")
         os.replace(self.path, target)
-        try:
-            self.index_path.unlink()
-        except FileNotFoundError:
-            pass
+        for path in (self.index_path, self.path.with_suffix(".txnindex")):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
         return target
 
 
@@ -483,7 +487,7 @@ def scan_segment(segment: Segment, *, verify: bool, gaps: bool = False) -> ScanR
                 chunk = segment.pread(min(chunk_size, file_size - position), position)
                 chunk_start, rel = position, 0
             producer = PRODUCER_FIELDS.unpack_from(chunk, rel + HEADER_SIZE)
-        batches.append(BatchInfo(position, base, size, expected, h[7], producer))
+        batches.append(BatchInfo(position, base, size, expected, h[7], producer, h[4]))
         if h[7] > max_ts:
             max_ts = h[7]
         position += size

@@ -255,8 +255,11 @@ def encode_batch(
     producer_id: int = -1,
     producer_epoch: int = -1,
     base_sequence: int = -1,
+    attributes: int = 0,
 ) -> bytes:
-    """``(timestamp_ms, key, value, headers)`` tuples as one v2 batch (CreateTime)."""
+    """``(timestamp_ms, key, value, headers)`` tuples as one v2 batch (CreateTime).
+
+    ``attributes``: bits besides the codec (TRANSACTIONAL_FLAG, CONTROL_FLAG)."""
     if not records:
         raise ValueError("a batch needs at least one record")
     base_ts = records[0][0]
@@ -289,7 +292,7 @@ def encode_batch(
     tail = (
         struct.pack(
             ">hiqqqhii",
-            compression,
+            compression | attributes,
             count - 1,
             base_ts,
             max_ts,
@@ -302,3 +305,56 @@ def encode_batch(
     )
     head = PREFIX.pack(base_offset, len(tail) + 9, leader_epoch)
     return head + struct.pack(">bI", MAGIC, crc32c(tail)) + tail
+
+
+# A transaction marker (Kafka's EndTransactionMarker): the one record of a control batch.
+# Key: version int16 (0) + type int16 (0 abort, 1 commit); value: version int16 (0) +
+# coordinator epoch int32.
+CONTROL_ABORT = 0
+CONTROL_COMMIT = 1
+_CONTROL_KEY = struct.Struct(">hh")
+_MARKER_VALUE = struct.Struct(">hi")
+
+
+def encode_end_txn_marker(
+    commit: bool,
+    coordinator_epoch: int,
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    timestamp: int,
+) -> bytes:
+    """The control batch a partition leader appends when a transaction ends."""
+    key = _CONTROL_KEY.pack(0, CONTROL_COMMIT if commit else CONTROL_ABORT)
+    value = _MARKER_VALUE.pack(0, coordinator_epoch)
+    return encode_batch(
+        [(timestamp, key, value, ())],
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        attributes=TRANSACTIONAL_FLAG | CONTROL_FLAG,
+    )
+
+
+def read_end_txn_marker(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[bool, int]:
+    """``(commit, coordinator_epoch)`` of a control batch's marker; CorruptKafkaBatch if
+    its one record is not a version-0 marker (Kafka's EndTransactionMarker.deserialize)."""
+    header = unpack_header(buf, pos)
+    body = bytes(buf[pos + HEADER_SIZE : pos + header.size])
+    try:
+        _, at = read_varint(body, 0)  # record length
+        at += 1  # record attributes
+        _, at = read_varint(body, at)  # timestamp delta
+        _, at = read_varint(body, at)  # offset delta
+        key, at = _read_blob(body, at)
+        value, at = _read_blob(body, at)
+    except IndexError:
+        raise CorruptKafkaBatch("control record cut off") from None
+    if key is None or len(key) < _CONTROL_KEY.size or value is None:
+        raise CorruptKafkaBatch("a control record without a marker key and value")
+    version, kind = _CONTROL_KEY.unpack_from(key)
+    if version != 0 or kind not in (CONTROL_ABORT, CONTROL_COMMIT):
+        raise CorruptKafkaBatch(f"control record version {version} type {kind}: not a marker")
+    if len(value) < _MARKER_VALUE.size:
+        raise CorruptKafkaBatch("transaction marker value cut off")
+    _, coordinator_epoch = _MARKER_VALUE.unpack_from(value)
+    return kind == CONTROL_COMMIT, coordinator_epoch
