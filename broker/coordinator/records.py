@@ -107,9 +107,12 @@ def group_value(group: Any, assignments: dict[str, bytes] | None = None) -> byte
     )
 
 
-def batch(entries: Iterable[tuple[bytes, bytes | None]], timestamp_ms: int) -> bytes:
-    """One batch of (key, value) records; a None value is a tombstone."""
-    return encode_batch([(timestamp_ms, key, value, ()) for key, value in entries])
+def batch(
+    entries: Iterable[tuple[bytes, bytes | None]], timestamp_ms: int, **producer: int
+) -> bytes:
+    """One batch of (key, value) records; a None value is a tombstone. ``producer``
+    (producer_id, producer_epoch) stamps a transaction's batch (TxnOffsetCommit)."""
+    return encode_batch([(timestamp_ms, key, value, ()) for key, value in entries], **producer)
 
 
 class PartitionContents:
