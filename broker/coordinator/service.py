@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from minibroker.broker.common.tasks import Spawner
-from minibroker.broker.coordinator import offsets
+from minibroker.broker.coordinator import offsets, txn_offsets
 from minibroker.broker.coordinator.coordinator import GroupCoordinator
 from minibroker.broker.coordinator.expiry import OffsetExpiry
 from minibroker.broker.coordinator.manager import GroupMetadataManager
@@ -101,6 +101,14 @@ class CoordinatorService:
         """Kafka's metadataCache.contains(topicPartition), as OffsetCommit checks it."""
         state = self.metadata().topics.get(topic)
         return state is not None and 0 <= partition < len(state.partitions)
+
+    def txn_commit_offsets(self, body: dict) -> dict | PendingResponse:
+        return txn_offsets.txn_commit_offsets(self.coordinator, body, self._partition_exists)
+
+    def complete_txn(self, topic: str, partition: int, producer_id: int, commit: bool) -> None:
+        """A transaction marker landed on ``topic``-``partition`` (the replica manager's
+        txn_marker_listeners): settle that producer's pending offsets there."""
+        txn_offsets.complete_txn(self.coordinator, topic, partition, producer_id, commit)
 
     def fetch_offsets(self, body: dict) -> dict:
         return offsets.fetch_offsets(self.coordinator, body)
