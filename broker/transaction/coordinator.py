@@ -343,26 +343,33 @@ class TransactionCoordinator:
 
     def abort_timed_out(self, txn: TransactionMetadata, epoch: int) -> None:
         """transaction.timeout.ms passed with the transaction still open: fence and abort
-        (Kafka's abortTimedOutTransactions, KIP-360's epoch bump included)."""
+        (Kafka's abortTimedOutTransactions, KIP-360's epoch bump included). A fenced
+        transaction whose abort could not be written is tried again later."""
         if self.transactions.get(txn.transactional_id) is not txn:
             return  # unloaded meanwhile
-        if txn.state is not S.ONGOING or txn.producer_epoch != epoch:
+        if txn.producer_epoch != epoch or txn.state not in (S.ONGOING, S.PREPARE_EPOCH_FENCE):
             return
+        retry_ms = self.config["transaction.abort.timed.out.transaction.cleanup.interval.ms"]
         if txn.pending_state is not None:
-            self._watch_timeout(
-                txn, self.config["transaction.abort.timed.out.transaction.cleanup.interval.ms"]
-            )
+            self._watch_timeout(txn, retry_ms)
             return
-        self.timed_out += 1
-        self.log.info(
-            "txn_timed_out",
-            transactional_id=txn.transactional_id,
-            producer_id=txn.producer_id,
-            producer_epoch=epoch,
-            timeout_ms=txn.timeout_ms,
-        )
-        txn.fence_producer_epoch()
-        self._end(txn, commit=False)
+        if txn.state is S.ONGOING:
+            self.timed_out += 1
+            self.log.info(
+                "txn_timed_out",
+                transactional_id=txn.transactional_id,
+                producer_id=txn.producer_id,
+                producer_epoch=epoch,
+                timeout_ms=txn.timeout_ms,
+            )
+            txn.fence_producer_epoch()
+
+        def written(answer: dict) -> dict:
+            if answer["error_code"] and txn.state is S.PREPARE_EPOCH_FENCE:
+                self._watch_timeout(txn, retry_ms)
+            return answer
+
+        chain(self._end(txn, commit=False), written)
 
     def partition_loaded(self, partition: int, transactions: dict[str, TxnTransit | None]) -> None:
         """A loaded partition's ids as the log left them; an open transaction gets what is

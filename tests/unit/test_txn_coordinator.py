@@ -434,6 +434,30 @@ async def test_a_transaction_that_ends_in_time_cancels_its_timer(h):
     assert h.service.coordinator.timed_out == 0
 
 
+async def test_a_timed_out_abort_that_cannot_be_written_is_tried_again(h):
+    _, pid, epoch = h.init(timeout=5_000)
+    h.add(pid, epoch)
+    write = h.service.manager.write
+    refused = []
+
+    def refuse_once(txn, transit, done):  # the replicas refuse the first write
+        if not refused:
+            refused.append(transit.state)
+            done(E.NOT_ENOUGH_REPLICAS)
+        else:
+            write(txn, transit, done)
+
+    h.service.manager.write = refuse_once
+    h.clock.advance(5_000)
+    txn = h.txn()
+    assert refused == [S.PREPARE_ABORT]
+    assert (txn.state, txn.producer_epoch) == (S.PREPARE_EPOCH_FENCE, epoch + 1)
+    h.clock.advance(10_000)  # transaction.abort.timed.out.transaction.cleanup.interval.ms
+    await settle()
+    assert txn.state is S.COMPLETE_ABORT
+    assert h.service.coordinator.timed_out == 1
+
+
 async def test_idle_transactional_ids_expire(h):
     h.init(tid="idle")
     _, pid, epoch = h.init(tid="busy")
@@ -601,3 +625,51 @@ async def test_offsets_replay_settles_pending_offsets_at_their_markers(h):
     assert {tp: o.offset for tp, o in contents.offsets["g"].items()} == {("t", 1): 3}
     pending = contents.pending
     assert {tp: o.offset for tp, o in pending[pid]["g"].items()} == {("t", 1): 11}
+
+
+# --- faults -----------------------------------------------------------------------------------
+
+
+async def test_faults_fail_and_delay_the_transaction_apis_and_marker_writes(tmp_path, nursery):
+    """fail-api / delay-api by Kafka's api keys reach the transaction APIs and
+    WriteTxnMarkers before their handlers, as every other API (broker/network/faults.py)."""
+    from minibroker.broker.network.pending import PendingResponse
+    from minibroker.broker.network.session import ConnectionSession
+    from minibroker.broker.server import Broker
+
+    broker = Broker(
+        0,
+        "127.0.0.1",
+        19092,
+        tmp_path,
+        BrokerConfig({"faults.enable": True}),
+        structlog.get_logger(),
+    )
+    await nursery.start(broker.tasks.run)
+    handler = broker.connections.dispatcher
+    session = ConnectionSession("127.0.0.1:1")
+    keys = (
+        p.ApiKey.INIT_PRODUCER_ID,
+        p.ApiKey.ADD_PARTITIONS_TO_TXN,
+        p.ApiKey.ADD_OFFSETS_TO_TXN,
+        p.ApiKey.END_TXN,
+        p.ApiKey.WRITE_TXN_MARKERS,
+        p.ApiKey.TXN_OFFSET_COMMIT,
+    )
+    for key in keys:
+        fault = {"action": "fail-api", "api_key": int(key), "error_code": 7, "count": 1}
+        assert handler.faults(None, fault, session)["error_code"] == 0
+        header = p.RequestHeader(key, NEWEST_VERSIONS[key], 1, "test")
+        answer = handler.handle(header, {}, session)
+        assert answer["error_code"] == E.REQUEST_TIMED_OUT, key
+        assert answer["error_message"] == "injected by fault fail-api"
+    handler.faults(None, {"action": "delay-api", "api_key": 26, "delay_ms": 50}, session)
+    body = {"transactional_id": "", "producer_id": 1, "producer_epoch": 0, "committed": True}
+    header = p.RequestHeader(p.ApiKey.END_TXN, 0, 1, "test")
+    late = handler.handle(header, body, session)
+    assert isinstance(late, PendingResponse)
+    assert late.body is None
+    with trio.fail_after(5):
+        answer = await late.wait()
+    assert answer["error_code"] == E.INVALID_REQUEST  # the coordinator's own verdict, late
+    broker.replica_manager.close()
