@@ -53,11 +53,11 @@ class ApiKey(IntEnum):
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
     INIT_PRODUCER_ID = 22
+    WRITE_TXN_MARKERS = 27
     OFFSET_FOR_LEADER_EPOCH = 23
     ADD_PARTITIONS_TO_TXN = 24
     ADD_OFFSETS_TO_TXN = 25
     END_TXN = 26
-    WRITE_TXN_MARKERS = 27
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
@@ -363,6 +363,40 @@ LIST_OFFSETS_RESP = struct(
     {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
 )
 
+# --- WriteTxnMarkers (inter-broker: a transaction coordinator to partition leaders) ----
+
+# Kafka's WriteTxnMarkersRequest v1 (docs/transactions.md, "The partition side"): one
+# control batch per (marker, partition), answered when the ISR has it (acks=all).
+_TXN_MARKER = struct(
+    {
+        "producer_id": PRODUCER_ID,
+        "producer_epoch": PRODUCER_EPOCH,
+        "transaction_result": BOOL,
+        "topics": array(struct({"name": TOPIC_NAME, "partition_indexes": array(PARTITION)})),
+        "coordinator_epoch": INT32,
+    }
+)
+WRITE_TXN_MARKERS_REQ = struct({"markers": array(_TXN_MARKER)})
+_TXN_MARKER_RESULT = struct(
+    {
+        "producer_id": PRODUCER_ID,
+        "topics": array(
+            struct(
+                {
+                    "name": TOPIC_NAME,
+                    "partitions": array(
+                        struct({"partition_index": PARTITION, "error_code": ERROR})
+                    ),
+                }
+            )
+        ),
+    }
+)
+WRITE_TXN_MARKERS_RESP = struct(
+    {"markers": array(_TXN_MARKER_RESULT)},
+    {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
+)
+
 # --- BrokerStats (minibroker) --------------------------------------------------------------
 
 BROKER_STATS_REQ = struct({})
@@ -590,6 +624,8 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     },
     ApiKey.INIT_PRODUCER_ID: {0: (INIT_PRODUCER_ID_REQ, INIT_PRODUCER_ID_RESP)},
     ApiKey.ALLOCATE_PRODUCER_IDS: {0: (ALLOCATE_PRODUCER_IDS_REQ, ALLOCATE_PRODUCER_IDS_RESP)},
+    # Version 1, as Kafka's (the contract with the coordinator, docs/transactions.md).
+    ApiKey.WRITE_TXN_MARKERS: {1: (WRITE_TXN_MARKERS_REQ, WRITE_TXN_MARKERS_RESP)},
     ApiKey.FAULTS: {0: (FAULTS_REQ, FAULTS_RESP)},
     ApiKey.VOTE: {0: (VOTE_REQ, VOTE_RESP), 1: (VOTE_REQ_V1, VOTE_RESP_V1)},
     ApiKey.BEGIN_QUORUM_EPOCH: {0: (BEGIN_QUORUM_EPOCH_REQ, BEGIN_QUORUM_EPOCH_RESP)},
@@ -640,7 +676,6 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
         0: (txn_api.ADD_OFFSETS_TO_TXN_REQ, txn_api.ADD_OFFSETS_TO_TXN_RESP)
     },
     ApiKey.END_TXN: {0: (txn_api.END_TXN_REQ, txn_api.END_TXN_RESP)},
-    ApiKey.WRITE_TXN_MARKERS: {1: (txn_api.WRITE_TXN_MARKERS_REQ, txn_api.WRITE_TXN_MARKERS_RESP)},
     ApiKey.TXN_OFFSET_COMMIT: {0: (txn_api.TXN_OFFSET_COMMIT_REQ, txn_api.TXN_OFFSET_COMMIT_RESP)},
     ApiKey.DESCRIBE_TRANSACTIONS: {
         0: (txn_api.DESCRIBE_TRANSACTIONS_REQ, txn_api.DESCRIBE_TRANSACTIONS_RESP)

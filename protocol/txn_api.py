@@ -4,8 +4,9 @@ Kafka's field names in snake_case, one version each (the Kafka listener translat
 Kafka version onto these). A transactional producer talks to its transaction coordinator
 (InitProducerId with a transactional id lives in api.py with the idempotent one,
 AddPartitionsToTxn, AddOffsetsToTxn, EndTxn), to its group's coordinator
-(TxnOffsetCommit), and an admin lists and describes transactions. WriteTxnMarkers is the
-coordinator's internal request to each partition leader (authenticated members only).
+(TxnOffsetCommit), and an admin lists and describes transactions. WriteTxnMarkers, the
+coordinator's internal request to each partition leader, is in api.py with the partition
+side.
 
 Every answer carries ``throttle_time_ms`` so that one with only an error code is a
 verdict the caller reads (protocol.connection's rule), not a bare error body.
@@ -64,48 +65,6 @@ ADD_OFFSETS_TO_TXN_RESP = struct({"error_code": _ERROR}, {**_MESSAGE, **_THROTTL
 
 END_TXN_REQ = struct({**_PRODUCER, "committed": BOOL})
 END_TXN_RESP = ADD_OFFSETS_TO_TXN_RESP
-
-# --- WriteTxnMarkers (27, internal): the coordinator to a partition's leader ----------------
-
-WRITE_TXN_MARKERS_REQ = struct(
-    {
-        "markers": array(
-            struct(
-                {
-                    "producer_id": _PRODUCER_ID,
-                    "producer_epoch": _EPOCH,
-                    "transaction_result": BOOL,  # True: commit
-                    "topics": array(
-                        struct({"name": _TOPIC, "partition_indexes": array(_PARTITION)})
-                    ),
-                    "coordinator_epoch": INT32,
-                }
-            )
-        )
-    }
-)
-WRITE_TXN_MARKERS_RESP = struct(
-    {
-        "markers": array(
-            struct(
-                {
-                    "producer_id": _PRODUCER_ID,
-                    "topics": array(
-                        struct(
-                            {
-                                "name": _TOPIC,
-                                "partitions": array(
-                                    struct({"partition_index": _PARTITION, "error_code": _ERROR})
-                                ),
-                            }
-                        )
-                    ),
-                }
-            )
-        )
-    },
-    {**_MESSAGE, **_THROTTLE},
-)
 
 # --- TxnOffsetCommit (28): offsets pending in a transaction (KIP-447's member fields) -------
 

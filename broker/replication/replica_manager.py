@@ -115,9 +115,6 @@ class ReplicaManager:
         # Parked operations by the connection that asked: they die with it.
         self._parked: dict[ConnectionSession, set[DelayedOperation]] = {}
         self.topic_configs: dict[str, dict[str, str]] = {}
-        # Called as listener(topic, partition, producer_id, commit) after a transaction
-        # marker is appended here (the group coordinator settles pending txn offsets).
-        self.txn_marker_listeners: list[Callable[[str, int, int, bool], None]] = []
         self.cleaner: Any = None  # the LogCleanerManager housekeeping runs, if enabled
         # The topic id each hosted topic's replicas were made for: a namesake created after
         # a DeleteTopics has another, and the old replicas go (drop_deleted).
@@ -130,6 +127,9 @@ class ReplicaManager:
         self.on_storage_error: Callable[[OSError, str], None] | None = None
         # Why the log dir is offline, once it is: appends answer KAFKA_STORAGE_ERROR.
         self.offline_reason: str | None = None
+        # Told of every replicated transaction marker on a __consumer_offsets partition:
+        # listener(topic, partition, producer_id, commit). The group coordinator registers.
+        self.txn_marker_listeners: list[Callable[[str, int, int, bool], None]] = []
 
     # --- lifecycle ------------------------------------------------------------------------
 
