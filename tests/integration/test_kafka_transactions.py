@@ -81,13 +81,24 @@ def kafka_call(address: tuple[str, int], api: int, version: int, body: dict) -> 
         return decode_response(header, stream.read(size))
 
 
-def describe(cluster, transactional_id: str) -> dict:
-    """DescribeTransactions on every Kafka listener: the coordinator's answer."""
-    answers = [
-        kafka_call(a, ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [transactional_id]})
-        for a in kafka_listeners(cluster)
-    ]
-    states = [s for a in answers for s in a["transaction_states"] if s["error_code"] == 0]
+def describe(cluster, transactional_id: str, *, settled: bool = True) -> dict | None:
+    """DescribeTransactions on every live Kafka listener: the coordinator's answer, with
+    the coordinator's id as ``broker``; None when none answers for it (a failover under
+    way) and not ``settled``."""
+    states = []
+    answers = []
+    for broker, address in enumerate(kafka_listeners(cluster)):
+        if cluster.status(broker) != "alive":
+            continue
+        answer = kafka_call(
+            address, ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [transactional_id]}
+        )
+        answers.append(answer)
+        states += [
+            {**s, "broker": broker} for s in answer["transaction_states"] if s["error_code"] == 0
+        ]
+    if not states and not settled:
+        return None
     assert len(states) == 1, answers
     return states[0]
 
@@ -206,12 +217,16 @@ def test_faults_fail_and_delay_the_transaction_apis(cluster):
 # --- end to end, with the partition side --------------------------------------------------
 
 
-def read_committed(cluster, topic: str, partitions: int, expect: int) -> list[bytes]:
+def read_committed(
+    cluster, topic: str, partitions: int, expect: int, isolation: str = "read_committed"
+) -> list[bytes]:
+    """What a consumer at ``isolation`` reads from the start: ``expect`` records, or all it
+    got within 20 s (more than ``expect`` would also show)."""
     consumer = RdConsumer(
         {
             "bootstrap.servers": cluster.kafka_bootstrap,
             "group.id": f"reader-{topic}",
-            "isolation.level": "read_committed",
+            "isolation.level": isolation,
             "enable.auto.commit": False,
         }
     )
@@ -228,6 +243,16 @@ def read_committed(cluster, topic: str, partitions: int, expect: int) -> list[by
         consumer.close()
 
 
+def wait_for_state(cluster, transactional_id: str, state: str) -> None:
+    """EndTxn answers once PrepareCommit/PrepareAbort is written; the markers follow."""
+    deadline = time.monotonic() + 30
+    while (describe(cluster, transactional_id, settled=False) or {}).get(
+        "transaction_state"
+    ) != state:
+        assert time.monotonic() < deadline, f"{transactional_id} never reached {state}"
+        time.sleep(0.05)
+
+
 @needs_partition_side
 def test_commit_is_visible_abort_is_not(cluster):
     create(cluster.kafka_bootstrap, "eos-out", 3)
@@ -237,13 +262,19 @@ def test_commit_is_visible_abort_is_not(cluster):
     for i in range(30):
         producer.produce("eos-out", b"committed-%d" % i, partition=i % 3)
     producer.commit_transaction(30)
+    wait_for_state(cluster, "eos-writer", "CompleteCommit")
     producer.begin_transaction()
     for i in range(30):
         producer.produce("eos-out", b"aborted-%d" % i, partition=i % 3)
+    producer.flush(30)  # in the log, so the abort has partitions to mark
     producer.abort_transaction(30)
+    wait_for_state(cluster, "eos-writer", "CompleteAbort")
     got = read_committed(cluster, "eos-out", 3, 30)
     assert sorted(got) == sorted(b"committed-%d" % i for i in range(30))
-    assert describe(cluster, "eos-writer")["transaction_state"] == "CompleteAbort"
+    everything = read_committed(cluster, "eos-out", 3, 60, "read_uncommitted")
+    assert sorted(everything) == sorted(
+        [b"committed-%d" % i for i in range(30)] + [b"aborted-%d" % i for i in range(30)]
+    )
 
 
 @needs_partition_side
@@ -267,6 +298,7 @@ def test_offsets_sent_in_a_transaction_commit_with_it(cluster):
         producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 30)
         assert consumer.committed([RdTopicPartition("eos-in", 0)], 10)[0].offset < 0
         producer.commit_transaction(30)
+        wait_for_state(cluster, "eos-copier", "CompleteCommit")  # every marker written
         assert consumer.committed([RdTopicPartition("eos-in", 0)], 10)[0].offset == 42
     finally:
         consumer.close()
@@ -315,3 +347,119 @@ def test_a_failing_marker_write_holds_the_commit_until_the_fault_is_lifted(clust
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert read_committed(cluster, "eos-marker", 1, 1) == [b"held"]
+
+
+@needs_partition_side
+def test_a_coordinator_killed_mid_commit_is_completed_by_the_next(cluster):
+    """The commit is decided (PrepareCommit written, EndTxn answered) while the data
+    partition's leader refuses the marker; the coordinator's broker is killed; the new
+    coordinator loads __transaction_state and completes the commit: a read_committed
+    reader sees the whole transaction, never a part of it."""
+    create(cluster.kafka_bootstrap, "eos-failover", 2)
+    producer = rd_producer(cluster, "eos-survivor")
+    producer.init_transactions(60)
+    coordinator = describe(cluster, "eos-survivor")["broker"]
+    leaders = {cluster.leader("eos-failover", p) for p in range(2)}
+    producer.begin_transaction()
+    for i in range(20):
+        producer.produce("eos-failover", b"whole-%d" % i, partition=i % 2)
+    producer.flush(30)
+    for leader in leaders - {coordinator}:
+        cluster.fail_api(leader, "write_txn_markers", "NOT_ENOUGH_REPLICAS")
+    producer.commit_transaction(30)
+    cluster.kill(coordinator)
+    killed = time.monotonic()
+    try:
+        cluster.clear_faults()
+        wait_for_state(cluster, "eos-survivor", "CompleteCommit")
+        took = time.monotonic() - killed
+        assert describe(cluster, "eos-survivor")["broker"] != coordinator
+    finally:
+        cluster.restart(coordinator)
+    print(f"coordinator failover mid-commit completed {took:.2f}s after the kill")
+    got = read_committed(cluster, "eos-failover", 2, 20)
+    assert sorted(got) == sorted(b"whole-%d" % i for i in range(20))
+
+
+@needs_partition_side
+def test_kafka_python_commits_aborts_and_is_fenced(cluster):
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError as KpError
+
+    create(cluster.kafka_bootstrap, "kp-eos")
+
+    def producer():
+        return KafkaProducer(
+            bootstrap_servers=cluster.kafka_bootstrap,
+            transactional_id="kp-eos",
+            enable_idempotence=True,
+        )
+
+    kp = producer()
+    kp.init_transactions()
+    kp.begin_transaction()
+    kp.send("kp-eos", b"kept").get(30)
+    kp.commit_transaction()
+    kp.begin_transaction()
+    kp.send("kp-eos", b"dropped").get(30)
+    kp.abort_transaction()
+    wait_for_state(cluster, "kp-eos", "CompleteAbort")
+    assert read_committed(cluster, "kp-eos", 1, 1) == [b"kept"]
+    successor = producer()
+    successor.init_transactions()
+    kp.begin_transaction()
+    with pytest.raises(KpError):
+        kp.send("kp-eos", b"zombie").get(30)
+        kp.commit_transaction()
+    successor.close(5)
+    kp.close(5)
+    assert read_committed(cluster, "kp-eos", 1, 2) == [b"kept"]
+
+
+@needs_partition_side
+def test_aiokafka_consume_transform_produce(cluster):
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    create(cluster.kafka_bootstrap, "aio-in")
+    create(cluster.kafka_bootstrap, "aio-out")
+    seed = RdProducer({"bootstrap.servers": cluster.kafka_bootstrap})
+    for i in range(5):
+        seed.produce("aio-in", b"in-%d" % i)
+    seed.flush(30)
+
+    async def run() -> int | None:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=cluster.kafka_bootstrap,
+            group_id="aio-app",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+        )
+        producer = AIOKafkaProducer(
+            bootstrap_servers=cluster.kafka_bootstrap, transactional_id="aio-app"
+        )
+        await asyncio.wait_for(producer.start(), 30)
+        await consumer.start()
+        try:
+            tp = TopicPartition("aio-in", 0)
+            consumer.assign([tp])
+            got = await consumer.getmany(tp, timeout_ms=10_000, max_records=5)
+            records = got.get(tp, [])
+            async with producer.transaction():
+                for record in records:
+                    await producer.send("aio-out", record.value.upper())
+                await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, "aio-app")
+            return len(records)
+        finally:
+            await consumer.stop()
+            await producer.stop()
+
+    assert asyncio.run(run()) == 5
+    wait_for_state(cluster, "aio-app", "CompleteCommit")
+    out = read_committed(cluster, "aio-out", 1, 5)
+    assert sorted(out) == [b"IN-%d" % i for i in range(5)]
+    checker = RdConsumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": "aio-app"})
+    try:
+        assert checker.committed([RdTopicPartition("aio-in", 0)], 10)[0].offset == 5
+    finally:
+        checker.close()
