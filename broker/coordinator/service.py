@@ -81,7 +81,7 @@ class CoordinatorService:
                 min(self.config["offsets.topic.replication.factor"], live),
             )
             return no_coordinator("__consumer_offsets is being created")
-        if not body["key"]:
+        if not body["key"] or len(body["key"]) > 255:  # the group APIs' limit (group_api.py)
             return no_coordinator(None, ErrorCode.INVALID_GROUP_ID)
         return coordinator_answer(md, OFFSETS_TOPIC, self.manager.partition_for(body["key"]))
 

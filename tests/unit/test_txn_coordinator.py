@@ -41,6 +41,7 @@ from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.broker.transaction import TXN_TOPIC, TransactionService, TxnState
 from minibroker.broker.transaction.metadata import (
+    MAX_EPOCH,
     IllegalTxnTransition,
     TransactionMetadata,
 )
@@ -280,6 +281,16 @@ async def test_init_producer_id_creates_the_id_then_bumps_its_epoch(h):
     assert h.init(pid=pid, epoch=1) == (E.NONE, pid, 2)
     assert h.init(pid=pid, epoch=1) == (E.NONE, pid, 2)
     assert h.init(pid=pid, epoch=0)[0] is E.PRODUCER_FENCED
+
+
+async def test_an_exhausted_epoch_moves_the_id_to_a_new_producer_id(h):
+    _, pid, _ = h.init()
+    h.txn().producer_epoch = MAX_EPOCH  # as after 32766 restarts
+    code, new_pid, epoch = h.init()
+    assert (code, epoch) == (E.NONE, 0)
+    assert new_pid != pid
+    assert (h.txn().last_producer_id, h.txn().last_producer_epoch) == (pid, MAX_EPOCH)
+    assert h.init(pid=pid, epoch=MAX_EPOCH) == (E.NONE, new_pid, 0)  # a lost answer's retry
 
 
 async def test_transaction_timeout_is_checked_against_the_maximum(h):
