@@ -16,7 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from minibroker.broker.network.pending import PendingResponse
-from minibroker.broker.purgatory import DelayedOperation, Purgatory
+from minibroker.broker.purgatory import Purgatory
+from minibroker.broker.transaction.answers import chain, error_only, init_answer
+from minibroker.broker.transaction.delayed import TxnTimeout
 from minibroker.broker.transaction.manager import TransactionStateManager
 from minibroker.broker.transaction.markers import TransactionMarkerChannelManager
 from minibroker.broker.transaction.metadata import (
@@ -31,56 +33,6 @@ from minibroker.protocol.errors import ErrorCode
 
 S = TxnState
 E = ErrorCode
-
-
-def error_only(code: ErrorCode, message: str | None = None) -> dict:
-    return {"error_code": int(code), "error_message": message, "throttle_time_ms": 0}
-
-
-def init_answer(code: ErrorCode, producer_id: int = -1, epoch: int = -1, message=None) -> dict:
-    return {
-        "error_code": int(code),
-        "producer_id": producer_id,
-        "producer_epoch": epoch,
-        "error_message": message,
-    }
-
-
-def chain(result: Any, step: Callable[[Any], Any]) -> Any:
-    """``step`` on an answer now or when it comes; ``step`` may itself park (a new producer
-    id from the controller, then a write to the log)."""
-    if not isinstance(result, PendingResponse):
-        return step(result)
-    out = PendingResponse()
-
-    def forward(body: Any) -> None:
-        following = step(body)
-        if isinstance(following, PendingResponse):
-            following.add_done_callback(out.set)
-        else:
-            out.set(following)
-
-    result.add_done_callback(forward)
-    return out
-
-
-class TxnTimeout(DelayedOperation):
-    """An open transaction's transaction.timeout.ms, one timer task per transaction on the
-    broker's wheel: cancelled when the transaction ends, it aborts the transaction (and
-    fences its producer) when it fires."""
-
-    __slots__ = ("coordinator", "epoch", "txn")
-
-    def __init__(
-        self, coordinator: TransactionCoordinator, txn: TransactionMetadata, delay_ms: int
-    ) -> None:
-        super().__init__(delay_ms)
-        self.coordinator = coordinator
-        self.txn = txn
-        self.epoch = txn.producer_epoch
-
-    def on_expiration(self) -> None:
-        self.coordinator.abort_timed_out(self.txn, self.epoch)
 
 
 class TransactionCoordinator:

@@ -24,7 +24,8 @@ from minibroker.broker.replication.coordinator_log import (
     partition_for,
 )
 from minibroker.broker.replication.replica_manager import ReplicaManager
-from minibroker.broker.transaction.coordinator import TransactionCoordinator, error_only
+from minibroker.broker.transaction.answers import error_only
+from minibroker.broker.transaction.coordinator import TransactionCoordinator
 from minibroker.broker.transaction.manager import TransactionStateManager
 from minibroker.broker.transaction.markers import MarkerSender, TransactionMarkerChannelManager
 from minibroker.broker.transaction.metadata import COMPLETED, TxnState
