@@ -16,7 +16,7 @@ here                                       Kafka (core/.../coordinator/transacti
 ``TransactionCoordinator`` (coordinator)   TransactionCoordinator: handleInitProducerId,
                                            handleAddPartitionsToTransaction,
                                            handleEndTransaction, abortTimedOutTransactions
-``TxnTimeout`` (coordinator.py)            (ours) a timer task per open transaction
+``TxnTimeout`` (delayed.py)               (ours) a timer task per open transaction
 ``TransactionMarkerChannelManager``        TransactionMarkerChannelManager and its
 (markers.py)                               completion handler
 ``TransactionService`` (service.py)        what KafkaApis calls, FindCoordinator key 1,
