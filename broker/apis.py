@@ -38,6 +38,7 @@ from minibroker.broker.raft.driver import QuorumDriver
 from minibroker.broker.raft.wire import QUORUM_APIS, SENDER_FIELDS
 from minibroker.broker.replication.fetch_request import FetchRequest
 from minibroker.broker.replication.replica_manager import ReplicaManager
+from minibroker.broker.transaction import TransactionService
 from minibroker.protocol import (
     ADMIN_CLIENT_ID,
     INTERNAL_TOPICS,
@@ -67,6 +68,11 @@ WAIT_FOR_METADATA = frozenset(
         ApiKey.OFFSET_FOR_LEADER_EPOCH,
         ApiKey.FIND_COORDINATOR,
         ApiKey.WRITE_TXN_MARKERS,
+        ApiKey.INIT_PRODUCER_ID,
+        ApiKey.ADD_PARTITIONS_TO_TXN,
+        ApiKey.ADD_OFFSETS_TO_TXN,
+        ApiKey.END_TXN,
+        ApiKey.TXN_OFFSET_COMMIT,
     }
 )
 
@@ -116,6 +122,7 @@ class RequestHandler:
         deferral: RequestDeferral,
         stats: Callable[[], dict],
         coordinator: CoordinatorService | None = None,
+        transactions: TransactionService | None = None,
     ) -> None:
         self.broker_id = broker_id
         self.config = config
@@ -131,6 +138,7 @@ class RequestHandler:
         self.deferral = deferral
         self.stats = stats
         self.coordinator = coordinator
+        self.transactions = transactions
         # The same for every request: one object, so the network layer packs it once.
         self._api_versions = {"error_code": 0, "api_versions": supported_versions()}
         self.handlers = self._handlers()
@@ -162,7 +170,33 @@ class RequestHandler:
             handlers[key] = self.quorum
         if self.coordinator is not None:
             handlers.update(self._group_handlers(self.coordinator))
+        if self.coordinator is not None and self.transactions is not None:
+            handlers.update(self._txn_handlers(self.coordinator, self.transactions))
         return handlers
+
+    def _txn_handlers(
+        self, groups: CoordinatorService, txns: TransactionService
+    ) -> dict[int, Handler]:
+        """The transaction APIs (broker/transaction); TxnOffsetCommit is the group
+        coordinator's; FindCoordinator picks the coordinator by key_type (Kafka's 0/1)."""
+
+        def body_only(method: Callable[[dict], Any]) -> Handler:
+            return lambda header, body, session: method(body)
+
+        def find(header: RequestHeader, body: dict, session: ConnectionSession) -> Any:
+            if body.get("key_type", 0) == 1:
+                return txns.find_coordinator(body)
+            return groups.find_coordinator(body)
+
+        return {
+            ApiKey.FIND_COORDINATOR: find,
+            ApiKey.ADD_PARTITIONS_TO_TXN: body_only(txns.add_partitions_to_txn),
+            ApiKey.ADD_OFFSETS_TO_TXN: body_only(txns.add_offsets_to_txn),
+            ApiKey.END_TXN: body_only(txns.end_txn),
+            ApiKey.TXN_OFFSET_COMMIT: body_only(groups.txn_commit_offsets),
+            ApiKey.LIST_TRANSACTIONS: body_only(txns.list_transactions),
+            ApiKey.DESCRIBE_TRANSACTIONS: body_only(txns.describe_transactions),
+        }
 
     @staticmethod
     def _group_handlers(coordinator: CoordinatorService) -> dict[int, Handler]:
@@ -485,6 +519,10 @@ class RequestHandler:
     def init_producer_id(
         self, header: RequestHeader, body: dict, session: ConnectionSession
     ) -> dict | PendingResponse:
+        # A transactional id is its transaction coordinator's (epochs, fencing); without
+        # one, a fresh id at epoch 0 from the controller's blocks.
+        if body["transactional_id"] is not None and self.transactions is not None:
+            return self.transactions.init_producer_id(body)
         return self.producer_ids.init_producer_id(body)
 
     def list_offsets(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:

@@ -60,6 +60,8 @@ from minibroker.broker.replication.metadata_publisher import MetadataPublisher
 from minibroker.broker.replication.partition import Partition
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.broker.storage.dir_lock import lock_data_dir, mark_clean_shutdown
+from minibroker.broker.transaction import TransactionService
+from minibroker.broker.transaction.sender import PeerMarkerSender
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import KafkaError
 
@@ -140,8 +142,10 @@ class Broker:
         self.replica_manager.on_isr_change = self.isr_proposals.propose
         self.replica_manager.on_storage_error = self._log_dir_failed
         self.producer_ids = ProducerIdManager(self._allocate_producer_ids, self.tasks, logger)
-        self._creating_offsets_topic = False  # one CreateTopics for it at a time
+        self._creating_topics: set[str] = set()  # internal topics asked for, one at a time
         self.coordinator = self._coordinator()
+        self.transactions = self._transactions()
+        self.replica_manager.txn_marker_listeners.append(self.coordinator.complete_txn)
         self.publisher = MetadataPublisher(
             broker_id,
             self.cache,
@@ -149,7 +153,7 @@ class Broker:
             self.fetchers,
             logger,
             cannot_host=self._cannot_host,
-            on_published=self.coordinator.on_metadata,
+            on_published=self._published,
         )
         handler = self._request_handler()
         self.connections = self._socket_server(handler)
@@ -240,23 +244,53 @@ class Broker:
             create_offsets_topic=self._create_offsets_topic,
         )
 
+    def _transactions(self) -> TransactionService:
+        """Transaction coordinator: its timeouts share the timer; __transaction_state on first
+        use; new producer ids from the controller's blocks; markers over peer links."""
+        return TransactionService(
+            self.broker_id,
+            self.config,
+            self.log,
+            replica_manager=self.replica_manager,
+            timer=self.timer,
+            tasks=self.tasks,
+            metadata=lambda: self.cache.metadata,
+            create_topic=self._create_internal_topic,
+            new_producer_id=lambda: self.producer_ids.init_producer_id({}),
+            send_markers=PeerMarkerSender(self.broker_id, self.credentials, self.cache),
+        )
+
+    def _published(self, md: Any) -> None:
+        self.coordinator.on_metadata(md)
+        self.transactions.on_metadata(md)
+
     def _create_offsets_topic(self, partitions: int, replication_factor: int) -> None:
-        """Ask the controller for __consumer_offsets (once at a time; FindCoordinator answers
-        COORDINATOR_NOT_AVAILABLE meanwhile and the client retries)."""
-        if self._creating_offsets_topic:
+        self._create_internal_topic("__consumer_offsets", partitions, replication_factor, {})
+
+    def _create_internal_topic(
+        self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
+    ) -> None:
+        """Ask the controller for a coordinator's compacted internal topic (once at a time;
+        FindCoordinator answers COORDINATOR_NOT_AVAILABLE meanwhile and the client retries)."""
+        if name in self._creating_topics:
             return
-        self._creating_offsets_topic = True
+        self._creating_topics.add(name)
+        segment_key = (
+            "offsets.topic.segment.bytes"
+            if name == "__consumer_offsets"
+            else "transaction.state.log.segment.bytes"
+        )
         topic = {
-            "name": "__consumer_offsets",
+            "name": name,
             "num_partitions": partitions,
             "replication_factor": replication_factor,
-            "configs": offsets_topic_configs(self.config["offsets.topic.segment.bytes"]),
+            "configs": {**offsets_topic_configs(self.config[segment_key]), **configs},
         }
         answer = self.link.create_topics([topic], False)
 
         def done(body: dict) -> None:
-            self._creating_offsets_topic = False
-            self.log.info("offsets_topic_requested", result=body.get("topics"))
+            self._creating_topics.discard(name)
+            self.log.info("internal_topic_requested", topic=name, result=body.get("topics"))
 
         if isinstance(answer, PendingResponse):
             answer.add_done_callback(done)
@@ -290,6 +324,7 @@ class Broker:
             deferral=RequestDeferral(self.tasks, self.cache.ready),
             stats=self.stats,
             coordinator=self.coordinator,
+            transactions=self.transactions,
         )
 
     def _socket_server(self, handler: RequestHandler) -> ConnectionHandler:
@@ -425,6 +460,7 @@ class Broker:
             },
             "requests": self.request_metrics.snapshot(),
             "groups": self.coordinator.stats(),
+            "transactions": self.transactions.stats(),
             # The Kafka listener's incremental fetch sessions (KIP-227).
             "fetch_sessions": self.kafka_handler.fetch_sessions.stats(),
             "log_cleaner": rm.cleaner.stats() if rm.cleaner is not None else None,
@@ -455,6 +491,7 @@ class Broker:
             self.replica_manager.fetch_purgatory,
             self.replica_manager.produce_purgatory,
             *self.coordinator.purgatories.values(),
+            *self.transactions.purgatories.values(),
         ):
             purgatory.set_expiry_handoff(_to_loop(token, purgatory))
         self.timer.start()
@@ -499,6 +536,7 @@ class Broker:
                 )
                 nursery.start_soon(self._prefetch_producer_ids)
                 nursery.start_soon(self.coordinator.expiry.run)
+                nursery.start_soon(self.transactions.run)
                 nursery.start_soon(self.role.fence_silent_brokers)
                 rebalancer = LeaderRebalancer(self.config, self.clock)
                 nursery.start_soon(rebalancer.run, lambda: self.role.controller)

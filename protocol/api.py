@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from minibroker.protocol import group_api
+from minibroker.protocol import group_api, txn_api
 from minibroker.protocol.schema import (
     BOOL,
     BYTES,
@@ -55,6 +55,12 @@ class ApiKey(IntEnum):
     INIT_PRODUCER_ID = 22
     WRITE_TXN_MARKERS = 27
     OFFSET_FOR_LEADER_EPOCH = 23
+    ADD_PARTITIONS_TO_TXN = 24
+    ADD_OFFSETS_TO_TXN = 25
+    END_TXN = 26
+    TXN_OFFSET_COMMIT = 28
+    DESCRIBE_TRANSACTIONS = 65
+    LIST_TRANSACTIONS = 66
     DELETE_GROUPS = 42
     SASL_AUTHENTICATE = 36
     ELECT_LEADERS = 43
@@ -238,8 +244,9 @@ DELETE_TOPICS_RESP = struct(
 # group coordinator appends directly, the cluster's health check (`cluster up`'s acks=all
 # write, deploy/cluster_ops.py) produces with the admin client id.
 GROUP_METADATA_TOPIC = "__consumer_offsets"
+TRANSACTION_STATE_TOPIC = "__transaction_state"
 HEALTH_TOPIC = "__minibroker_health"
-INTERNAL_TOPICS = frozenset({GROUP_METADATA_TOPIC, HEALTH_TOPIC})
+INTERNAL_TOPICS = frozenset({GROUP_METADATA_TOPIC, TRANSACTION_STATE_TOPIC, HEALTH_TOPIC})
 ADMIN_CLIENT_ID = "__admin_client"
 
 PRODUCE_REQ = struct(
@@ -679,6 +686,19 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
         1: (group_api.DESCRIBE_GROUPS_REQ, group_api.DESCRIBE_GROUPS_RESP_V1),
     },
     ApiKey.DELETE_GROUPS: {0: (group_api.DELETE_GROUPS_REQ, group_api.DELETE_GROUPS_RESP)},
+    # transactions (protocol/txn_api.py)
+    ApiKey.ADD_PARTITIONS_TO_TXN: {
+        0: (txn_api.ADD_PARTITIONS_TO_TXN_REQ, txn_api.ADD_PARTITIONS_TO_TXN_RESP)
+    },
+    ApiKey.ADD_OFFSETS_TO_TXN: {
+        0: (txn_api.ADD_OFFSETS_TO_TXN_REQ, txn_api.ADD_OFFSETS_TO_TXN_RESP)
+    },
+    ApiKey.END_TXN: {0: (txn_api.END_TXN_REQ, txn_api.END_TXN_RESP)},
+    ApiKey.TXN_OFFSET_COMMIT: {0: (txn_api.TXN_OFFSET_COMMIT_REQ, txn_api.TXN_OFFSET_COMMIT_RESP)},
+    ApiKey.DESCRIBE_TRANSACTIONS: {
+        0: (txn_api.DESCRIBE_TRANSACTIONS_REQ, txn_api.DESCRIBE_TRANSACTIONS_RESP)
+    },
+    ApiKey.LIST_TRANSACTIONS: {0: (txn_api.LIST_TRANSACTIONS_REQ, txn_api.LIST_TRANSACTIONS_RESP)},
 }
 
 # The version our handlers answer in and our peers ask in when the other side has it.
@@ -710,6 +730,12 @@ ITEM_VERDICT_APIS = frozenset(
         ApiKey.LEAVE_GROUP,
         ApiKey.OFFSET_FETCH,
         ApiKey.LIST_GROUPS,
+        # A transaction's verdict from its coordinator (CONCURRENT_TRANSACTIONS: retry,
+        # PRODUCER_FENCED: give up, ...), read by the producer as data.
+        ApiKey.INIT_PRODUCER_ID,
+        ApiKey.ADD_OFFSETS_TO_TXN,
+        ApiKey.END_TXN,
+        ApiKey.LIST_TRANSACTIONS,
     )
 )
 

@@ -52,7 +52,10 @@ def _with_instance(schema: Validator) -> Validator:
 
 # --- FindCoordinator (10) ------------------------------------------------------------------
 
-FIND_COORDINATOR_REQ = struct({"key": GROUP_ID}, {"key_type": (integer("int8", min=0, max=0), 0)})
+# key_type 0: a group id; 1: a transactional id (its transaction coordinator), as Kafka's.
+FIND_COORDINATOR_REQ = struct(
+    {"key": string(max_len=32767)}, {"key_type": (integer("int8", min=0, max=1), 0)}
+)
 FIND_COORDINATOR_RESP = struct(
     {
         "error_code": _ERROR,

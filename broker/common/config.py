@@ -365,6 +365,58 @@ DEFS: dict[str, ConfigDef] = {
     "offsets.retention.check.interval.ms": ConfigDef(
         int, 600000, "How often the coordinator looks for expired offsets.", 1
     ),
+    # transactions (broker/transaction)
+    "transaction.state.log.num.partitions": ConfigDef(
+        int, 50, "Partitions of __transaction_state, fixed when it is first created.", 1
+    ),
+    "transaction.state.log.replication.factor": ConfigDef(
+        int, 3, "Replicas of __transaction_state (capped at the live brokers when created).", 1
+    ),
+    "transaction.state.log.min.isr": ConfigDef(
+        int,
+        2,
+        "min.insync.replicas of __transaction_state (capped at its replication factor).",
+        1,
+    ),
+    "transaction.state.log.segment.bytes": ConfigDef(
+        int,
+        104857600,
+        "segment.bytes of __transaction_state, fixed when it is first created.",
+        14,
+        max=_INT_MAX,
+    ),
+    "transaction.max.timeout.ms": ConfigDef(
+        int,
+        900000,
+        "The longest transaction.timeout.ms a producer may ask for "
+        "(INVALID_TRANSACTION_TIMEOUT beyond it).",
+        1,
+        max=_INT_MAX,
+    ),
+    "transactional.id.expiration.ms": ConfigDef(
+        int,
+        604800000,
+        "A transactional id with no transaction for this long is removed.",
+        1,
+        max=_INT_MAX,
+    ),
+    "transaction.remove.expired.transaction.cleanup.interval.ms": ConfigDef(
+        int, 3600000, "How often the coordinator looks for expired transactional ids.", 1
+    ),
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": ConfigDef(
+        int,
+        10000,
+        "How long a timed-out transaction's abort waits when a change to it is still "
+        "being written (the timeout itself is a timer task per transaction).",
+        1,
+    ),
+    "transaction.marker.retry.backoff.ms": ConfigDef(
+        int,
+        100,
+        "Wait before writing a transaction's markers again to partitions whose leader "
+        "answered with a retriable error (or did not answer).",
+        1,
+    ),
     "offsets.commit.timeout.ms": ConfigDef(
         int, 5000, "How long an offset commit waits for every in-sync replica.", 1
     ),

@@ -6,8 +6,9 @@ serves InitProducerId from the block until it runs out. A block is never reused:
 that restarts asks for a new one, so ids are unique across restarts and controller
 failover (some ids go unused, as in Kafka).
 
-Without transactions an InitProducerId always gets a new id at epoch 0 (Kafka does the
-same for a null transactional.id; the client bumps the epoch itself, KIP-360).
+An InitProducerId without a transactional id always gets a new id at epoch 0 (Kafka does
+the same for a null transactional.id; the client bumps the epoch itself, KIP-360); one with
+a transactional id is the transaction coordinator's, which takes its new ids from here.
 """
 
 from __future__ import annotations
@@ -44,12 +45,6 @@ class ProducerIdManager:
             self.tasks.start_soon(self._fetch_block)
 
     def init_producer_id(self, body: dict) -> dict | PendingResponse:
-        if body["transactional_id"] is not None:
-            return _error(
-                ErrorCode.INVALID_REQUEST,
-                f"transactions are not supported (transactional.id {body['transactional_id']!r}); "
-                "an idempotent producer needs no transactional.id",
-            )
         if self.next_id < self.end_id:
             return self._grant()
         pending = PendingResponse()

@@ -584,6 +584,12 @@ class GroupCoordinator(StaticMembership):
                     continue
                 group = self.groups[group_id] = GroupMetadata(group_id, partition, now)
             group.offsets = live
+        for producer_id, by_group in contents.pending.items():
+            for group_id, pending in by_group.items():
+                group = self.groups.get(group_id)
+                if group is None:
+                    group = self.groups[group_id] = GroupMetadata(group_id, partition, now)
+                group.pending_txn_offsets[producer_id] = pending
         for group in self.manager.groups_of(partition):
             for member in group.members.values():
                 self.complete_and_schedule_heartbeat(group, member)

@@ -155,6 +155,7 @@ class GroupMetadata:
         "partition",
         "pending_members",
         "pending_sync_members",
+        "pending_txn_offsets",
         "protocol_name",
         "protocol_type",
         "state",
@@ -182,6 +183,9 @@ class GroupMetadata:
         self._protocol_votes: Counter[str] = Counter()
         # (topic, partition) -> its committed offset
         self.offsets: dict[tuple[str, int], Offset] = {}
+        # producer id -> offsets its open transaction committed (TxnOffsetCommit), which
+        # become ``offsets`` when its commit marker arrives, or vanish at its abort.
+        self.pending_txn_offsets: dict[int, dict[tuple[str, int], Offset]] = {}
 
     def __repr__(self) -> str:
         return f"Group({self.group_id!r}, {self.state.value}, gen={self.generation_id})"

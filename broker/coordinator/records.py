@@ -26,7 +26,15 @@ from typing import Any, NamedTuple
 import msgpack
 
 from minibroker.protocol import GROUP_METADATA_TOPIC, encode_batch, iter_batches
-from minibroker.protocol.batch import decode_records
+from minibroker.protocol.batch import (
+    KAFKA_FLAG,
+    BatchHeader,
+    decode_records,
+    producer_fields,
+    unwrap_kafka_batch,
+)
+from minibroker.protocol.kafka import records as kafka_records
+from minibroker.protocol.kafka.messages import read_varint
 
 OFFSETS_TOPIC = GROUP_METADATA_TOPIC
 OFFSET_KEY = 1
@@ -107,9 +115,12 @@ def group_value(group: Any, assignments: dict[str, bytes] | None = None) -> byte
     )
 
 
-def batch(entries: Iterable[tuple[bytes, bytes | None]], timestamp_ms: int) -> bytes:
-    """One batch of (key, value) records; a None value is a tombstone."""
-    return encode_batch([(timestamp_ms, key, value, ()) for key, value in entries])
+def batch(
+    entries: Iterable[tuple[bytes, bytes | None]], timestamp_ms: int, **producer: int
+) -> bytes:
+    """One batch of (key, value) records; a None value is a tombstone. ``producer``
+    (producer_id, producer_epoch) stamps a transaction's batch (TxnOffsetCommit)."""
+    return encode_batch([(timestamp_ms, key, value, ()) for key, value in entries], **producer)
 
 
 class PartitionContents:
@@ -121,15 +132,58 @@ class PartitionContents:
         self.skipped = 0  # records that are not ours (or not readable): ignored
         # Wall time of each group's latest metadata record (when an Empty group emptied).
         self.group_timestamps: dict[str, int] = {}
+        # producer id -> its transaction's offset records not yet resolved by a marker
+        self._pending_records: dict[int, list[tuple[bytes | None, bytes | None, int]]] = {}
 
     def replay(self, data: bytes) -> int:
-        """Apply the records of ``data`` (whole batches); returns the next offset."""
+        """Apply the records of ``data`` (whole batches); returns the next offset.
+
+        A batch with producer fields is a transaction's (TxnOffsetCommit): its offsets
+        wait under the producer id until that producer's marker (a control batch) says
+        commit (they apply, at the marker's place in the log) or abort (dropped). What is
+        still pending at the end is an open transaction's: ``pending``.
+        """
         next_offset = -1
         for pos, header in iter_batches(data, verify=True, allow_partial=True):
             next_offset = header.next_offset
+            marker = control_marker(data, pos, header)
+            if marker is not None:
+                self._resolve(*marker)
+                continue
+            producer = producer_fields(data, pos, header)
             for record in decode_records(data, pos, header):
-                self._apply(record.key, record.value, record.timestamp)
+                if producer is not None:
+                    self._apply_pending(producer[0], record.key, record.value, record.timestamp)
+                else:
+                    self._apply(record.key, record.value, record.timestamp)
         return next_offset
+
+    def _apply_pending(
+        self, producer_id: int, raw_key: bytes | None, raw_value: bytes | None, timestamp: int
+    ) -> None:
+        self._pending_records.setdefault(producer_id, []).append((raw_key, raw_value, timestamp))
+
+    def _resolve(self, producer_id: int, commit: bool) -> None:
+        for raw_key, raw_value, timestamp in self._pending_records.pop(producer_id, ()):
+            if commit:
+                self._apply(raw_key, raw_value, timestamp)
+
+    @property
+    def pending(self) -> dict[int, dict[str, dict[tuple[str, int], Offset]]]:
+        """producer id -> group -> the offsets its open transaction committed."""
+        out: dict[int, dict[str, dict[tuple[str, int], Offset]]] = {}
+        for producer_id, records in self._pending_records.items():
+            for raw_key, raw_value, _ in records:
+                try:
+                    key = msgpack.unpackb(raw_key, raw=False)
+                    value = msgpack.unpackb(raw_value, raw=False)
+                    if key[0] != OFFSET_KEY or len(key) != 4 or not isinstance(value, dict):
+                        continue
+                    offsets = out.setdefault(producer_id, {}).setdefault(key[1], {})
+                    offsets[(key[2], key[3])] = read_offset_value(value)
+                except Exception:
+                    self.skipped += 1
+        return out
 
     def _apply(self, raw_key: bytes | None, raw_value: bytes | None, timestamp: int) -> None:
         try:
@@ -153,3 +207,27 @@ class PartitionContents:
             self.group_timestamps[key[1]] = timestamp
         else:
             self.skipped += 1
+
+
+def control_marker(data: bytes, pos: int, header: BatchHeader) -> tuple[int, bool] | None:
+    """``(producer_id, commit)`` of a transaction marker (a Kafka v2 control batch the
+    partition leader appended for WriteTxnMarkers), None for any other batch. Its one
+    record's key is int16 version + int16 type (0 abort, 1 commit), as Kafka's."""
+    if not header.attributes & KAFKA_FLAG:
+        return None
+    try:
+        inner = unwrap_kafka_batch(data, pos, header)
+        kafka = kafka_records.unpack_header(inner)
+        if not kafka.attributes & kafka_records.CONTROL_FLAG:
+            return None
+        body = inner[kafka_records.HEADER_SIZE :]
+        at = read_varint(body, 0)[1] + 1  # the record's length, then its attributes
+        at = read_varint(body, at)[1]  # timestamp delta
+        at = read_varint(body, at)[1]  # offset delta
+        length, at = read_varint(body, at)
+        if length < 4:
+            return None
+        kind = int.from_bytes(body[at + 2 : at + 4], "big", signed=True)
+        return kafka.producer_id, kind == 1
+    except Exception:  # not a readable marker: not ours to interpret
+        return None

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from minibroker.broker.common.tasks import Spawner
-from minibroker.broker.coordinator import offsets
+from minibroker.broker.coordinator import offsets, txn_offsets
 from minibroker.broker.coordinator.coordinator import GroupCoordinator
 from minibroker.broker.coordinator.expiry import OffsetExpiry
 from minibroker.broker.coordinator.manager import GroupMetadataManager
@@ -19,6 +19,7 @@ from minibroker.broker.coordinator.records import OFFSETS_TOPIC, PartitionConten
 from minibroker.broker.metadata.image import ClusterMetadata
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.purgatory import DeadlinePurgatory, Purgatory, Timer
+from minibroker.broker.replication.coordinator_log import coordinator_answer, no_coordinator
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.protocol.errors import ErrorCode
 
@@ -73,31 +74,16 @@ class CoordinatorService:
     def find_coordinator(self, body: dict) -> dict:
         """The leader of the group's offsets partition; the topic is created on first use."""
         md = self.metadata()
-        topic = md.topics.get(OFFSETS_TOPIC)
-        if topic is None:
+        if OFFSETS_TOPIC not in md.topics:
             live = len(md.live) or len(md.brokers) or 1
             self.create_offsets_topic(
                 self.config["offsets.topic.num.partitions"],
                 min(self.config["offsets.topic.replication.factor"], live),
             )
-            return _no_coordinator("__consumer_offsets is being created")
-        if not body["key"]:
-            return {**_no_coordinator(None), "error_code": int(ErrorCode.INVALID_GROUP_ID)}
-        partition = self.manager.partition_for(body["key"])
-        if partition >= len(topic.partitions):
-            return _no_coordinator(None)
-        leader = topic.partitions[partition].leader
-        broker = md.brokers.get(leader)
-        if broker is None:
-            return _no_coordinator(f"{OFFSETS_TOPIC}-{partition} has no leader")
-        return {
-            "error_code": 0,
-            "node_id": broker.node_id,
-            "host": broker.host,
-            "port": broker.port,
-            "error_message": None,
-            "throttle_time_ms": 0,
-        }
+            return no_coordinator("__consumer_offsets is being created")
+        if not body["key"] or len(body["key"]) > 255:  # the group APIs' limit (group_api.py)
+            return no_coordinator(None, ErrorCode.INVALID_GROUP_ID)
+        return coordinator_answer(md, OFFSETS_TOPIC, self.manager.partition_for(body["key"]))
 
     def join_group(self, body: dict, client_id: str, client_host: str) -> dict | PendingResponse:
         return self.coordinator.join_group(body, client_id, client_host)
@@ -116,6 +102,14 @@ class CoordinatorService:
         state = self.metadata().topics.get(topic)
         return state is not None and 0 <= partition < len(state.partitions)
 
+    def txn_commit_offsets(self, body: dict) -> dict | PendingResponse:
+        return txn_offsets.txn_commit_offsets(self.coordinator, body, self._partition_exists)
+
+    def complete_txn(self, topic: str, partition: int, producer_id: int, commit: bool) -> None:
+        """A transaction marker landed on ``topic``-``partition`` (the replica manager's
+        txn_marker_listeners): settle that producer's pending offsets there."""
+        txn_offsets.complete_txn(self.coordinator, topic, partition, producer_id, commit)
+
     def fetch_offsets(self, body: dict) -> dict:
         return offsets.fetch_offsets(self.coordinator, body)
 
@@ -132,22 +126,14 @@ class CoordinatorService:
 
     def on_metadata(self, md: ClusterMetadata) -> None:
         """Load the offsets partitions this broker now leads; unload those it lost."""
-        topic = md.topics.get(OFFSETS_TOPIC)
-        if topic is None:
-            return
-        manager = self.manager
-        manager.num_partitions = len(topic.partitions)
-        replicas = manager.replica_manager.partitions
-        for index, state in enumerate(topic.partitions):
-            replica = replicas.get((OFFSETS_TOPIC, index))
-            leads = state.leader == self.broker_id and replica is not None and replica.is_leader
-            loaded_at = manager.owned.get(index, manager.loading.get(index))
-            if loaded_at is not None and (not leads or loaded_at != state.leader_epoch):
-                # Lost it, or lost and regained it: what we hold may be stale either way.
-                for group in manager.resign(index):
-                    self.coordinator.partition_unloaded(group)
-            if leads:
-                manager.start_load(index, state.leader_epoch, self.partition_loaded)
+        self.manager.leadership_changed(md, self._unload, self._load)
+
+    def _unload(self, partition: int) -> None:
+        for group in self.manager.resign(partition):
+            self.coordinator.partition_unloaded(group)
+
+    def _load(self, partition: int, epoch: int) -> None:
+        self.manager.start_load(partition, epoch, self.partition_loaded)
 
     def partition_loaded(self, partition: int, contents: PartitionContents) -> None:
         self.coordinator.partition_loaded(partition, contents)
@@ -162,14 +148,3 @@ class CoordinatorService:
             "groups_expired": self.expiry.deleted_groups,
             "purgatory": {name: p.stats() for name, p in self.purgatories.items()},
         }
-
-
-def _no_coordinator(message: str | None) -> dict:
-    return {
-        "error_code": int(ErrorCode.COORDINATOR_NOT_AVAILABLE),
-        "node_id": -1,
-        "host": "",
-        "port": -1,
-        "error_message": message,
-        "throttle_time_ms": 0,
-    }

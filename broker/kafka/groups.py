@@ -23,11 +23,6 @@ from minibroker.protocol.errors import ErrorCode
 from minibroker.protocol.kafka.acl_operations import GROUP_OPERATIONS, authorized
 
 _MEMBER_ID_REQUIRED = int(ErrorCode.MEMBER_ID_REQUIRED)
-_TRANSACTION_KEY = 1  # FindCoordinator key_type: 0 a group, 1 a transactional id
-TRANSACTIONS_NOT_SERVED = (
-    "transactions are not served by minibroker: drop transactional.id (an idempotent "
-    "producer, enable.idempotence=true, is served)"
-)
 
 
 def _code(answer: dict) -> int:
@@ -55,16 +50,6 @@ class GroupApis:
         }
 
     def find_coordinator(self, header, body, session) -> Any:
-        if body.get("key_type", 0) == _TRANSACTION_KEY:
-            # Not retriable, so a transactional producer's init_transactions() fails at once
-            # with this answer instead of retrying a lookup for ever.
-            return {
-                "error_code": int(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
-                "error_message": TRANSACTIONS_NOT_SERVED,
-                "node_id": -1,
-                "host": "",
-                "port": -1,
-            }
         native = {"key": body["key"], "key_type": body.get("key_type", 0)}
         result = self._native(header, ApiKey.FIND_COORDINATOR, native, session)
         return then(result, self._coordinator_answer)

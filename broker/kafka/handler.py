@@ -21,6 +21,7 @@ from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
 from minibroker.broker.kafka.fetch_session import FetchSessionCache
 from minibroker.broker.kafka.groups import GroupApis
 from minibroker.broker.kafka.metadata import MetadataApis
+from minibroker.broker.kafka.transactions import TransactionApis
 from minibroker.broker.kafka.translate import failed
 from minibroker.broker.metadata.cache import MetadataCache
 from minibroker.broker.metadata.check import topic_name_error
@@ -34,7 +35,7 @@ from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader, api_versions
 _RESOURCE_TOPIC = 2
 
 
-class KafkaRequestHandler(MetadataApis, GroupApis, AdminApis):
+class KafkaRequestHandler(MetadataApis, GroupApis, TransactionApis, AdminApis):
     """Kafka's KafkaApis for stock clients, built on the native handler."""
 
     def __init__(
@@ -57,10 +58,10 @@ class KafkaRequestHandler(MetadataApis, GroupApis, AdminApis):
             KafkaApi.FETCH: self.fetch,
             KafkaApi.LIST_OFFSETS: self.list_offsets,
             KafkaApi.CREATE_TOPICS: self.create_topics,
-            KafkaApi.INIT_PRODUCER_ID: self.init_producer_id,
             KafkaApi.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             KafkaApi.DESCRIBE_CONFIGS: self.describe_configs,
             **self.group_handlers(),
+            **self.transaction_handlers(),
             **self.admin_handlers(),
         }
 
@@ -327,24 +328,6 @@ class KafkaRequestHandler(MetadataApis, GroupApis, AdminApis):
             return {"topics": out + refused}
 
         return then(result, answer)
-
-    def init_producer_id(self, header, body, session) -> Any:
-        if body["transactional_id"] is not None:
-            return {
-                "error_code": int(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
-                "producer_id": -1,
-                "producer_epoch": -1,
-            }
-        native = {"transaction_timeout_ms": body["transaction_timeout_ms"]}
-        result = self._native(header, ApiKey.INIT_PRODUCER_ID, native, session)
-        return then(
-            result,
-            lambda a: {
-                "error_code": a["error_code"],
-                "producer_id": a.get("producer_id", -1),
-                "producer_epoch": a.get("producer_epoch", -1),
-            },
-        )
 
     def offset_for_leader_epoch(self, header, body, session) -> Any:
         native = {

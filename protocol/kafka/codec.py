@@ -68,6 +68,12 @@ SPEC_NAMES = {
     KafkaApi.OFFSET_FOR_LEADER_EPOCH: "OffsetForLeaderEpoch",
     KafkaApi.DESCRIBE_CONFIGS: "DescribeConfigs",
     ApiKey.DELETE_GROUPS: "DeleteGroups",
+    ApiKey.ADD_PARTITIONS_TO_TXN: "AddPartitionsToTxn",
+    ApiKey.ADD_OFFSETS_TO_TXN: "AddOffsetsToTxn",
+    ApiKey.END_TXN: "EndTxn",
+    ApiKey.TXN_OFFSET_COMMIT: "TxnOffsetCommit",
+    ApiKey.DESCRIBE_TRANSACTIONS: "DescribeTransactions",
+    ApiKey.LIST_TRANSACTIONS: "ListTransactions",
 }
 
 # (min, max) served. Produce from v3 (v2 batches only), Fetch from v4 (isolation level).
@@ -85,7 +91,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     KafkaApi.DELETE_TOPICS: (0, 6),
     KafkaApi.ELECT_LEADERS: (0, 2),
     KafkaApi.DESCRIBE_CLUSTER: (0, 1),
-    KafkaApi.INIT_PRODUCER_ID: (0, 1),
+    # InitProducerId to v4: v3 carries the producer's own id and epoch (KIP-360, which
+    # librdkafka needs to bump an epoch), v4 knows PRODUCER_FENCED (KIP-588).
+    KafkaApi.INIT_PRODUCER_ID: (0, 4),
     KafkaApi.OFFSET_FOR_LEADER_EPOCH: (0, 3),
     KafkaApi.DESCRIBE_CONFIGS: (0, 3),
     # The classic group protocol, from v0: librdkafka turns its balanced consumer on only
@@ -105,6 +113,15 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.LIST_GROUPS: (0, 2),
     ApiKey.DESCRIBE_GROUPS: (0, 4),
     ApiKey.DELETE_GROUPS: (0, 1),
+    # Transactions (KIP-98, KIP-447, KIP-664), to the last version before AddPartitionsToTxn
+    # v4's broker-to-broker batching (KIP-890) and EndTxn/AddOffsetsToTxn v4's epoch bump
+    # per transaction: TxnOffsetCommit v3 carries the consumer's generation (KIP-447).
+    ApiKey.ADD_PARTITIONS_TO_TXN: (0, 3),
+    ApiKey.ADD_OFFSETS_TO_TXN: (0, 3),
+    ApiKey.END_TXN: (0, 3),
+    ApiKey.TXN_OFFSET_COMMIT: (0, 3),
+    ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
+    ApiKey.LIST_TRANSACTIONS: (0, 1),
 }
 
 _HEAD = struct.Struct(">hhih")  # api_key, api_version, correlation_id, client_id length

@@ -1,0 +1,465 @@
+"""Stock clients' transactional producers against a real cluster's transaction coordinators
+(broker/transaction): FindCoordinator key type 1 and __transaction_state created on first
+use, InitProducerId with a transactional id, zombie fencing, ListTransactions and
+DescribeTransactions on the Kafka listener, and faults injected into the transaction APIs.
+
+The end-to-end tests that need the partition side too (transactional produce batches,
+markers written by WriteTxnMarkers, read_committed) run once the broker has it; until then
+they are skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+
+import pytest
+from confluent_kafka import Consumer as RdConsumer
+from confluent_kafka import KafkaError as RdKafkaError
+from confluent_kafka import KafkaException
+from confluent_kafka import Producer as RdProducer
+from confluent_kafka import TopicPartition as RdTopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
+from minibroker.protocol import ApiKey
+from minibroker.protocol.kafka import KafkaRequestHeader, decode_response, encode_request
+
+pytestmark = pytest.mark.integration
+
+
+def _partition_side_served() -> bool:
+    """The broker writes transactional batches and markers (the partition side, built
+    beside the coordinator): a stock client's transactional batch is no longer refused."""
+    from minibroker.broker.storage import record_validation
+
+    with open(record_validation.__file__) as source:
+        return "transactional and control batches are not served" not in source.read()
+
+
+needs_partition_side = pytest.mark.skipif(
+    not _partition_side_served(),
+    reason="transactional produce and WriteTxnMarkers are the partition side's (txnlog)",
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    config = {
+        **DEFAULT_CONFIG,
+        "transaction.state.log.num.partitions": 3,
+        "offsets.topic.num.partitions": 3,
+        "group.initial.rebalance.delay.ms": 0,
+    }
+    cluster = start_cluster(tmp_path_factory.mktemp("txn"), 3, config)
+    yield cluster
+    cluster.close()
+
+
+def create(bootstrap: str, name: str, partitions: int = 1) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(name, partitions, 3)]).values():
+        future.result(30)
+
+
+def kafka_listeners(cluster) -> list[tuple[str, int]]:
+    out = []
+    for address in cluster.kafka_bootstrap.split(","):
+        host, _, port = address.rpartition(":")
+        out.append((host, int(port)))
+    return out
+
+
+def kafka_call(address: tuple[str, int], api: int, version: int, body: dict) -> dict:
+    header = KafkaRequestHeader(api, version, 7, "txn-test")
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(encode_request(header, body))
+        stream = sock.makefile("rb")
+        (size,) = struct.unpack(">i", stream.read(4))
+        return decode_response(header, stream.read(size))
+
+
+def describe(cluster, transactional_id: str, *, settled: bool = True) -> dict | None:
+    """DescribeTransactions on every live Kafka listener: the coordinator's answer, with
+    the coordinator's id as ``broker``; None when none answers for it (a failover under
+    way) and not ``settled``."""
+    states = []
+    answers = []
+    for broker, address in enumerate(kafka_listeners(cluster)):
+        if cluster.status(broker) != "alive":
+            continue
+        answer = kafka_call(
+            address, ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [transactional_id]}
+        )
+        answers.append(answer)
+        states += [
+            {**s, "broker": broker} for s in answer["transaction_states"] if s["error_code"] == 0
+        ]
+    if not states and not settled:
+        return None
+    assert len(states) == 1, answers
+    return states[0]
+
+
+def rd_producer(cluster, transactional_id: str, **conf) -> RdProducer:
+    return RdProducer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "transactional.id": transactional_id,
+            **conf,
+        }
+    )
+
+
+# --- the coordinator alone ----------------------------------------------------------------
+
+
+def test_each_client_initialises_transactions(cluster):
+    producer = rd_producer(cluster, "rd-init")
+    producer.init_transactions(60)
+    state = describe(cluster, "rd-init")
+    assert (state["transaction_state"], state["producer_epoch"]) == ("Empty", 0)
+    first_id = state["producer_id"]
+    # a restarted instance of the same application: same producer id, next epoch
+    rd_producer(cluster, "rd-init").init_transactions(60)
+    state = describe(cluster, "rd-init")
+    assert (state["producer_id"], state["producer_epoch"]) == (first_id, 1)
+
+    from kafka import KafkaProducer
+
+    kp = KafkaProducer(
+        bootstrap_servers=cluster.kafka_bootstrap,
+        transactional_id="kp-init",
+        enable_idempotence=True,
+    )
+    try:
+        kp.init_transactions()
+    finally:
+        kp.close(5)
+    assert describe(cluster, "kp-init")["transaction_state"] == "Empty"
+
+    from aiokafka import AIOKafkaProducer
+
+    async def start_aiokafka() -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=cluster.kafka_bootstrap, transactional_id="aio-init"
+        )
+        try:
+            await asyncio.wait_for(producer.start(), 30)
+        finally:
+            await producer.stop()
+
+    asyncio.run(start_aiokafka())
+    assert describe(cluster, "aio-init")["transaction_state"] == "Empty"
+
+
+def test_list_transactions_names_each_coordinators_ids(cluster):
+    rd_producer(cluster, "listed").init_transactions(60)
+    listed = []
+    for address in kafka_listeners(cluster):
+        answer = kafka_call(
+            address,
+            ApiKey.LIST_TRANSACTIONS,
+            0,
+            {"state_filters": ["Empty", "Nonsense"], "producer_id_filters": []},
+        )
+        assert answer["error_code"] == 0
+        assert answer["unknown_state_filters"] == ["Nonsense"]
+        listed += [s["transactional_id"] for s in answer["transaction_states"]]
+    assert listed.count("listed") == 1  # answered by its coordinator only
+
+
+def test_a_second_producer_with_the_same_transactional_id_fences_the_first(cluster):
+    create(cluster.kafka_bootstrap, "fenced")
+    zombie = rd_producer(cluster, "fence-me")
+    zombie.init_transactions(60)
+    successor = rd_producer(cluster, "fence-me")
+    successor.init_transactions(60)
+    assert describe(cluster, "fence-me")["producer_epoch"] == 1
+    zombie.begin_transaction()
+    zombie.produce("fenced", b"from the zombie")
+    with pytest.raises(KafkaException) as raised:
+        zombie.commit_transaction(30)
+    error = raised.value.args[0]
+    assert error.fatal(), error
+    assert error.code() in (
+        RdKafkaError._FENCED,
+        RdKafkaError.PRODUCER_FENCED,
+        RdKafkaError.INVALID_PRODUCER_EPOCH,
+    ), error
+    # the successor's id is untouched by the zombie
+    assert describe(cluster, "fence-me")["producer_epoch"] == 1
+
+
+def test_faults_fail_and_delay_the_transaction_apis(cluster):
+    """`minibroker faults` reaches the transaction APIs as any other (Kafka's api keys)."""
+    brokers = range(cluster.brokers)
+    for broker in brokers:
+        cluster.fail_api(broker, "init_producer_id", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
+    try:
+        with pytest.raises(KafkaException) as raised:
+            rd_producer(cluster, "faulted").init_transactions(30)
+        assert raised.value.args[0].code() == RdKafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    finally:
+        cluster.clear_faults()
+    for broker in brokers:
+        cluster.delay_api(broker, "init_producer_id", 1500)
+    try:
+        started = time.monotonic()
+        rd_producer(cluster, "delayed").init_transactions(30)
+        assert time.monotonic() - started >= 1.5  # the fault's effect, not a speed claim
+    finally:
+        cluster.clear_faults()
+
+
+# --- end to end, with the partition side --------------------------------------------------
+
+
+def read_committed(
+    cluster, topic: str, partitions: int, expect: int, isolation: str = "read_committed"
+) -> list[bytes]:
+    """What a consumer at ``isolation`` reads from the start: ``expect`` records, or all it
+    got within 20 s (more than ``expect`` would also show)."""
+    consumer = RdConsumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "group.id": f"reader-{topic}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.assign([RdTopicPartition(topic, p, 0) for p in range(partitions)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(got) < expect:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                got.append(message.value())
+        return got
+    finally:
+        consumer.close()
+
+
+def wait_for_state(cluster, transactional_id: str, state: str) -> None:
+    """EndTxn answers once PrepareCommit/PrepareAbort is written; the markers follow."""
+    deadline = time.monotonic() + 30
+    while (describe(cluster, transactional_id, settled=False) or {}).get(
+        "transaction_state"
+    ) != state:
+        assert time.monotonic() < deadline, f"{transactional_id} never reached {state}"
+        time.sleep(0.05)
+
+
+@needs_partition_side
+def test_commit_is_visible_abort_is_not(cluster):
+    create(cluster.kafka_bootstrap, "eos-out", 3)
+    producer = rd_producer(cluster, "eos-writer")
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    for i in range(30):
+        producer.produce("eos-out", b"committed-%d" % i, partition=i % 3)
+    producer.commit_transaction(30)
+    wait_for_state(cluster, "eos-writer", "CompleteCommit")
+    producer.begin_transaction()
+    for i in range(30):
+        producer.produce("eos-out", b"aborted-%d" % i, partition=i % 3)
+    producer.flush(30)  # in the log, so the abort has partitions to mark
+    producer.abort_transaction(30)
+    wait_for_state(cluster, "eos-writer", "CompleteAbort")
+    got = read_committed(cluster, "eos-out", 3, 30)
+    assert sorted(got) == sorted(b"committed-%d" % i for i in range(30))
+    everything = read_committed(cluster, "eos-out", 3, 60, "read_uncommitted")
+    assert sorted(everything) == sorted(
+        [b"committed-%d" % i for i in range(30)] + [b"aborted-%d" % i for i in range(30)]
+    )
+
+
+@needs_partition_side
+def test_offsets_sent_in_a_transaction_commit_with_it(cluster):
+    create(cluster.kafka_bootstrap, "eos-in")
+    create(cluster.kafka_bootstrap, "eos-copy")
+    producer = rd_producer(cluster, "eos-copier")
+    producer.init_transactions(60)
+    consumer = RdConsumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "group.id": "copier",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        producer.begin_transaction()
+        producer.produce("eos-copy", b"copied")
+        consumer.assign([RdTopicPartition("eos-in", 0, 0)])
+        offsets = [RdTopicPartition("eos-in", 0, 42)]
+        producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 30)
+        assert consumer.committed([RdTopicPartition("eos-in", 0)], 10)[0].offset < 0
+        producer.commit_transaction(30)
+        wait_for_state(cluster, "eos-copier", "CompleteCommit")  # every marker written
+        assert consumer.committed([RdTopicPartition("eos-in", 0)], 10)[0].offset == 42
+    finally:
+        consumer.close()
+
+
+@needs_partition_side
+def test_transaction_timeout_aborts_an_abandoned_transaction(cluster):
+    create(cluster.kafka_bootstrap, "eos-abandoned")
+    producer = rd_producer(cluster, "eos-abandoner", **{"transaction.timeout.ms": 2000})
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    producer.produce("eos-abandoned", b"never committed")
+    producer.flush(30)
+    deadline = time.monotonic() + 30
+    while describe(cluster, "eos-abandoner")["transaction_state"] != "CompleteAbort":
+        assert time.monotonic() < deadline, "the abandoned transaction was not aborted"
+        time.sleep(0.1)
+    with pytest.raises(KafkaException):
+        producer.commit_transaction(30)
+    assert read_committed(cluster, "eos-abandoned", 1, 1) == []
+
+
+@needs_partition_side
+def test_a_failing_marker_write_holds_the_commit_until_the_fault_is_lifted(cluster):
+    create(cluster.kafka_bootstrap, "eos-marker")
+    leader = cluster.leader("eos-marker")
+    producer = rd_producer(cluster, "eos-marked")
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    producer.produce("eos-marker", b"held")
+    producer.flush(30)
+    cluster.fail_api(leader, "write_txn_markers", "NOT_ENOUGH_REPLICAS")
+    try:
+        producer.commit_transaction(30)  # answered once PrepareCommit is in the log
+        deadline = time.monotonic() + 30
+        while not any(
+            cluster.stats(b)["transactions"]["marker_retries"] for b in range(cluster.brokers)
+        ):
+            assert time.monotonic() < deadline, "the marker write was never retried"
+            time.sleep(0.05)
+        assert describe(cluster, "eos-marked")["transaction_state"] == "PrepareCommit"
+    finally:
+        cluster.clear_faults()
+    deadline = time.monotonic() + 30
+    while describe(cluster, "eos-marked")["transaction_state"] != "CompleteCommit":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert read_committed(cluster, "eos-marker", 1, 1) == [b"held"]
+
+
+@needs_partition_side
+def test_a_coordinator_killed_mid_commit_is_completed_by_the_next(cluster):
+    """The commit is decided (PrepareCommit written, EndTxn answered) while the data
+    partition's leader refuses the marker; the coordinator's broker is killed; the new
+    coordinator loads __transaction_state and completes the commit: a read_committed
+    reader sees the whole transaction, never a part of it."""
+    create(cluster.kafka_bootstrap, "eos-failover", 2)
+    producer = rd_producer(cluster, "eos-survivor")
+    producer.init_transactions(60)
+    coordinator = describe(cluster, "eos-survivor")["broker"]
+    leaders = {cluster.leader("eos-failover", p) for p in range(2)}
+    producer.begin_transaction()
+    for i in range(20):
+        producer.produce("eos-failover", b"whole-%d" % i, partition=i % 2)
+    producer.flush(30)
+    for leader in leaders - {coordinator}:
+        cluster.fail_api(leader, "write_txn_markers", "NOT_ENOUGH_REPLICAS")
+    producer.commit_transaction(30)
+    cluster.kill(coordinator)
+    killed = time.monotonic()
+    try:
+        cluster.clear_faults()
+        wait_for_state(cluster, "eos-survivor", "CompleteCommit")
+        took = time.monotonic() - killed
+        assert describe(cluster, "eos-survivor")["broker"] != coordinator
+    finally:
+        cluster.restart(coordinator)
+    print(f"coordinator failover mid-commit completed {took:.2f}s after the kill")
+    got = read_committed(cluster, "eos-failover", 2, 20)
+    assert sorted(got) == sorted(b"whole-%d" % i for i in range(20))
+
+
+@needs_partition_side
+def test_kafka_python_commits_aborts_and_is_fenced(cluster):
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError as KpError
+
+    create(cluster.kafka_bootstrap, "kp-eos")
+
+    def producer():
+        return KafkaProducer(
+            bootstrap_servers=cluster.kafka_bootstrap,
+            transactional_id="kp-eos",
+            enable_idempotence=True,
+        )
+
+    kp = producer()
+    kp.init_transactions()
+    kp.begin_transaction()
+    kp.send("kp-eos", b"kept").get(30)
+    kp.commit_transaction()
+    kp.begin_transaction()
+    kp.send("kp-eos", b"dropped").get(30)
+    kp.abort_transaction()
+    wait_for_state(cluster, "kp-eos", "CompleteAbort")
+    assert read_committed(cluster, "kp-eos", 1, 1) == [b"kept"]
+    successor = producer()
+    successor.init_transactions()
+    kp.begin_transaction()
+    with pytest.raises(KpError):
+        kp.send("kp-eos", b"zombie").get(30)
+        kp.commit_transaction()
+    successor.close(5)
+    kp.close(5)
+    assert read_committed(cluster, "kp-eos", 1, 2) == [b"kept"]
+
+
+@needs_partition_side
+def test_aiokafka_consume_transform_produce(cluster):
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    create(cluster.kafka_bootstrap, "aio-in")
+    create(cluster.kafka_bootstrap, "aio-out")
+    seed = RdProducer({"bootstrap.servers": cluster.kafka_bootstrap})
+    for i in range(5):
+        seed.produce("aio-in", b"in-%d" % i)
+    seed.flush(30)
+
+    async def run() -> int | None:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=cluster.kafka_bootstrap,
+            group_id="aio-app",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+        )
+        producer = AIOKafkaProducer(
+            bootstrap_servers=cluster.kafka_bootstrap, transactional_id="aio-app"
+        )
+        await asyncio.wait_for(producer.start(), 30)
+        await consumer.start()
+        try:
+            tp = TopicPartition("aio-in", 0)
+            consumer.assign([tp])
+            got = await consumer.getmany(tp, timeout_ms=10_000, max_records=5)
+            records = got.get(tp, [])
+            async with producer.transaction():
+                for record in records:
+                    await producer.send("aio-out", record.value.upper())
+                await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, "aio-app")
+            return len(records)
+        finally:
+            await consumer.stop()
+            await producer.stop()
+
+    assert asyncio.run(run()) == 5
+    wait_for_state(cluster, "aio-app", "CompleteCommit")
+    out = read_committed(cluster, "aio-out", 1, 5)
+    assert sorted(out) == [b"IN-%d" % i for i in range(5)]
+    checker = RdConsumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": "aio-app"})
+    try:
+        assert checker.committed([RdTopicPartition("aio-in", 0)], 10)[0].offset == 5
+    finally:
+        checker.close()
