@@ -34,6 +34,7 @@ from minibroker.broker.network.deferral import RequestDeferral
 from minibroker.broker.network.faults import FaultError, FaultInjector
 from minibroker.broker.network.pending import PendingResponse, then
 from minibroker.broker.network.session import ConnectionSession
+from minibroker.broker.quota import ClientQuotas
 from minibroker.broker.raft.driver import QuorumDriver
 from minibroker.broker.raft.wire import QUORUM_APIS, SENDER_FIELDS
 from minibroker.broker.replication.fetch_request import FetchRequest
@@ -115,6 +116,7 @@ class RequestHandler:
         deferral: RequestDeferral,
         stats: Callable[[], dict],
         coordinator: CoordinatorService | None = None,
+        quotas: ClientQuotas | None = None,
     ) -> None:
         self.broker_id = broker_id
         self.config = config
@@ -130,6 +132,7 @@ class RequestHandler:
         self.deferral = deferral
         self.stats = stats
         self.coordinator = coordinator
+        self.quotas = quotas
         # The same for every request: one object, so the network layer packs it once.
         self._api_versions = {"error_code": 0, "api_versions": supported_versions()}
         self.handlers = self._handlers()
@@ -460,7 +463,22 @@ class RequestHandler:
                 self._auto_create(missing)
         # Kafka's rule: only the admin client id may write internal topics from outside.
         allowed = header.client_id == ADMIN_CLIENT_ID
-        return self.replica_manager.produce(body, session, internal_topics_allowed=allowed)
+        result = self.replica_manager.produce(body, session, internal_topics_allowed=allowed)
+        quotas = self.quotas
+        if quotas is not None and quotas.produce.enabled:
+            return self._produce_throttled(header, body, session, result)
+        return result
+
+    def _produce_throttled(
+        self, header: RequestHeader, body: dict, session: ConnectionSession, result: Any
+    ) -> Any:
+        """producer_byte_rate: the request's record bytes count against the producer's
+        quota; its answer says for how long the connection is muted (Produce v1+)."""
+        size = sum(len(p["records"]) for t in body["topics"] for p in t["partitions"])
+        throttle = self.quotas.record(self.quotas.produce, session, header.client_id, size)
+        if not throttle or result is None or header.api_version < 1:
+            return result
+        return then(result, lambda answer: {**answer, "throttle_time_ms": throttle})
 
     def fetch(
         self, header: RequestHeader, fetch: FetchRequest, session: ConnectionSession
@@ -469,7 +487,20 @@ class RequestHandler:
         refusal = self.refuse_replica_view(header, fetch.replica_id, session)
         if refusal is not None:
             return refusal
-        return self.replica_manager.fetch(fetch, session)
+        result = self.replica_manager.fetch(fetch, session)
+        quotas = self.quotas
+        if quotas is not None and fetch.replica_id < 0 and quotas.fetch.enabled:
+            client_id = header.client_id
+            return then(result, lambda answer: self._fetch_throttled(answer, client_id, session))
+        return result
+
+    def _fetch_throttled(self, answer: dict, client_id: str | None, session: Any) -> dict:
+        """consumer_byte_rate: the answer's record bytes count against the consumer's quota
+        once they are known (Kafka records a fetch's response size)."""
+        size = sum(len(p["records"]) for t in answer.get("topics", ()) for p in t["partitions"])
+        throttle = self.quotas.record(self.quotas.fetch, session, client_id, size)
+        # A copy: identical long polls share one answer body (ReplicaManager).
+        return {**answer, "throttle_time_ms": throttle} if throttle else answer
 
     def init_producer_id(
         self, header: RequestHeader, body: dict, session: ConnectionSession

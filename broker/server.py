@@ -45,6 +45,7 @@ from minibroker.broker.network.poller import choose_backend
 from minibroker.broker.network.request_metrics import RequestMetrics
 from minibroker.broker.network.socket_server import ConnectionHandler, max_connections_for
 from minibroker.broker.purgatory import MonotonicClock, Purgatory, SystemTimer, switch_interval_for
+from minibroker.broker.quota import ClientQuotas
 from minibroker.broker.raft.config import quorum_config
 from minibroker.broker.raft.driver import QuorumDriver
 from minibroker.broker.raft.effects import LeaderChanged
@@ -136,6 +137,13 @@ class Broker:
         self.producer_ids = ProducerIdManager(self._allocate_producer_ids, self.tasks, logger)
         self._creating_offsets_topic = False  # one CreateTopics for it at a time
         self.coordinator = self._coordinator()
+        # Client quotas: their throttles end on the shared timer (broker/quota/throttle.py).
+        self.quotas = ClientQuotas(
+            self.timer,
+            self.clock,
+            samples=config["quota.window.num"],
+            window_ms=config["quota.window.size.seconds"] * 1000,
+        )
         self.publisher = MetadataPublisher(
             broker_id,
             self.cache,
@@ -284,6 +292,7 @@ class Broker:
             deferral=RequestDeferral(self.tasks, self.cache.ready),
             stats=self.stats,
             coordinator=self.coordinator,
+            quotas=self.quotas,
         )
 
     def _socket_server(self, handler: RequestHandler) -> ConnectionHandler:
@@ -402,6 +411,8 @@ class Broker:
                 }
             ],
             "connections_muted": self.connections.muted_connections,
+            "connections_throttled": self.connections.throttled_connections,
+            "quotas": self.quotas.stats(),
             "poller": self.poller,
             "purgatory": {
                 "produce": rm.produce_purgatory.stats(),
@@ -441,6 +452,8 @@ class Broker:
             *self.coordinator.purgatories.values(),
         ):
             purgatory.set_expiry_handoff(_to_loop(token, purgatory))
+        throttler = self.quotas.throttler
+        throttler.set_expiry_handoff(_to_loop(token, throttler))
         self.timer.start()
 
     def _serve_metrics(self) -> Any:

@@ -248,23 +248,27 @@ PRODUCE_REQ = struct(
         "topics": _per_partition({"records": BYTES}),
     }
 )
-PRODUCE_RESP = struct(
-    {
-        "topics": _per_partition(
-            {"error_code": ERROR, "base_offset": OFFSET},
-            {
-                "log_append_time": (INT64, -1),
-                "log_start_offset": (INT64, -1),
-                "error_message": ERROR_MESSAGE,
-                # A refused batch's records and why (Kafka's RecordErrors, KIP-467).
-                "record_errors": (
-                    array(struct({"batch_index": INT32, "message": nullable(STRING)})),
-                    [],
-                ),
-            },
-        )
-    },
-    {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
+_PRODUCE_RESP_FIELDS = {
+    "topics": _per_partition(
+        {"error_code": ERROR, "base_offset": OFFSET},
+        {
+            "log_append_time": (INT64, -1),
+            "log_start_offset": (INT64, -1),
+            "error_message": ERROR_MESSAGE,
+            # A refused batch's records and why (Kafka's RecordErrors, KIP-467).
+            "record_errors": (
+                array(struct({"batch_index": INT32, "message": nullable(STRING)})),
+                [],
+            ),
+        },
+    )
+}
+_PRODUCE_RESP_OPTIONAL = {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE}
+PRODUCE_RESP = struct(_PRODUCE_RESP_FIELDS, _PRODUCE_RESP_OPTIONAL)
+# v1: how long a client quota holds the producer back (Kafka's Produce v1, KIP-219's
+# throttle: the connection is muted for as long).
+PRODUCE_RESP_V1 = struct(
+    _PRODUCE_RESP_FIELDS, {**_PRODUCE_RESP_OPTIONAL, "throttle_time_ms": (INT32, 0)}
 )
 
 # --- InitProducerId (KIP-98; KIP-360's producer_id/epoch fields) and AllocateProducerIds ---
@@ -569,7 +573,7 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.CREATE_TOPICS: {0: (CREATE_TOPICS_REQ, CREATE_TOPICS_RESP)},
     ApiKey.ELECT_LEADERS: {0: (ELECT_LEADERS_REQ, ELECT_LEADERS_RESP)},
     ApiKey.DELETE_TOPICS: {0: (DELETE_TOPICS_REQ, DELETE_TOPICS_RESP)},
-    ApiKey.PRODUCE: {0: (PRODUCE_REQ, PRODUCE_RESP)},
+    ApiKey.PRODUCE: {0: (PRODUCE_REQ, PRODUCE_RESP), 1: (PRODUCE_REQ, PRODUCE_RESP_V1)},
     ApiKey.FETCH: {0: (FETCH_REQ, FETCH_RESP)},
     ApiKey.LIST_OFFSETS: {0: (LIST_OFFSETS_REQ, LIST_OFFSETS_RESP)},
     ApiKey.BROKER_STATS: {0: (BROKER_STATS_REQ, BROKER_STATS_RESP)},

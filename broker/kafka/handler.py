@@ -34,6 +34,13 @@ from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader, api_versions
 _RESOURCE_TOPIC = 2
 
 
+def _throttled(out: dict, native: dict) -> dict:
+    """The native answer's quota throttle, carried to the Kafka answer (Produce and Fetch
+    v1+ have the field; the codec leaves it out of older versions)."""
+    throttle = native.get("throttle_time_ms")
+    return {**out, "throttle_time_ms": throttle} if throttle else out
+
+
 class KafkaRequestHandler(MetadataApis, GroupApis, AdminApis):
     """Kafka's KafkaApis for stock clients, built on the native handler."""
 
@@ -115,7 +122,9 @@ class KafkaRequestHandler(MetadataApis, GroupApis, AdminApis):
             result = {"topics": []}
         if acks == 0:
             return None  # no answer, whatever happened (Kafka's acks=0)
-        return then(result, lambda answer: self._produce_answer(body, answer, refused))
+        return then(
+            result, lambda answer: _throttled(self._produce_answer(body, answer, refused), answer)
+        )
 
     @staticmethod
     def _produce_answer(request: dict, answer: dict, refused: dict) -> dict:
@@ -180,7 +189,10 @@ class KafkaRequestHandler(MetadataApis, GroupApis, AdminApis):
             ],
         }
         result = self._native(header, ApiKey.FETCH, native, session)
-        return then(result, lambda answer: context.answer(self._fetch_answer(native, answer)))
+        return then(
+            result,
+            lambda answer: _throttled(context.answer(self._fetch_answer(native, answer)), answer),
+        )
 
     @staticmethod
     def _fetch_answer(request: dict, answer: dict) -> dict:
