@@ -148,6 +148,8 @@ class RequestHandler:
             ApiKey.FETCH: self.fetch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
             ApiKey.BROKER_STATS: self.broker_stats,
+            ApiKey.ALTER_CLIENT_QUOTAS: self.alter_client_quotas,
+            ApiKey.DESCRIBE_CLIENT_QUOTAS: self.describe_client_quotas,
             ApiKey.BROKER_REGISTRATION: self.controller_only(self.role.register_broker),
             ApiKey.BROKER_HEARTBEAT: self.controller_only(self.role.heartbeat),
             ApiKey.ALTER_PARTITION: self.controller_only(self.role.alter_partition),
@@ -512,6 +514,19 @@ class RequestHandler:
         if refusal is not None:
             return refusal
         return self.replica_manager.list_offsets(body)
+
+    def alter_client_quotas(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse:
+        # As CreateTopics: to the active controller, whose records every broker applies.
+        return self.link.alter_client_quotas(body, forwarded=session.principal is not None)
+
+    def describe_client_quotas(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict:
+        if self.quotas is None:
+            return {"error_code": 0, "entries": []}
+        return self.quotas.describe(body)
 
     def broker_stats(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         return {"error_code": 0, "broker_id": self.broker_id, "stats": self.stats()}

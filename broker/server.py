@@ -329,6 +329,7 @@ class Broker:
     def _metadata_committed(self) -> None:
         """Every voter takes the roles each commit gives it (in slices: metadata_publisher)."""
         self.publisher.publish(self.image.metadata.copy())
+        self.quotas.sync(self.image.metadata.client_quotas)
 
     def _caught_up(self) -> None:
         self.publisher.caught_up()

@@ -266,3 +266,5 @@ class SyncAdmin(_SyncBase):
     list_consumer_group_offsets = blocking(Admin.list_consumer_group_offsets)
     alter_consumer_group_offsets = blocking(Admin.alter_consumer_group_offsets)
     elect_leaders = blocking(Admin.elect_leaders)
+    alter_client_quotas = blocking(Admin.alter_client_quotas)
+    describe_client_quotas = blocking(Admin.describe_client_quotas)

@@ -15,6 +15,7 @@ from minibroker.protocol import group_api
 from minibroker.protocol.schema import (
     BOOL,
     BYTES,
+    FLOAT64,
     INT16,
     INT32,
     INT64,
@@ -55,6 +56,8 @@ class ApiKey(IntEnum):
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     DELETE_GROUPS = 42
+    DESCRIBE_CLIENT_QUOTAS = 48
+    ALTER_CLIENT_QUOTAS = 49
     SASL_AUTHENTICATE = 36
     ELECT_LEADERS = 43
     VOTE = 52
@@ -340,6 +343,71 @@ FETCH_RESP = struct(
     {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE, "throttle_time_ms": (INT32, 0)},
 )
 
+# A client quota entity: (entity type, name) pairs, a null name the default (Kafka's
+# EntityData); its values by quota key (producer_byte_rate, ...).
+_QUOTA_ENTITY = array(
+    struct({"entity_type": string(max_len=32), "entity_name": nullable(string(max_len=1024))}),
+    max_len=2,
+)
+_QUOTA_VALUES = mapping(string(max_len=64), FLOAT64)
+# --- AlterClientQuotas / DescribeClientQuotas (KIP-546), Kafka's shapes ------------------
+
+ALTER_CLIENT_QUOTAS_REQ = struct(
+    {
+        "entries": array(
+            struct(
+                {
+                    "entity": _QUOTA_ENTITY,
+                    "ops": array(
+                        struct(
+                            {"key": string(max_len=64)},
+                            {"value": (FLOAT64, 0.0), "remove": (BOOL, False)},
+                        ),
+                        max_len=64,
+                    ),
+                }
+            ),
+            max_len=10000,
+        )
+    },
+    {"validate_only": (BOOL, False)},
+)
+ALTER_CLIENT_QUOTAS_RESP = struct(
+    {
+        "entries": array(
+            struct({"error_code": ERROR, "entity": _QUOTA_ENTITY}, {"error_message": ERROR_MESSAGE})
+        )
+    },
+    {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE, "throttle_time_ms": (INT32, 0)},
+)
+# match_type: 0 the name given, 1 the default entity, 2 any entity of the type.
+DESCRIBE_CLIENT_QUOTAS_REQ = struct(
+    {
+        "components": array(
+            struct(
+                {
+                    "entity_type": string(max_len=32),
+                    "match_type": integer("int8", min=0, max=2),
+                },
+                {"match": (nullable(string(max_len=1024)), None)},
+            ),
+            max_len=2,
+        )
+    },
+    {"strict": (BOOL, False)},
+)
+DESCRIBE_CLIENT_QUOTAS_RESP = struct(
+    {"error_code": ERROR},
+    {
+        "error_message": ERROR_MESSAGE,
+        "throttle_time_ms": (INT32, 0),
+        "entries": (
+            nullable(array(struct({"entity": _QUOTA_ENTITY, "values": _QUOTA_VALUES}))),
+            None,
+        ),
+    },
+)
+
 # --- ListOffsets ---------------------------------------------------------------------------
 
 EARLIEST_TIMESTAMP = -2
@@ -395,6 +463,8 @@ METADATA_SNAPSHOT = struct(
     {
         "live_brokers": (array(NODE_ID), []),
         "next_producer_id": (integer("int64", min=0), 0),
+        # Client quotas (KRaft's ClientQuotaRecord): each entity with its values.
+        "client_quotas": (array(struct({"entity": _QUOTA_ENTITY, "values": _QUOTA_VALUES})), []),
     },
 )
 
@@ -576,6 +646,8 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.PRODUCE: {0: (PRODUCE_REQ, PRODUCE_RESP), 1: (PRODUCE_REQ, PRODUCE_RESP_V1)},
     ApiKey.FETCH: {0: (FETCH_REQ, FETCH_RESP)},
     ApiKey.LIST_OFFSETS: {0: (LIST_OFFSETS_REQ, LIST_OFFSETS_RESP)},
+    ApiKey.ALTER_CLIENT_QUOTAS: {0: (ALTER_CLIENT_QUOTAS_REQ, ALTER_CLIENT_QUOTAS_RESP)},
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: {0: (DESCRIBE_CLIENT_QUOTAS_REQ, DESCRIBE_CLIENT_QUOTAS_RESP)},
     ApiKey.BROKER_STATS: {0: (BROKER_STATS_REQ, BROKER_STATS_RESP)},
     ApiKey.BROKER_REGISTRATION: {0: (BROKER_REGISTRATION_REQ, BROKER_REGISTRATION_RESP)},
     ApiKey.BROKER_HEARTBEAT: {0: (BROKER_HEARTBEAT_REQ, BROKER_HEARTBEAT_RESP)},

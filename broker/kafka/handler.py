@@ -21,6 +21,7 @@ from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
 from minibroker.broker.kafka.fetch_session import FetchSessionCache
 from minibroker.broker.kafka.groups import TRANSACTIONS_NOT_SERVED, GroupApis
 from minibroker.broker.kafka.metadata import MetadataApis
+from minibroker.broker.kafka.quotas import QuotaApis
 from minibroker.broker.kafka.translate import failed
 from minibroker.broker.metadata.cache import MetadataCache
 from minibroker.broker.metadata.check import topic_name_error
@@ -41,7 +42,7 @@ def _throttled(out: dict, native: dict) -> dict:
     return {**out, "throttle_time_ms": throttle} if throttle else out
 
 
-class KafkaRequestHandler(MetadataApis, GroupApis, AdminApis):
+class KafkaRequestHandler(MetadataApis, GroupApis, AdminApis, QuotaApis):
     """Kafka's KafkaApis for stock clients, built on the native handler."""
 
     def __init__(
@@ -69,6 +70,7 @@ class KafkaRequestHandler(MetadataApis, GroupApis, AdminApis):
             KafkaApi.DESCRIBE_CONFIGS: self.describe_configs,
             **self.group_handlers(),
             **self.admin_handlers(),
+            **self.quota_handlers(),
         }
 
     def handle(

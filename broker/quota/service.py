@@ -13,15 +13,18 @@ from minibroker.broker.common.clock import Clock
 from minibroker.broker.network.session import ConnectionSession
 from minibroker.broker.purgatory import Timer
 from minibroker.broker.quota.entity import (
+    CLIENT_ID,
     CONSUMER_BYTE_RATE,
     CONTROLLER_MUTATION_RATE,
     PRODUCER_BYTE_RATE,
     REQUEST_PERCENTAGE,
+    USER,
     QuotaConfigs,
     QuotaEntity,
 )
 from minibroker.broker.quota.manager import ClientQuotaManager
 from minibroker.broker.quota.throttle import ChannelThrottler
+from minibroker.protocol.errors import ErrorCode
 
 ANONYMOUS = "ANONYMOUS"
 
@@ -43,6 +46,50 @@ class ClientQuotas:
     def apply(self, entity: QuotaEntity, key: str, value: float | None) -> None:
         """A committed ClientQuotaRecord: set (or remove, None) one value on this broker."""
         self.configs.set(entity, key, value)
+
+    def sync(self, client_quotas: dict) -> None:
+        """Take the committed metadata's client quotas (``ClusterMetadata.client_quotas``):
+        every broker applies the same ClientQuotaRecords, so every broker throttles alike."""
+        wanted = {QuotaEntity.of(dict(entity)): values for entity, values in client_quotas.items()}
+        configs = self.configs
+        for entity, values in list(configs.by_entity.items()):
+            for key in list(values):
+                if key not in wanted.get(entity, {}):
+                    configs.set(entity, key, None)
+        for entity, values in wanted.items():
+            have = configs.by_entity.get(entity, {})
+            for key, value in values.items():
+                if have.get(key) != value:
+                    configs.set(entity, key, value)
+
+    def describe(self, body: dict) -> dict:
+        """DescribeClientQuotas, answered from this broker's applied quotas (as Kafka's
+        brokers answer it from their metadata cache)."""
+        components = []
+        for c in body["components"]:
+            kind, match, name = c["entity_type"], c["match_type"], c["match"]
+            if kind not in (USER, CLIENT_ID):
+                return _describe_error(f"unsupported quota entity type {kind}")
+            if match == 0 and name is None:
+                return _describe_error(f"a name to match for {kind} (match_type 0)")
+            components.append((kind, match, name))
+        if len({c[0] for c in components}) != len(components):
+            return _describe_error("an entity type appears twice in the filter")
+        found = self.configs.describe(components, body["strict"])
+        return {
+            "error_code": 0,
+            "error_message": None,
+            "entries": [
+                {
+                    "entity": [
+                        {"entity_type": kind, "entity_name": name}
+                        for kind, name in entity.parts().items()
+                    ],
+                    "values": {k: float(v) for k, v in values.items()},
+                }
+                for entity, values in found
+            ],
+        }
 
     def record(
         self,
@@ -70,3 +117,7 @@ class ClientQuotas:
                 if m.usage
             },
         }
+
+
+def _describe_error(why: str) -> dict:
+    return {"error_code": int(ErrorCode.INVALID_REQUEST), "error_message": why, "entries": None}

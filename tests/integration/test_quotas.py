@@ -1,0 +1,141 @@
+"""Client quotas end to end: AlterClientQuotas through the controller to every broker, and
+stock clients held to their byte rates by throttled answers and muted connections."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import Consumer as RdConsumer
+from confluent_kafka import Producer as RdProducer
+from confluent_kafka import TopicPartition as RdTopicPartition
+
+from minibroker.client import SyncAdmin
+from minibroker.client.quota_admin import ANY
+from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
+from minibroker.protocol.errors import InvalidRequest
+
+pytestmark = pytest.mark.integration
+
+MB = 1_000_000
+VALUE = b"v" * 1000
+# Kafka's rate is measured over quota.window.num windows and never over less than all but
+# one of them: a client flat out gets a burst of that many windows' worth at once and is
+# then held back until the burst leaves the windows. With Kafka's 11 windows that is a
+# 10 s burst every 11 s (docs/quotas.md, "Bursts"); with 2 the burst is one window's, so
+# any stretch of several windows shows the quota (within one burst: over 20 s, 5 %).
+WINDOWS = 2
+WARM_UP_S = 2.0
+MEASURE_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    cluster = start_cluster(
+        tmp_path_factory.mktemp("quotas"), 2, {**DEFAULT_CONFIG, "quota.window.num": WINDOWS}
+    )
+    yield cluster
+    cluster.close()
+
+
+def test_alter_and_describe_client_quotas(cluster):
+    with SyncAdmin(cluster.bootstrap) as admin:
+        admin.alter_client_quotas({"client-id": "a"}, {"producer_byte_rate": 5000})
+        admin.alter_client_quotas({"client-id": None}, {"consumer_byte_rate": 7000})
+        admin.alter_client_quotas({"user": "u", "client-id": "a"}, {"request_percentage": 12.5})
+        exact = admin.describe_client_quotas({"client-id": "a"}, strict=True)
+        assert exact == [({"client-id": "a"}, {"producer_byte_rate": 5000.0})]
+        default = admin.describe_client_quotas({"client-id": None})
+        assert default == [({"client-id": None}, {"consumer_byte_rate": 7000.0})]
+        every = admin.describe_client_quotas({"client-id": ANY})
+        assert len(every) == 3
+        with pytest.raises(InvalidRequest, match="must be greater than 0"):
+            admin.alter_client_quotas({"client-id": "a"}, {"producer_byte_rate": 0})
+        with pytest.raises(InvalidRequest, match="Invalid configuration key"):
+            admin.alter_client_quotas({"client-id": "a"}, {"bogus": 1})
+        for entity in ({"client-id": "a"}, {"client-id": None}, {"user": "u", "client-id": "a"}):
+            keys = {k for e, v in admin.describe_client_quotas(entity, strict=True) for k in v}
+            admin.alter_client_quotas(entity, delete=keys)
+        assert admin.describe_client_quotas({"client-id": ANY}) == []
+
+
+def measured_rate(stamps: list[tuple[float, int]], start: float) -> float:
+    """Bytes per second delivered in the MEASURE_S after the warm-up."""
+    lo, hi = start + WARM_UP_S, start + WARM_UP_S + MEASURE_S
+    return sum(n for t, n in stamps if lo <= t < hi) / MEASURE_S
+
+
+def test_confluent_producer_is_held_to_its_producer_byte_rate(cluster):
+    cluster.create_topic("q-produce", 1, 1)
+    with SyncAdmin(cluster.bootstrap) as admin:
+        admin.alter_client_quotas({"client-id": "quota-producer"}, {"producer_byte_rate": MB})
+    throttles = []
+    stamps: list[tuple[float, int]] = []
+
+    def delivered(err, msg):
+        assert err is None, err
+        stamps.append((time.monotonic(), len(msg.value())))
+
+    producer = RdProducer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "client.id": "quota-producer",
+            "linger.ms": 5,
+            "batch.size": 65536,  # requests of 64 KB: the rate is held at a finer grain
+            "throttle_cb": lambda event: throttles.append(event.throttle_time),
+        }
+    )
+    start = time.monotonic()
+    end = start + WARM_UP_S + MEASURE_S
+    while time.monotonic() < end:
+        try:
+            producer.produce("q-produce", VALUE, on_delivery=delivered)
+        except BufferError:
+            producer.poll(0.01)
+        producer.poll(0)
+    producer.flush(30)
+    rate = measured_rate(stamps, start)
+    assert 0.9 * MB <= rate <= 1.1 * MB, rate
+    assert throttles and max(throttles) > 0
+
+
+def test_confluent_consumer_is_held_to_its_consumer_byte_rate(cluster):
+    cluster.create_topic("q-fetch", 1, 1)
+    producer = RdProducer({"bootstrap.servers": cluster.kafka_bootstrap, "linger.ms": 20})
+    for _ in range(30_000):  # 30 MB: more than 22 s at 1 MB/s
+        while True:
+            try:
+                producer.produce("q-fetch", VALUE)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    producer.flush(60)
+    with SyncAdmin(cluster.bootstrap) as admin:
+        admin.alter_client_quotas({"client-id": "quota-consumer"}, {"consumer_byte_rate": MB})
+    throttles = []
+    consumer = RdConsumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "group.id": "unused",
+            "client.id": "quota-consumer",
+            "enable.auto.commit": False,
+            "max.partition.fetch.bytes": 65536,
+            "throttle_cb": lambda event: throttles.append(event.throttle_time),
+        }
+    )
+    stamps: list[tuple[float, int]] = []
+    try:
+        consumer.assign([RdTopicPartition("q-fetch", 0, 0)])
+        start = time.monotonic()
+        end = start + WARM_UP_S + MEASURE_S
+        while time.monotonic() < end:
+            message = consumer.poll(0.1)
+            if message is not None:
+                assert message.error() is None, message.error()
+                stamps.append((time.monotonic(), len(message.value())))
+    finally:
+        consumer.close()
+    assert len(stamps) < 30_000, "the consumer ran out of records: the test proves nothing"
+    rate = measured_rate(stamps, start)
+    assert 0.9 * MB <= rate <= 1.1 * MB, rate
+    assert throttles and max(throttles) > 0
