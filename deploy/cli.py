@@ -66,6 +66,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "add_arguments",
         "acks=all producers and a consumer under a seeded nemesis; check Kafka's promises",
     ),
+    "configs": (
+        "minibroker.deploy.configs_cli",
+        "add_arguments",
+        "alter and describe configs (client quotas: --entity-type clients|users)",
+    ),
     "stats": (
         "minibroker.deploy.stats_cli",
         "add_arguments",

@@ -3,6 +3,8 @@ stock clients held to their byte rates by throttled answers and muted connection
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -57,6 +59,45 @@ def test_alter_and_describe_client_quotas(cluster):
             keys = {k for e, v in admin.describe_client_quotas(entity, strict=True) for k in v}
             admin.alter_client_quotas(entity, delete=keys)
         assert admin.describe_client_quotas({"client-id": ANY}) == []
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "minibroker.deploy.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_configs_command_alters_and_describes_quotas_as_kafka_configs(cluster):
+    boot = ["--bootstrap", cluster.bootstrap]
+    done = cli(
+        "configs", "alter", "--entity-type", "users", "--entity-name", "alice",
+        "--entity-type", "clients", "--entity-default",
+        "--add-config", "producer_byte_rate=1048576,consumer_byte_rate=2097152", *boot,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "user-principal 'alice', client-id '<default>'" in done.stdout
+    shown = cli(
+        "configs", "describe", "--entity-type", "users", "--entity-name", "alice",
+        "--entity-type", "clients", "--entity-default", *boot,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "consumer_byte_rate=2097152.0,producer_byte_rate=1048576.0" in shown.stdout
+    bad = cli(
+        "configs", "alter", "--entity-type", "clients", "--entity-name", "x",
+        "--add-config", "producer_byte_rate=-5", *boot,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "must be greater than 0" in bad.stderr
+    gone = cli(
+        "configs", "alter", "--entity-type", "users", "--entity-name", "alice",
+        "--entity-type", "clients", "--entity-default",
+        "--delete-config", "producer_byte_rate,consumer_byte_rate", *boot,
+    )  # fmt: skip
+    assert gone.returncode == 0, gone.stderr
+    everything = cli("configs", "describe", "--entity-type", "users", *boot)
+    assert everything.returncode == 0 and "alice" not in everything.stdout
 
 
 def measured_rate(stamps: list[tuple[float, int]], start: float) -> float:
