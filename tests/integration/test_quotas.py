@@ -12,7 +12,7 @@ from confluent_kafka import Consumer as RdConsumer
 from confluent_kafka import Producer as RdProducer
 from confluent_kafka import TopicPartition as RdTopicPartition
 
-from minibroker.client import SyncAdmin
+from minibroker.client import SyncAdmin, SyncProducer
 from minibroker.client.quota_admin import ANY
 from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
 from minibroker.protocol.errors import InvalidRequest
@@ -180,3 +180,37 @@ def test_confluent_consumer_is_held_to_its_consumer_byte_rate(cluster):
     rate = measured_rate(stamps, start)
     assert 0.9 * MB <= rate <= 1.1 * MB, rate
     assert throttles and max(throttles) > 0
+
+
+def test_bundled_producer_reports_and_waits_out_its_throttle(cluster):
+    cluster.create_topic("q-bundled", 1, 1)
+    quota = 500_000
+    with SyncAdmin(cluster.bootstrap) as admin:
+        admin.alter_client_quotas({"client-id": "bundled"}, {"producer_byte_rate": quota})
+    events = []
+    with SyncProducer(
+        cluster.bootstrap,
+        {
+            "client.id": "bundled",
+            "throttle_cb": events.append,
+            # Requests well under a window's worth of the quota: one request over it is
+            # one throttle too coarse to hold the rate (docs/quotas.md, "Bursts").
+            "max.request.size": 65536,
+            "buffer.memory": 1_000_000,  # what is queued at the end is flushed at the quota
+        },
+    ) as producer:
+        start = time.monotonic()
+        sent = 0
+        while time.monotonic() < start + 8:
+            producer.enqueue("q-bundled", VALUE)
+            sent += len(VALUE)
+        producer.flush()
+        elapsed = time.monotonic() - start
+        metrics = producer.metrics()["throttle"]
+    assert events and all(e.throttle_time > 0 for e in events)
+    (broker,) = metrics  # the one leader's address
+    assert metrics[broker]["throttles"] == len(events)
+    assert metrics[broker]["throttle-time-max"] > 0
+    # Held to the quota (never over it, with one window's burst at the start), and not
+    # starved: the client's own wait and the broker's mute overlap, they do not add up.
+    assert 0.5 * quota <= sent / elapsed <= 1.1 * quota, sent / elapsed
