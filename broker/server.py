@@ -466,7 +466,11 @@ class Broker:
         from minibroker.broker.prometheus_export import BrokerCollector, serve_metrics
 
         collector = BrokerCollector(
-            self.broker_id, self.request_metrics, self.replica_manager, self.connections
+            self.broker_id,
+            self.request_metrics,
+            self.replica_manager,
+            self.connections,
+            self.quotas,
         )
         return serve_metrics(collector, port)
 

@@ -91,9 +91,9 @@ class ClientQuotaManager:
                 "user": user,
                 "client_id": client_id,
                 "quota": usage.bound,
-                "rate": round(usage.rate.rate(now_ms), 1),
+                "rate": round(usage.rate.peek(now_ms), 1),
                 "throttle_time_ms_total": usage.throttle_ms_total,
                 "throttled": usage.throttle_count,
             }
-            for (user, client_id), usage in self.usage.items()
+            for (user, client_id), usage in list(self.usage.items())
         ]

@@ -64,6 +64,20 @@ class SampledRate:
         """Units per second over the kept windows."""
         return self.measure(now_ms)[0]
 
+    def peek(self, now_ms: int) -> float:
+        """``rate`` without purging: for readers on another thread (a metrics scrape),
+        which must not write the windows the broker's thread is writing."""
+        expire = self.samples * self.window_ms
+        starts, last, values = list(self._starts), list(self._last), list(self._values)
+        live = [i for i in range(len(last)) if now_ms - last[i] < expire]
+        if not live:
+            return 0.0
+        elapsed = now_ms - min(starts[i] for i in live)
+        full = elapsed // self.window_ms
+        if full < self.samples - 1:
+            elapsed += (self.samples - 1 - full) * self.window_ms
+        return sum(values[i] for i in live) * 1000.0 / max(elapsed, 1)
+
     def measure(self, now_ms: int) -> tuple[float, int]:
         """(units per second, the window it was measured over in ms)."""
         window = self.window_size_ms(now_ms)

@@ -107,15 +107,14 @@ class ClientQuotas:
             self.throttler.throttle(session, throttle)
         return throttle
 
+    def managers(self) -> tuple[ClientQuotaManager, ...]:
+        return (self.produce, self.fetch, self.request, self.mutation)
+
     def stats(self) -> dict:
         now_ms = self.clock.now_ms()
         return {
             "throttler": self.throttler.stats(),
-            **{
-                m.key: m.stats(now_ms)
-                for m in (self.produce, self.fetch, self.request, self.mutation)
-                if m.usage
-            },
+            **{m.key: m.stats(now_ms) for m in self.managers() if m.usage},
         }
 
 

@@ -6,14 +6,17 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 from confluent_kafka import Consumer as RdConsumer
 from confluent_kafka import Producer as RdProducer
 from confluent_kafka import TopicPartition as RdTopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
-from minibroker.client import SyncAdmin, SyncProducer
+from minibroker.client import NewTopic, SyncAdmin, SyncProducer
 from minibroker.client.quota_admin import ANY
+from minibroker.deploy.launcher import free_port
 from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
 from minibroker.protocol.errors import InvalidRequest
 
@@ -214,3 +217,35 @@ def test_bundled_producer_reports_and_waits_out_its_throttle(cluster):
     # Held to the quota (never over it, with one window's burst at the start), and not
     # starved: the client's own wait and the broker's mute overlap, they do not add up.
     assert 0.5 * quota <= sent / elapsed <= 1.1 * quota, sent / elapsed
+
+
+def test_quota_metrics_in_stats_and_prometheus(broker_factory):
+    port = free_port()
+    proc = broker_factory({"metrics.port": port, "quota.window.num": WINDOWS})
+    with SyncAdmin(proc.address) as admin:
+        admin.create_topics([NewTopic("q-metrics", 1, 1)])
+        admin.alter_client_quotas({"client-id": "metered"}, {"producer_byte_rate": 100_000})
+    events = []
+    with SyncProducer(
+        proc.address,
+        {"client.id": "metered", "throttle_cb": events.append, "max.request.size": 32768},
+    ) as producer:
+        for _ in range(400):  # 400 KB at 100 KB/s: throttled
+            producer.enqueue("q-metrics", VALUE)
+        producer.flush()
+    assert events
+    shown = cli("stats", "--bootstrap", proc.address)
+    assert shown.returncode == 0, shown.stderr
+    line = next(line for line in shown.stdout.splitlines() if "metered" in line)
+    assert line.split()[0] == "producer_byte_rate" and "100000" in line
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    samples = {
+        (s.name, s.labels.get("client_id")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples["minibroker_quota_limit", "metered"] == 100_000
+    assert samples["minibroker_quota_throttles_total", "metered"] == len(events)
+    assert samples["minibroker_quota_rate", "metered"] > 0
+    assert samples["minibroker_quota_unmute_lateness_seconds_count", None] >= len(events) - 1

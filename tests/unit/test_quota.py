@@ -252,3 +252,13 @@ def test_a_throttle_ending_after_its_connection_closed_is_harmless():
     conn.session.throttle_hook = None  # what the socket server does on close
     clock.advance(10)
     assert conn.events == [True] and throttler.active == 0
+
+
+def test_peek_reads_the_rate_without_changing_the_windows():
+    rate = SampledRate(11, 1000, now_ms=0)
+    for ms in range(0, 5000, 100):
+        rate.record(500, ms)
+    windows = (list(rate._starts), list(rate._values))
+    assert rate.peek(5000) == pytest.approx(rate.rate(5000))
+    assert rate.peek(30_000) == 0.0  # every sample obsolete by then
+    assert (list(rate._starts), list(rate._values)) == windows
