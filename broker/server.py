@@ -46,6 +46,7 @@ from minibroker.broker.network.request_metrics import RequestMetrics
 from minibroker.broker.network.socket_server import ConnectionHandler, max_connections_for
 from minibroker.broker.purgatory import MonotonicClock, Purgatory, SystemTimer, switch_interval_for
 from minibroker.broker.quota import ClientQuotas
+from minibroker.broker.quota.replication import replication_quotas
 from minibroker.broker.raft.config import quorum_config
 from minibroker.broker.raft.driver import QuorumDriver
 from minibroker.broker.raft.effects import LeaderChanged
@@ -124,6 +125,11 @@ class Broker:
         self.replica_manager = self._replica_manager()
         self.link = self._controller_link()
         self.fetchers = self._replica_fetchers()
+        # Replication quotas, when the broker config sets a rate (None: no limit).
+        leader_quota, follower_quota = replication_quotas(broker_id, config, self.clock.now_ms)
+        self.replica_manager.leader_quota = leader_quota
+        self.fetchers.follower_quota = follower_quota
+        self.fetchers.topic_configs = self.replica_manager.topic_configs.get
         self.isr_proposals = AlterPartitionManager(
             broker_id,
             self.replica_manager,
@@ -413,7 +419,17 @@ class Broker:
             ],
             "connections_muted": self.connections.muted_connections,
             "connections_throttled": self.connections.throttled_connections,
-            "quotas": self.quotas.stats(),
+            "quotas": {
+                **self.quotas.stats(),
+                "replication": {
+                    side: q.stats()
+                    for side, q in (
+                        ("leader", self.replica_manager.leader_quota),
+                        ("follower", self.fetchers.follower_quota),
+                    )
+                    if q is not None
+                },
+            },
             "poller": self.poller,
             "purgatory": {
                 "produce": rm.produce_purgatory.stats(),

@@ -43,8 +43,11 @@ def _ms(bound: float | None) -> str:
 def _quota_lines(stats: dict) -> list[str]:
     """Client quotas: each entity's bound, rate and throttling (docs/quotas.md)."""
     quotas = stats.get("quotas") or {}
-    entities = [(k, e) for k, v in quotas.items() if k != "throttler" for e in v]
-    if not entities:
+    entities = [
+        (k, e) for k, v in quotas.items() if k not in ("throttler", "replication") for e in v
+    ]
+    replication = quotas.get("replication") or {}
+    if not entities and not replication:
         return []
     throttler = quotas.get("throttler", {})
     lines = [
@@ -59,6 +62,11 @@ def _quota_lines(stats: dict) -> list[str]:
         lines.append(
             f"{key:<20} {e['user'] or '-':<12} {e['client_id'] or '-':<16} {e['quota']:>12g} "
             f"{e['rate']:>12g} {e['throttled']:>9} {e['throttle_time_ms_total']:>11}"
+        )
+    for side, r in replication.items():
+        lines.append(
+            f"{side}.replication.throttled.rate {r['bound']}  rate {r['rate']:g}  "
+            f"waited {r['throttled_ms']} ms"
         )
     return lines
 

@@ -16,6 +16,12 @@ from minibroker.broker.quota.entity import (
 )
 from minibroker.broker.quota.manager import ClientQuotaManager
 from minibroker.broker.quota.rate import SampledRate, throttle_time_ms
+from minibroker.broker.quota.replication import (
+    FOLLOWER_REPLICAS,
+    LEADER_REPLICAS,
+    ReplicationQuota,
+    throttled_replicas_error,
+)
 from minibroker.broker.quota.service import ClientQuotas
 from minibroker.broker.quota.throttle import ChannelThrottler
 
@@ -23,6 +29,8 @@ __all__ = [
     "CONSUMER_BYTE_RATE",
     "CONTROLLER_MUTATION_RATE",
     "DEFAULT",
+    "FOLLOWER_REPLICAS",
+    "LEADER_REPLICAS",
     "PRODUCER_BYTE_RATE",
     "QUOTA_KEYS",
     "REQUEST_PERCENTAGE",
@@ -32,7 +40,9 @@ __all__ = [
     "QuotaConfigs",
     "QuotaEntity",
     "QuotaError",
+    "ReplicationQuota",
     "SampledRate",
     "throttle_time_ms",
+    "throttled_replicas_error",
     "validate_quota",
 ]

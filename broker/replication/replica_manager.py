@@ -20,6 +20,7 @@ from minibroker.broker.metadata.image import PartitionState, TopicState
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.network.session import ConnectionSession
 from minibroker.broker.purgatory import DelayedOperation, Purgatory
+from minibroker.broker.quota import ReplicationQuota
 from minibroker.broker.replication.delayed import (
     DelayedFetch,
     DelayedProduce,
@@ -127,6 +128,8 @@ class ReplicaManager:
         self.on_storage_error: Callable[[OSError, str], None] | None = None
         # Why the log dir is offline, once it is: appends answer KAFKA_STORAGE_ERROR.
         self.offline_reason: str | None = None
+        # leader.replication.throttled.rate, when set (broker/quota/replication.py).
+        self.leader_quota: ReplicationQuota | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -534,13 +537,26 @@ class ReplicaManager:
             entry["high_watermark"] = partition.high_watermark
             entry["log_start_offset"] = log.log_start_offset
             entry["log_end_offset"] = log.log_end_offset
+            quota = self.leader_quota
+            throttled = (
+                quota is not None
+                and fetch.for_follower
+                and quota.throttles(self.topic_configs.get(key[0]), key[1])
+            )
             try:
-                data = partition.read(
-                    offset,
-                    min(max_bytes, budget),
-                    for_follower=fetch.for_follower,
-                    min_one_batch=total == 0,
-                )
+                if throttled and quota.exceeded():
+                    # Kafka's shouldLeaderThrottle: no records for this replica until the
+                    # leader's replication rate is back under its bound.
+                    data = b""
+                else:
+                    data = partition.read(
+                        offset,
+                        min(max_bytes, budget),
+                        for_follower=fetch.for_follower,
+                        min_one_batch=total == 0,
+                    )
+                    if throttled:
+                        quota.record(len(data))
             except KafkaError as exc:
                 entry["error_code"] = int(exc.code)
                 entry["error_message"] = str(exc)

@@ -17,6 +17,7 @@ from minibroker.broker.quota import (
     QuotaError,
     SampledRate,
     throttle_time_ms,
+    throttled_replicas_error,
     validate_quota,
 )
 from minibroker.broker.quota.entity import CLIENT_ID, USER
@@ -262,3 +263,35 @@ def test_peek_reads_the_rate_without_changing_the_windows():
     assert rate.peek(5000) == pytest.approx(rate.rate(5000))
     assert rate.peek(30_000) == 0.0  # every sample obsolete by then
     assert (list(rate._starts), list(rate._values)) == windows
+
+
+# --- replication quotas -----------------------------------------------------------------
+
+
+def test_throttled_replicas_name_partitions_of_this_broker_only():
+    from minibroker.broker.quota.replication import throttled_partitions
+
+    assert throttled_partitions("0:1,1:2,3:1", 1) == {0, 3}
+    assert throttled_partitions("0:1", 2) == frozenset()
+    assert throttled_partitions("*", 7) is None
+    assert throttled_replicas_error("0:1, 2:3") is None
+    assert "partition:broker" in throttled_replicas_error("0-1")
+
+
+def test_replication_quota_is_exceeded_past_its_rate_and_recovers():
+    from minibroker.broker.quota import FOLLOWER_REPLICAS, ReplicationQuota
+
+    clock = ManualClock()
+    quota = ReplicationQuota(
+        FOLLOWER_REPLICAS, 2, 100_000, samples=11, window_ms=1000, now_ms=clock.now_ms
+    )
+    configs = {FOLLOWER_REPLICAS: "0:2"}
+    assert quota.throttles(configs, 0) and not quota.throttles(configs, 1)
+    assert not quota.throttles({}, 0) and not quota.throttles(None, 0)
+    quota.record(1_000_000)  # 100 KB/s over the 10 s the rate is measured on
+    assert not quota.exceeded()
+    quota.record(100_000)
+    assert quota.exceeded()
+    assert quota.wait_ms() == 1000  # (110 - 100) / 100 * 10 s
+    clock.advance(11_000)  # the burst has left the windows
+    assert not quota.exceeded()
