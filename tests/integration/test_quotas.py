@@ -3,6 +3,7 @@ stock clients held to their byte rates by throttled answers and muted connection
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,9 @@ from minibroker.client import NewTopic, SyncAdmin, SyncProducer
 from minibroker.client.quota_admin import ANY
 from minibroker.deploy.launcher import free_port
 from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
+from minibroker.protocol import ApiKey
+from minibroker.protocol.batch import encode_batch
+from minibroker.protocol.connection import Connection
 from minibroker.protocol.errors import InvalidRequest
 
 pytestmark = pytest.mark.integration
@@ -249,3 +253,34 @@ def test_quota_metrics_in_stats_and_prometheus(broker_factory):
     assert samples["minibroker_quota_throttles_total", "metered"] == len(events)
     assert samples["minibroker_quota_rate", "metered"] > 0
     assert samples["minibroker_quota_unmute_lateness_seconds_count", None] >= len(events) - 1
+
+
+def test_a_client_ignoring_its_throttle_is_not_read_until_the_throttle_ends(broker_factory):
+    """KIP-219 on the broker: the throttled answer leaves at once, and a request the client
+    pipelines behind it (ignoring throttle_time_ms) is read only once the shared timer
+    ends the throttle."""
+    proc = broker_factory({"quota.window.num": WINDOWS})
+    with SyncAdmin(proc.address) as admin:
+        admin.create_topics([NewTopic("q-raw", 1, 1)])
+        admin.alter_client_quotas({"client-id": "raw"}, {"producer_byte_rate": 10_000})
+    host, port = proc.address.rsplit(":", 1)
+    conn = Connection("raw")
+    records = encode_batch([(0, None, b"x" * 30_000, ())])  # 3 s worth at 10 KB/s
+    produce = {"acks": 1, "timeout_ms": 10_000,
+               "topics": [{"name": "q-raw", "partitions": [{"partition": 0, "records": records}]}]}  # fmt: skip
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        _, first = conn.send_request(ApiKey.PRODUCE, produce, 1)
+        _, second = conn.send_request(ApiKey.API_VERSIONS, {}, 0)
+        sock.sendall(first + second)  # pipelined: the client does not wait
+        answers = []
+        while len(answers) < 2:
+            for response in conn.receive_data(sock.recv(1 << 16)):
+                answers.append((time.monotonic(), response.body))
+    (t1, produced), (t2, versions) = answers
+    throttle_ms = produced["throttle_time_ms"]
+    assert produced["topics"][0]["partitions"][0]["error_code"] == 0
+    assert throttle_ms >= 1000  # (30 KB/s - 10 KB/s) / 10 KB/s * the 1 s window
+    assert versions["error_code"] == 0
+    # The second request waited in the muted socket for the throttle (less the timer's
+    # tick and the first answer's own trip).
+    assert t2 - t1 >= throttle_ms / 1000 - 0.1, (t2 - t1, throttle_ms)
