@@ -125,6 +125,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "minibroker.deploy.bench.validate",
         "the leader's per-record validation of a produced batch, per codec, against its CRC",
     ),
+    "quotas": (
+        "minibroker.deploy.bench.quotas",
+        "10k throttled connections on the shared timer; Kafka's rate held to the quota",
+    ),
     "startup": (
         "minibroker.deploy.bench.startup",
         "cluster cold start, its phases, and the pytest fixture's setup/teardown",

@@ -16,13 +16,21 @@ from minibroker.broker.common.histogram import Histogram
 from minibroker.broker.network.session import ConnectionSession
 from minibroker.broker.purgatory import Timer, TimerTask
 
+# Throttles end on this grid (ms): those ending within one step of each other end in one
+# timer wake-up and one hand-off to the loop, instead of one each per millisecond. With
+# 10,000 throttled connections a 1 ms grid woke the timer thread ~1,000 times a second
+# (bench quotas: 8.7 % of a core against 6.x % here). A throttle ends at most this much
+# later than its throttle_time_ms, which the unmute lateness includes.
+UNMUTE_GRID_MS = 5
+
 
 class _Unmute(TimerTask):
-    __slots__ = ("session",)
+    __slots__ = ("ends_ms", "session")
 
-    def __init__(self, delay_ms: int, session: ConnectionSession) -> None:
+    def __init__(self, delay_ms: int, session: ConnectionSession, ends_ms: int) -> None:
         TimerTask.__init__(self, delay_ms)
         self.session = session
+        self.ends_ms = ends_ms  # when the throttle itself ends (lateness counts from here)
 
 
 class ChannelThrottler:
@@ -49,7 +57,10 @@ class ChannelThrottler:
         hook = session.throttle_hook
         if throttle_ms <= 0 or hook is None or session.closed:
             return
-        task = _Unmute(throttle_ms, session)
+        now = self.timer.clock.now_ms()
+        ends = now + throttle_ms
+        late = -ends % UNMUTE_GRID_MS
+        task = _Unmute(throttle_ms + late, session, ends)
         task.sink = self._sink
         hook(True)
         self.active += 1
@@ -63,7 +74,7 @@ class ChannelThrottler:
         for task in batch:
             task.done = True
             self.active -= 1
-            late_ms = now_ms - task.expiration_ms
+            late_ms = now_ms - task.ends_ms
             lateness.observe(late_ms / 1000 if late_ms > 0 else 0.0)
             hook = task.session.throttle_hook
             if hook is not None:

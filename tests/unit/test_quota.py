@@ -295,3 +295,17 @@ def test_replication_quota_is_exceeded_past_its_rate_and_recovers():
     assert quota.wait_ms() == 1000  # (110 - 100) / 100 * 10 s
     clock.advance(11_000)  # the burst has left the windows
     assert not quota.exceeded()
+
+
+def test_throttles_end_on_the_grid_and_lateness_counts_from_the_real_end():
+    from minibroker.broker.quota.throttle import UNMUTE_GRID_MS
+
+    clock = ManualClock()
+    throttler = ChannelThrottler(ManualTimer(clock))
+    conn = Hooked()
+    throttler.throttle(conn.session, 251)
+    clock.advance(251)
+    assert conn.events == [True]  # still muted: ends with the others due by 255
+    clock.advance(UNMUTE_GRID_MS - 1)
+    assert conn.events == [True, False]
+    assert throttler.unmute_lateness.sum == pytest.approx((UNMUTE_GRID_MS - 1) / 1000)
