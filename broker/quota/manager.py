@@ -17,15 +17,21 @@ from __future__ import annotations
 from minibroker.broker.quota.entity import QuotaConfigs
 from minibroker.broker.quota.rate import SampledRate, throttle_time_ms
 
+# Entities kept before idle ones are dropped, and (user, client id) resolutions cached:
+# a default quota gives every new client id a rate of its own, so a client inventing ids
+# must not grow the broker without bound (Kafka expires idle sensors after an hour).
+MAX_ENTITIES = 4096
+
 
 class EntityUsage:
     """One rate's sensors (Kafka's ClientSensors): usage and throttle time, by tags."""
 
-    __slots__ = ("bound", "rate", "throttle_count", "throttle_ms_total")
+    __slots__ = ("bound", "last_ms", "rate", "throttle_count", "throttle_ms_total")
 
-    def __init__(self, rate: SampledRate, bound: float) -> None:
+    def __init__(self, rate: SampledRate, bound: float, now_ms: int) -> None:
         self.rate = rate
         self.bound = bound
+        self.last_ms = now_ms
         self.throttle_ms_total = 0
         self.throttle_count = 0
 
@@ -63,12 +69,24 @@ class ClientQuotaManager:
             bound, tags = found
             usage = self.usage.get(tags)
             if usage is None:
+                if len(self.usage) >= MAX_ENTITIES:
+                    self._drop_idle(now_ms)
                 usage = self.usage[tags] = EntityUsage(
-                    SampledRate(self.samples, self.window_ms, now_ms), bound
+                    SampledRate(self.samples, self.window_ms, now_ms), bound, now_ms
                 )
             usage.bound = bound  # a changed quota applies to the rate kept so far
+        if len(self._resolved) >= MAX_ENTITIES:
+            self._resolved.clear()
         self._resolved[who] = usage
         return usage
+
+    def _drop_idle(self, now_ms: int) -> None:
+        """Forget entities with nothing recorded in the whole window: their rate is 0, so
+        one made afresh measures the same (only their throttle counters go)."""
+        idle = self.samples * self.window_ms
+        for tags in [t for t, u in self.usage.items() if now_ms - u.last_ms >= idle]:
+            del self.usage[tags]
+        self._resolved.clear()  # it may hold the usages just dropped
 
     def record(self, user: str, client_id: str, value: float, now_ms: int) -> int:
         """Count ``value`` for the entity; the throttle time in ms (0: within its quota)."""
@@ -76,6 +94,7 @@ class ClientQuotaManager:
         if usage is None:
             return 0
         rate = usage.rate
+        usage.last_ms = now_ms
         rate.record(value, now_ms)
         observed, window = rate.measure(now_ms)
         throttle = throttle_time_ms(observed, usage.bound, window)

@@ -309,3 +309,18 @@ def test_throttles_end_on_the_grid_and_lateness_counts_from_the_real_end():
     clock.advance(UNMUTE_GRID_MS - 1)
     assert conn.events == [True, False]
     assert throttler.unmute_lateness.sum == pytest.approx((UNMUTE_GRID_MS - 1) / 1000)
+
+
+def test_a_client_inventing_client_ids_does_not_grow_the_broker_without_bound():
+    from minibroker.broker.quota.manager import MAX_ENTITIES
+
+    configs = QuotaConfigs()
+    configs.set(QuotaEntity.of({CLIENT_ID: None}), PRODUCER_BYTE_RATE, 1000)
+    manager = ClientQuotaManager(PRODUCER_BYTE_RATE, configs, 11, 1000)
+    for i in range(3 * MAX_ENTITIES):
+        manager.record("ANONYMOUS", f"id-{i}", 10, now_ms=i * 100)  # each idle 11 s later
+    assert len(manager.usage) <= MAX_ENTITIES + 1
+    assert len(manager._resolved) <= MAX_ENTITIES
+    # A busy entity is kept and still held to its quota.
+    assert manager.record("ANONYMOUS", "busy", 20_000, 10**6) > 0
+    assert manager.record("ANONYMOUS", "busy", 1, 10**6) > 0
