@@ -19,6 +19,7 @@ Everyone else gets CLUSTER_AUTHORIZATION_FAILED and nothing changes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 from minibroker.broker.common.config import BrokerConfig
@@ -248,6 +249,27 @@ class RequestHandler:
         return body
 
     def handle(
+        self, header: RequestHeader, body: Any, session: ConnectionSession
+    ) -> dict | PendingResponse | None:
+        quotas = self.quotas
+        if quotas is not None and quotas.request.enabled and session.principal is None:
+            return self._handle_timed(header, body, session)
+        return self._handle(header, body, session)
+
+    def _handle_timed(
+        self, header: RequestHeader, body: Any, session: ConnectionSession
+    ) -> dict | PendingResponse | None:
+        """request_percentage: the time handling took counts against the client's share of
+        the loop (Kafka: of a request handler thread), in percent-seconds; over it, the
+        connection is muted like any throttled one. Only the time spent now is counted:
+        a parked request's wait costs the loop nothing."""
+        started = perf_counter()
+        result = self._handle(header, body, session)
+        used = (perf_counter() - started) * 100
+        self.quotas.record(self.quotas.request, session, header.client_id, used)
+        return result
+
+    def _handle(
         self, header: RequestHeader, body: Any, session: ConnectionSession
     ) -> dict | PendingResponse | None:
         faults = self.fault_injector

@@ -284,3 +284,33 @@ def test_a_client_ignoring_its_throttle_is_not_read_until_the_throttle_ends(brok
     # The second request waited in the muted socket for the throttle (less the timer's
     # tick and the first answer's own trip).
     assert t2 - t1 >= throttle_ms / 1000 - 0.1, (t2 - t1, throttle_ms)
+
+
+def test_request_percentage_mutes_a_client_spending_too_much_of_the_loop(broker_factory):
+    """request_percentage: a client whose requests take more than its share of the
+    broker's loop time is muted, whatever the API."""
+    proc = broker_factory({"quota.window.num": WINDOWS})
+    with SyncAdmin(proc.address) as admin:
+        # 0.01 % of the loop: 100 us of handling a second.
+        admin.alter_client_quotas({"client-id": "spinner"}, {"request_percentage": 0.01})
+    host, port = proc.address.rsplit(":", 1)
+    conn = Connection("spinner")
+    answered = 0
+    waits = []
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            _, frame = conn.send_request(ApiKey.METADATA, {"topics": None}, 0)
+            sent = time.monotonic()
+            sock.sendall(frame)
+            got = []
+            while not got:
+                got = conn.receive_data(sock.recv(1 << 16))
+            waits.append(time.monotonic() - sent)
+            answered += 1
+    with SyncAdmin(proc.address) as admin:
+        usage = admin.broker_stats()["stats"]["quotas"]["request_percentage"]
+    (spinner,) = [u for u in usage if u["client_id"] == "spinner"]
+    assert spinner["throttled"] > 0 and spinner["throttle_time_ms_total"] > 0
+    # The throttles were waited out: some requests sat in the muted socket.
+    assert max(waits) >= 0.05, max(waits)
