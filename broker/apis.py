@@ -19,6 +19,7 @@ Everyone else gets CLUSTER_AUTHORIZATION_FAILED and nothing changes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 from minibroker.broker.common.config import BrokerConfig
@@ -34,6 +35,7 @@ from minibroker.broker.network.deferral import RequestDeferral
 from minibroker.broker.network.faults import FaultError, FaultInjector
 from minibroker.broker.network.pending import PendingResponse, then
 from minibroker.broker.network.session import ConnectionSession
+from minibroker.broker.quota import ClientQuotas
 from minibroker.broker.raft.driver import QuorumDriver
 from minibroker.broker.raft.wire import QUORUM_APIS, SENDER_FIELDS
 from minibroker.broker.replication.fetch_request import FetchRequest
@@ -123,6 +125,7 @@ class RequestHandler:
         stats: Callable[[], dict],
         coordinator: CoordinatorService | None = None,
         transactions: TransactionService | None = None,
+        quotas: ClientQuotas | None = None,
     ) -> None:
         self.broker_id = broker_id
         self.config = config
@@ -139,6 +142,7 @@ class RequestHandler:
         self.stats = stats
         self.coordinator = coordinator
         self.transactions = transactions
+        self.quotas = quotas
         # The same for every request: one object, so the network layer packs it once.
         self._api_versions = {"error_code": 0, "api_versions": supported_versions()}
         self.handlers = self._handlers()
@@ -155,6 +159,8 @@ class RequestHandler:
             ApiKey.WRITE_TXN_MARKERS: self.write_txn_markers,
             ApiKey.LIST_OFFSETS: self.list_offsets,
             ApiKey.BROKER_STATS: self.broker_stats,
+            ApiKey.ALTER_CLIENT_QUOTAS: self.alter_client_quotas,
+            ApiKey.DESCRIBE_CLIENT_QUOTAS: self.describe_client_quotas,
             ApiKey.BROKER_REGISTRATION: self.controller_only(self.role.register_broker),
             ApiKey.BROKER_HEARTBEAT: self.controller_only(self.role.heartbeat),
             ApiKey.ALTER_PARTITION: self.controller_only(self.role.alter_partition),
@@ -279,6 +285,27 @@ class RequestHandler:
         return body
 
     def handle(
+        self, header: RequestHeader, body: Any, session: ConnectionSession
+    ) -> dict | PendingResponse | None:
+        quotas = self.quotas
+        if quotas is not None and quotas.request.enabled and session.principal is None:
+            return self._handle_timed(header, body, session)
+        return self._handle(header, body, session)
+
+    def _handle_timed(
+        self, header: RequestHeader, body: Any, session: ConnectionSession
+    ) -> dict | PendingResponse | None:
+        """request_percentage: the time handling took counts against the client's share of
+        the loop (Kafka: of a request handler thread), in percent-seconds; over it, the
+        connection is muted like any throttled one. Only the time spent now is counted:
+        a parked request's wait costs the loop nothing."""
+        started = perf_counter()
+        result = self._handle(header, body, session)
+        used = (perf_counter() - started) * 100
+        self.quotas.record(self.quotas.request, session, header.client_id, used)
+        return result
+
+    def _handle(
         self, header: RequestHeader, body: Any, session: ConnectionSession
     ) -> dict | PendingResponse | None:
         faults = self.fault_injector
@@ -496,7 +523,22 @@ class RequestHandler:
                 self._auto_create(missing)
         # Kafka's rule: only the admin client id may write internal topics from outside.
         allowed = header.client_id == ADMIN_CLIENT_ID
-        return self.replica_manager.produce(body, session, internal_topics_allowed=allowed)
+        result = self.replica_manager.produce(body, session, internal_topics_allowed=allowed)
+        quotas = self.quotas
+        if quotas is not None and quotas.produce.enabled:
+            return self._produce_throttled(header, body, session, result)
+        return result
+
+    def _produce_throttled(
+        self, header: RequestHeader, body: dict, session: ConnectionSession, result: Any
+    ) -> Any:
+        """producer_byte_rate: the request's record bytes count against the producer's
+        quota; its answer says for how long the connection is muted (Produce v1+)."""
+        size = sum(len(p["records"]) for t in body["topics"] for p in t["partitions"])
+        throttle = self.quotas.record(self.quotas.produce, session, header.client_id, size)
+        if not throttle or result is None or header.api_version < 1:
+            return result
+        return then(result, lambda answer: {**answer, "throttle_time_ms": throttle})
 
     def fetch(
         self, header: RequestHeader, fetch: FetchRequest, session: ConnectionSession
@@ -505,7 +547,20 @@ class RequestHandler:
         refusal = self.refuse_replica_view(header, fetch.replica_id, session)
         if refusal is not None:
             return refusal
-        return self.replica_manager.fetch(fetch, session)
+        result = self.replica_manager.fetch(fetch, session)
+        quotas = self.quotas
+        if quotas is not None and fetch.replica_id < 0 and quotas.fetch.enabled:
+            client_id = header.client_id
+            return then(result, lambda answer: self._fetch_throttled(answer, client_id, session))
+        return result
+
+    def _fetch_throttled(self, answer: dict, client_id: str | None, session: Any) -> dict:
+        """consumer_byte_rate: the answer's record bytes count against the consumer's quota
+        once they are known (Kafka records a fetch's response size)."""
+        size = sum(len(p["records"]) for t in answer.get("topics", ()) for p in t["partitions"])
+        throttle = self.quotas.record(self.quotas.fetch, session, client_id, size)
+        # A copy: identical long polls share one answer body (ReplicaManager).
+        return {**answer, "throttle_time_ms": throttle} if throttle else answer
 
     def write_txn_markers(
         self, header: RequestHeader, body: dict, session: ConnectionSession
@@ -530,6 +585,19 @@ class RequestHandler:
         if refusal is not None:
             return refusal
         return self.replica_manager.list_offsets(body)
+
+    def alter_client_quotas(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse:
+        # As CreateTopics: to the active controller, whose records every broker applies.
+        return self.link.alter_client_quotas(body, forwarded=session.principal is not None)
+
+    def describe_client_quotas(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict:
+        if self.quotas is None:
+            return {"error_code": 0, "entries": []}
+        return self.quotas.describe(body)
 
     def broker_stats(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         return {"error_code": 0, "broker_id": self.broker_id, "stats": self.stats()}

@@ -24,6 +24,7 @@ from minibroker.broker.common.config import ConfigError
 from minibroker.broker.common.histogram import Histogram
 from minibroker.broker.network.request_metrics import PHASES, RequestMetrics
 from minibroker.broker.network.socket_server import ConnectionHandler
+from minibroker.broker.quota import ClientQuotas
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.protocol import api_name
 
@@ -53,17 +54,21 @@ class BrokerCollector:
         request_metrics: RequestMetrics,
         replica_manager: ReplicaManager,
         connections: ConnectionHandler,
+        quotas: ClientQuotas | None = None,
     ) -> None:
         self.broker = str(broker_id)
         self.request_metrics = request_metrics
         self.replica_manager = replica_manager
         self.connections = connections
+        self.quotas = quotas
 
     def collect(self) -> Iterator[Any]:
         yield from self._requests()
         yield from self._purgatories()
         yield from self._connections()
         yield from self._partitions()
+        if self.quotas is not None:
+            yield from self._quotas(self.quotas)
 
     def _requests(self) -> Iterator[Any]:
         requests = CounterMetricFamily(
@@ -115,6 +120,42 @@ class BrokerCollector:
             "Connections not read until their queued answers drain (backpressure).",
             value=self.connections.muted_connections,
         )
+
+    def _quotas(self, quotas: ClientQuotas) -> Iterator[Any]:
+        """Per quota type and entity: the bound, the observed rate and the throttling
+        (Kafka's byte-rate and throttle-time sensors), and the throttled connections."""
+        labels = ["broker", "quota", "user", "client_id"]
+        limit = GaugeMetricFamily("minibroker_quota_limit", "The entity's quota.", labels=labels)
+        rate = GaugeMetricFamily(
+            "minibroker_quota_rate", "The entity's rate over the quota windows.", labels=labels
+        )
+        throttle = CounterMetricFamily(
+            "minibroker_quota_throttle_time_ms", "Throttle time given, in all.", labels=labels
+        )
+        throttles = CounterMetricFamily(
+            "minibroker_quota_throttles", "Answers that carried a throttle.", labels=labels
+        )
+        now_ms = quotas.clock.now_ms()
+        for manager in quotas.managers():
+            for e in manager.stats(now_ms):
+                values = [self.broker, manager.key, e["user"], e["client_id"]]
+                limit.add_metric(values, e["quota"])
+                rate.add_metric(values, e["rate"])
+                throttle.add_metric(values, e["throttle_time_ms_total"])
+                throttles.add_metric(values, e["throttled"])
+        yield from (limit, rate, throttle, throttles)
+        yield GaugeMetricFamily(
+            "minibroker_connections_throttled",
+            "Connections muted by a quota's throttle (KIP-219).",
+            value=self.connections.throttled_connections,
+        )
+        lateness = HistogramMetricFamily(
+            "minibroker_quota_unmute_lateness_seconds",
+            "From a throttle's end to its connection being read again.",
+            labels=["broker"],
+        )
+        _histogram(lateness, [self.broker], quotas.throttler.unmute_lateness)
+        yield lateness
 
     def _partitions(self) -> Iterator[Any]:
         families = {

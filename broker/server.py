@@ -50,6 +50,8 @@ from minibroker.broker.network.poller import choose_backend
 from minibroker.broker.network.request_metrics import RequestMetrics
 from minibroker.broker.network.socket_server import ConnectionHandler
 from minibroker.broker.purgatory import MonotonicClock, Purgatory, SystemTimer, switch_interval_for
+from minibroker.broker.quota import ClientQuotas
+from minibroker.broker.quota.replication import replication_quotas
 from minibroker.broker.raft.config import quorum_config
 from minibroker.broker.raft.driver import QuorumDriver
 from minibroker.broker.raft.effects import LeaderChanged
@@ -131,6 +133,11 @@ class Broker:
         self.replica_manager = self._replica_manager()
         self.link = self._controller_link()
         self.fetchers = self._replica_fetchers()
+        # Replication quotas, when the broker config sets a rate (None: no limit).
+        leader_quota, follower_quota = replication_quotas(broker_id, config, self.clock.now_ms)
+        self.replica_manager.leader_quota = leader_quota
+        self.fetchers.follower_quota = follower_quota
+        self.fetchers.topic_configs = self.replica_manager.topic_configs.get
         self.isr_proposals = AlterPartitionManager(
             broker_id,
             self.replica_manager,
@@ -146,6 +153,13 @@ class Broker:
         self.coordinator = self._coordinator()
         self.transactions = self._transactions()
         self.replica_manager.txn_marker_listeners.append(self.coordinator.complete_txn)
+        # Client quotas: their throttles end on the shared timer (broker/quota/throttle.py).
+        self.quotas = ClientQuotas(
+            self.timer,
+            self.clock,
+            samples=config["quota.window.num"],
+            window_ms=config["quota.window.size.seconds"] * 1000,
+        )
         self.publisher = MetadataPublisher(
             broker_id,
             self.cache,
@@ -325,6 +339,7 @@ class Broker:
             stats=self.stats,
             coordinator=self.coordinator,
             transactions=self.transactions,
+            quotas=self.quotas,
         )
 
     def _socket_server(self, handler: RequestHandler) -> ConnectionHandler:
@@ -365,6 +380,7 @@ class Broker:
     def _metadata_committed(self) -> None:
         """Every voter takes the roles each commit gives it (in slices: metadata_publisher)."""
         self.publisher.publish(self.image.metadata.copy())
+        self.quotas.sync(self.image.metadata.client_quotas)
 
     def _caught_up(self) -> None:
         self.publisher.caught_up()
@@ -453,6 +469,18 @@ class Broker:
                 }
             ],
             "connections_muted": self.connections.muted_connections,
+            "connections_throttled": self.connections.throttled_connections,
+            "quotas": {
+                **self.quotas.stats(),
+                "replication": {
+                    side: q.stats()
+                    for side, q in (
+                        ("leader", self.replica_manager.leader_quota),
+                        ("follower", self.fetchers.follower_quota),
+                    )
+                    if q is not None
+                },
+            },
             "poller": self.poller,
             "purgatory": {
                 "produce": rm.produce_purgatory.stats(),
@@ -494,6 +522,8 @@ class Broker:
             *self.transactions.purgatories.values(),
         ):
             purgatory.set_expiry_handoff(_to_loop(token, purgatory))
+        throttler = self.quotas.throttler
+        throttler.set_expiry_handoff(_to_loop(token, throttler))
         self.timer.start()
 
     def _serve_metrics(self) -> Any:
@@ -505,7 +535,11 @@ class Broker:
         from minibroker.broker.prometheus_export import BrokerCollector, serve_metrics
 
         collector = BrokerCollector(
-            self.broker_id, self.request_metrics, self.replica_manager, self.connections
+            self.broker_id,
+            self.request_metrics,
+            self.replica_manager,
+            self.connections,
+            self.quotas,
         )
         return serve_metrics(collector, port)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import trio
 
-from minibroker.client import group_admin
+from minibroker.client import group_admin, quota_admin
 from minibroker.client.background import ClusterClient
 from minibroker.client.cluster import BrokerInfo, Cluster, PartitionInfo
 from minibroker.client.group_admin import GroupDescription, GroupListing
@@ -250,6 +250,30 @@ class Admin(ClusterClient):
             for t in response["replica_election_results"]
             for r in t["partition_result"]
         }
+
+    # --- client quotas (client/quota_admin.py) ------------------------------------------------
+
+    async def alter_client_quotas(
+        self,
+        entity: Mapping[str, str | None],
+        add: Mapping[str, float] | None = None,
+        delete: Iterable[str] = (),
+        *,
+        validate_only: bool = False,
+    ) -> None:
+        """Kafka's alterClientQuotas for one entity (``{"client-id": "app"}``; a None name
+        is the default entity). Every broker applies it once the controller commits it."""
+        await quota_admin.alter_client_quotas(
+            self._controller_request, entity, add, delete, validate_only=validate_only
+        )
+
+    async def describe_client_quotas(
+        self, components: Mapping[str, object], *, strict: bool = False
+    ) -> list[tuple[dict[str, str | None], dict[str, float]]]:
+        """Kafka's describeClientQuotas (``quota_admin.ANY`` matches every name)."""
+        return await quota_admin.describe_client_quotas(
+            self._controller_request, components, strict=strict
+        )
 
     async def list_topics(self) -> list[str]:
         body = await self._open().refresh(None)

@@ -66,6 +66,11 @@ class ClusterClient:
             raise
         return self
 
+    def metrics(self) -> dict[str, Any]:
+        """Quota throttles per broker (Kafka's produce/fetch-throttle-time-avg and -max)."""
+        throttles = self._cluster.throttles.snapshot() if self._cluster is not None else {}
+        return {"throttle": throttles}
+
     async def _started(self, nursery: trio.Nursery) -> None:
         """Hook: start the subclass's background tasks (metadata is known by now)."""
 

@@ -21,6 +21,7 @@ import trio
 
 from minibroker.client.connection import BrokerConnection, failure_reason, no_answer
 from minibroker.client.hedge import AllFailed, NoAnswer, first_answer
+from minibroker.client.throttle import ThrottleMetrics
 from minibroker.protocol import ApiKey, api_name
 from minibroker.protocol.errors import (
     BrokerNotAvailable,
@@ -92,6 +93,8 @@ class Cluster:
         self.refresh_error: KafkaError | None = None
         # Addresses that did not answer when last asked: asked last until they do.
         self._unanswered: set[tuple[str, int]] = set()
+        # Quota throttles the brokers gave (KIP-219): metrics, and the throttle_cb setting.
+        self.throttles = ThrottleMetrics(config.get("throttle_cb"))
 
     # --- lookups (pure, no I/O) -----------------------------------------------------------
 
@@ -264,6 +267,7 @@ class Cluster:
                     connect_timeout=self.connect_timeout,
                     api_version_timeout=self.api_version_timeout,
                 )
+                conn.on_throttle = self.throttles.throttled
                 self._conns[addr] = conn
         return conn
 

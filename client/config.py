@@ -73,6 +73,12 @@ def _string(key: str, value: Any) -> str:
     return value
 
 
+def _callable(key: str, value: Any) -> Any:
+    if value is not None and not callable(value):
+        raise ValueError(f"config '{key}': expected a function, got {value!r}")
+    return value
+
+
 def _bool(key: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -127,6 +133,13 @@ SETTINGS: dict[str, Setting] = {
     ),
     "client.id": Setting(
         _string, "minibroker-client", _ALL, "Sent with every request; shows in broker logs."
+    ),
+    "throttle_cb": Setting(
+        _callable,
+        None,
+        _ALL,
+        "Called with a ThrottleEvent when a broker's quota holds this client back "
+        "(librdkafka's throttle_cb).",
     ),
     "request.timeout.ms": Setting(
         _int(1, _INT32_MAX), 30000, _ALL, "How long to wait for one response."

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -102,6 +103,11 @@ class BrokerConnection:
         self.versions: dict[int, int] = {}
         self._error: KafkaError | None = None
         self._closed = trio.Event()
+        # KIP-219: the trio time until which the broker holds this connection (a quota's
+        # throttle_time_ms); the next request waits for it. ``on_throttle(address, ms)``
+        # is told of each (the Cluster's ThrottleMetrics).
+        self.throttled_until = 0.0
+        self.on_throttle: Callable[[str, int], None] | None = None
 
     @property
     def address(self) -> str:
@@ -187,6 +193,8 @@ class BrokerConnection:
         """
         if self._error is not None:
             raise self._error
+        if self.throttled_until and self.throttled_until > trio.current_time():
+            await trio.sleep_until(self.throttled_until)  # the broker would not read it anyway
         waiter = _Waiter() if expect_response else None
         if version is None:
             version = self.versions.get(api_key, 0)
@@ -231,7 +239,9 @@ class BrokerConnection:
                 for response in conn.receive_data(data):
                     waiter = response.waiter
                     if response.problem is None:
-                        waiter.body = response.body
+                        body = waiter.body = response.body
+                        if type(body) is dict and body.get("throttle_time_ms"):
+                            self._throttled(body["throttle_time_ms"])
                     else:
                         waiter.error = NetworkException(
                             f"{self.address}: {NOT_OUR_PROTOCOL} (bad response: {response.problem})"
@@ -247,6 +257,11 @@ class BrokerConnection:
             self._fail(NetworkException(f"{self.address}: the connection is closed"))
             with trio.CancelScope(shield=True):
                 await self._stream.aclose()
+
+    def _throttled(self, throttle_ms: int) -> None:
+        self.throttled_until = max(self.throttled_until, trio.current_time() + throttle_ms / 1000)
+        if self.on_throttle is not None:
+            self.on_throttle(self.address, throttle_ms)
 
     def _fail(self, error: KafkaError) -> None:
         """Mark the connection dead and wake every waiting caller with ``error``."""

@@ -201,6 +201,7 @@ class SyncProducer(_SyncBase):
     enqueue = blocking(Producer.enqueue, SyncDeliveryHandle)
     send_nowait = enqueue
     flush = blocking(Producer.flush)
+    metrics = blocking(Producer.metrics)
     close_batches = blocking(Producer.close_batches)
     wait_for_partitions = blocking(Producer.wait_for_partitions)
     partitions_for = blocking(Producer.partitions_for)
@@ -246,6 +247,7 @@ class SyncConsumer(_SyncBase):
     commit_async = blocking(Consumer.commit_async)
     committed = blocking(Consumer.committed)
     group_metadata = blocking(Consumer.group_metadata)
+    metrics = blocking(Consumer.metrics)
 
 
 class SyncAdmin(_SyncBase):
@@ -266,3 +268,6 @@ class SyncAdmin(_SyncBase):
     list_consumer_group_offsets = blocking(Admin.list_consumer_group_offsets)
     alter_consumer_group_offsets = blocking(Admin.alter_consumer_group_offsets)
     elect_leaders = blocking(Admin.elect_leaders)
+    alter_client_quotas = blocking(Admin.alter_client_quotas)
+    describe_client_quotas = blocking(Admin.describe_client_quotas)
+    metrics = blocking(Admin.metrics)

@@ -67,6 +67,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "add_arguments",
         "acks=all producers and a consumer under a seeded nemesis; check Kafka's promises",
     ),
+    "configs": (
+        "minibroker.deploy.configs_cli",
+        "add_arguments",
+        "alter and describe configs (client quotas: --entity-type clients|users)",
+    ),
     "stats": (
         "minibroker.deploy.stats_cli",
         "add_arguments",
@@ -120,6 +125,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "validate": (
         "minibroker.deploy.bench.validate",
         "the leader's per-record validation of a produced batch, per codec, against its CRC",
+    ),
+    "quotas": (
+        "minibroker.deploy.bench.quotas",
+        "10k throttled connections on the shared timer; Kafka's rate held to the quota",
     ),
     "startup": (
         "minibroker.deploy.bench.startup",

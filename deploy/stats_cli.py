@@ -41,6 +41,37 @@ def _ms(bound: float | None) -> str:
     return "<=" + (f"{bound:g}ms" if bound != float("inf") else "inf")
 
 
+def _quota_lines(stats: dict) -> list[str]:
+    """Client quotas: each entity's bound, rate and throttling (docs/quotas.md)."""
+    quotas = stats.get("quotas") or {}
+    entities = [
+        (k, e) for k, v in quotas.items() if k not in ("throttler", "replication") for e in v
+    ]
+    replication = quotas.get("replication") or {}
+    if not entities and not replication:
+        return []
+    throttler = quotas.get("throttler", {})
+    lines = [
+        "",
+        f"quotas  connections throttled {stats.get('connections_throttled', 0)}  "
+        f"throttles {throttler.get('throttled', 0)}  unmute late p99 "
+        f"{_ms(throttler.get('unmute_lateness', {}).get('p99_ms_le'))}",
+        f"{'quota':<20} {'user':<12} {'client-id':<16} {'limit':>12} {'rate':>12} "
+        f"{'throttled':>9} {'throttle ms':>11}",
+    ]
+    for key, e in entities:
+        lines.append(
+            f"{key:<20} {e['user'] or '-':<12} {e['client_id'] or '-':<16} {e['quota']:>12g} "
+            f"{e['rate']:>12g} {e['throttled']:>9} {e['throttle_time_ms_total']:>11}"
+        )
+    for side, r in replication.items():
+        lines.append(
+            f"{side}.replication.throttled.rate {r['bound']}  rate {r['rate']:g}  "
+            f"waited {r['throttled_ms']} ms"
+        )
+    return lines
+
+
 def render(body: dict) -> str:
     stats = body["stats"]
     lines = [
@@ -77,6 +108,7 @@ def render(body: dict) -> str:
                 f"{_ms(r['total']['p99_ms_le']):>10} {_ms(r['local']['p99_ms_le']):>10} "
                 f"{_ms(r['remote']['p99_ms_le']):>10}"
             )
+    lines += _quota_lines(stats)
     lines += [
         "",
         f"{'topic-partition':<28} {'leader':>6} {'epoch':>5} {'isr':<12} {'hw':>8} {'leo':>8} "

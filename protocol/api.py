@@ -15,6 +15,7 @@ from minibroker.protocol import group_api, txn_api
 from minibroker.protocol.schema import (
     BOOL,
     BYTES,
+    FLOAT64,
     INT16,
     INT32,
     INT64,
@@ -62,6 +63,8 @@ class ApiKey(IntEnum):
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
     DELETE_GROUPS = 42
+    DESCRIBE_CLIENT_QUOTAS = 48
+    ALTER_CLIENT_QUOTAS = 49
     SASL_AUTHENTICATE = 36
     ELECT_LEADERS = 43
     VOTE = 52
@@ -256,23 +259,27 @@ PRODUCE_REQ = struct(
         "topics": _per_partition({"records": BYTES}),
     }
 )
-PRODUCE_RESP = struct(
-    {
-        "topics": _per_partition(
-            {"error_code": ERROR, "base_offset": OFFSET},
-            {
-                "log_append_time": (INT64, -1),
-                "log_start_offset": (INT64, -1),
-                "error_message": ERROR_MESSAGE,
-                # A refused batch's records and why (Kafka's RecordErrors, KIP-467).
-                "record_errors": (
-                    array(struct({"batch_index": INT32, "message": nullable(STRING)})),
-                    [],
-                ),
-            },
-        )
-    },
-    {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
+_PRODUCE_RESP_FIELDS = {
+    "topics": _per_partition(
+        {"error_code": ERROR, "base_offset": OFFSET},
+        {
+            "log_append_time": (INT64, -1),
+            "log_start_offset": (INT64, -1),
+            "error_message": ERROR_MESSAGE,
+            # A refused batch's records and why (Kafka's RecordErrors, KIP-467).
+            "record_errors": (
+                array(struct({"batch_index": INT32, "message": nullable(STRING)})),
+                [],
+            ),
+        },
+    )
+}
+_PRODUCE_RESP_OPTIONAL = {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE}
+PRODUCE_RESP = struct(_PRODUCE_RESP_FIELDS, _PRODUCE_RESP_OPTIONAL)
+# v1: how long a client quota holds the producer back (Kafka's Produce v1, KIP-219's
+# throttle: the connection is muted for as long).
+PRODUCE_RESP_V1 = struct(
+    _PRODUCE_RESP_FIELDS, {**_PRODUCE_RESP_OPTIONAL, "throttle_time_ms": (INT32, 0)}
 )
 
 # --- InitProducerId (KIP-98; KIP-360's producer_id/epoch fields) and AllocateProducerIds ---
@@ -360,6 +367,71 @@ FETCH_RESP_V1 = struct(
         )
     },
     _FETCH_TOP,
+)
+
+# A client quota entity: (entity type, name) pairs, a null name the default (Kafka's
+# EntityData); its values by quota key (producer_byte_rate, ...).
+_QUOTA_ENTITY = array(
+    struct({"entity_type": string(max_len=32), "entity_name": nullable(string(max_len=1024))}),
+    max_len=2,
+)
+_QUOTA_VALUES = mapping(string(max_len=64), FLOAT64)
+# --- AlterClientQuotas / DescribeClientQuotas (KIP-546), Kafka's shapes ------------------
+
+ALTER_CLIENT_QUOTAS_REQ = struct(
+    {
+        "entries": array(
+            struct(
+                {
+                    "entity": _QUOTA_ENTITY,
+                    "ops": array(
+                        struct(
+                            {"key": string(max_len=64)},
+                            {"value": (FLOAT64, 0.0), "remove": (BOOL, False)},
+                        ),
+                        max_len=64,
+                    ),
+                }
+            ),
+            max_len=10000,
+        )
+    },
+    {"validate_only": (BOOL, False)},
+)
+ALTER_CLIENT_QUOTAS_RESP = struct(
+    {
+        "entries": array(
+            struct({"error_code": ERROR, "entity": _QUOTA_ENTITY}, {"error_message": ERROR_MESSAGE})
+        )
+    },
+    {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE, "throttle_time_ms": (INT32, 0)},
+)
+# match_type: 0 the name given, 1 the default entity, 2 any entity of the type.
+DESCRIBE_CLIENT_QUOTAS_REQ = struct(
+    {
+        "components": array(
+            struct(
+                {
+                    "entity_type": string(max_len=32),
+                    "match_type": integer("int8", min=0, max=2),
+                },
+                {"match": (nullable(string(max_len=1024)), None)},
+            ),
+            max_len=2,
+        )
+    },
+    {"strict": (BOOL, False)},
+)
+DESCRIBE_CLIENT_QUOTAS_RESP = struct(
+    {"error_code": ERROR},
+    {
+        "error_message": ERROR_MESSAGE,
+        "throttle_time_ms": (INT32, 0),
+        "entries": (
+            nullable(array(struct({"entity": _QUOTA_ENTITY, "values": _QUOTA_VALUES}))),
+            None,
+        ),
+    },
 )
 
 # --- ListOffsets ---------------------------------------------------------------------------
@@ -451,6 +523,8 @@ METADATA_SNAPSHOT = struct(
     {
         "live_brokers": (array(NODE_ID), []),
         "next_producer_id": (integer("int64", min=0), 0),
+        # Client quotas (KRaft's ClientQuotaRecord): each entity with its values.
+        "client_quotas": (array(struct({"entity": _QUOTA_ENTITY, "values": _QUOTA_VALUES})), []),
     },
 )
 
@@ -629,9 +703,11 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.CREATE_TOPICS: {0: (CREATE_TOPICS_REQ, CREATE_TOPICS_RESP)},
     ApiKey.ELECT_LEADERS: {0: (ELECT_LEADERS_REQ, ELECT_LEADERS_RESP)},
     ApiKey.DELETE_TOPICS: {0: (DELETE_TOPICS_REQ, DELETE_TOPICS_RESP)},
-    ApiKey.PRODUCE: {0: (PRODUCE_REQ, PRODUCE_RESP)},
+    ApiKey.PRODUCE: {0: (PRODUCE_REQ, PRODUCE_RESP), 1: (PRODUCE_REQ, PRODUCE_RESP_V1)},
     ApiKey.FETCH: {0: (FETCH_REQ, FETCH_RESP), 1: (FETCH_REQ, FETCH_RESP_V1)},
     ApiKey.LIST_OFFSETS: {0: (LIST_OFFSETS_REQ, LIST_OFFSETS_RESP)},
+    ApiKey.ALTER_CLIENT_QUOTAS: {0: (ALTER_CLIENT_QUOTAS_REQ, ALTER_CLIENT_QUOTAS_RESP)},
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: {0: (DESCRIBE_CLIENT_QUOTAS_REQ, DESCRIBE_CLIENT_QUOTAS_RESP)},
     ApiKey.BROKER_STATS: {0: (BROKER_STATS_REQ, BROKER_STATS_RESP)},
     ApiKey.BROKER_REGISTRATION: {0: (BROKER_REGISTRATION_REQ, BROKER_REGISTRATION_RESP)},
     ApiKey.BROKER_HEARTBEAT: {0: (BROKER_HEARTBEAT_REQ, BROKER_HEARTBEAT_RESP)},

@@ -62,6 +62,19 @@ def integer(kind: str = "int32", *, min: int | None = None, max: int | None = No
     return check
 
 
+def float64() -> Validator:
+    """A finite number (Kafka's float64: quota values); an int is taken as one."""
+
+    def check(value: Any, path: str) -> float:
+        if type(value) is not float and type(value) is not int:
+            raise _fail(path, f"expected float64, got {type(value).__name__}")
+        if value != value or value in (float("inf"), float("-inf")):
+            raise _fail(path, f"{value} is not a finite number")
+        return float(value)
+
+    return check
+
+
 def boolean() -> Validator:
     def check(value: Any, path: str) -> bool:
         if type(value) is not bool:
@@ -181,6 +194,7 @@ INT8 = integer("int8")
 INT16 = integer("int16")
 INT32 = integer("int32")
 INT64 = integer("int64")
+FLOAT64 = float64()
 BOOL = boolean()
 STRING = string()
 BYTES = binary()

@@ -209,6 +209,32 @@ DEFS: dict[str, ConfigDef] = {
     "min.insync.replicas": ConfigDef(
         int, 1, "acks=all needs at least this many in-sync replicas.", 1
     ),
+    # client quotas (broker/quota): the rate an entity is measured at, Kafka's defaults
+    "quota.window.num": ConfigDef(
+        int, 11, "Samples kept of a client's rate for its quota (Kafka's default).", 2
+    ),
+    "quota.window.size.seconds": ConfigDef(
+        int, 1, "Length of each sample of a client's rate for its quota.", 1
+    ),
+    # replication quotas (broker/quota/replication.py): Kafka's names and defaults
+    "leader.replication.throttled.rate": ConfigDef(
+        int,
+        _LONG_MAX,
+        "Bytes/s this broker sends as leader to followers of throttled replicas.",
+        1,
+    ),
+    "follower.replication.throttled.rate": ConfigDef(
+        int,
+        _LONG_MAX,
+        "Bytes/s this broker fetches as follower for throttled replicas.",
+        1,
+    ),
+    "replication.quota.window.num": ConfigDef(
+        int, 11, "Samples kept of the replication rates (Kafka's default).", 2
+    ),
+    "replication.quota.window.size.seconds": ConfigDef(
+        int, 1, "Length of each sample of the replication rates.", 1
+    ),
     "replica.lag.time.max.ms": ConfigDef(
         int, 30000, "A follower not caught up for this long leaves the ISR.", 1
     ),

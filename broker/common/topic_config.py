@@ -10,6 +10,7 @@ a segment's index holds positions and relative offsets as signed 32-bit integers
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,17 @@ LONG_MAX = 2**63 - 1
 
 # Kafka's cleanup.policy is a list of "delete" and/or "compact"; these are its spellings.
 CLEANUP_POLICIES = ("delete", "compact", "compact,delete", "delete,compact")
+
+
+_REPLICAS = re.compile(r"^(\*|\d+:\d+(,\d+:\d+)*)?$")
+
+
+def throttled_replicas_error(value: Any) -> str | None:
+    """None if ``value`` is Kafka's throttled-replicas form: empty, ``*``, or
+    ``partition:broker,...`` (leader/follower.replication.throttled.replicas)."""
+    if isinstance(value, str) and _REPLICAS.match(value.replace(" ", "")):
+        return None
+    return f"expected '*' or a list of partition:broker (e.g. 0:1,1:2), got {_short(value)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +46,11 @@ class TopicConfigDef:
 
     def check(self, value: Any) -> tuple[Any, str | None]:
         """``(parsed value, None)`` or ``(None, a one-line problem naming key and range)``."""
+        if self.kind is list:  # a list of replicas (the replication throttles)
+            problem = throttled_replicas_error(value)
+            if problem is not None:
+                return None, f"topic config '{self.name}': {problem}"
+            return str(value).replace(" ", ""), None
         if self.kind is str:
             text = str(value).replace(" ", "")
             if text not in self.choices:
@@ -79,6 +96,8 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {
         _def("min.compaction.lag.ms", "log.cleaner.min.compaction.lag.ms", 0, LONG_MAX, "Never clean records younger than this."),
         _def("message.timestamp.difference.max.ms", "log.message.timestamp.difference.max.ms", 0, LONG_MAX, "Deprecated: the default of the two below."),
         _def("message.timestamp.before.max.ms", "log.message.timestamp.before.max.ms", 0, LONG_MAX, "A record's timestamp at most this far before the broker's clock."),
+        TopicConfigDef("leader.replication.throttled.replicas", None, 0, 0, "Replicas (partition:broker, or *) whose leader throttles replication to leader.replication.throttled.rate.", list),
+        TopicConfigDef("follower.replication.throttled.replicas", None, 0, 0, "Replicas (partition:broker, or *) whose follower throttles its fetching to follower.replication.throttled.rate.", list),
         _def("message.timestamp.after.max.ms", "log.message.timestamp.after.max.ms", 0, LONG_MAX, "A record's timestamp at most this far after the broker's clock."),
     )
 }  # fmt: skip

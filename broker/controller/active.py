@@ -109,6 +109,9 @@ class ControllerRole:
     def delete_topics(self, body: dict) -> dict | PendingResponse:
         return self.controller.delete_topics(body["topic_names"])
 
+    def alter_client_quotas(self, body: dict) -> dict | PendingResponse:
+        return self.controller.alter_client_quotas(body["entries"], body["validate_only"])
+
     # --- fencing ------------------------------------------------------------------------------
 
     async def fence_silent_brokers(self) -> None:

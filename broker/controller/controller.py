@@ -17,6 +17,7 @@ from typing import Any
 
 from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.common.topic_config import topic_configs_error
+from minibroker.broker.controller.client_quotas import apply_entries
 from minibroker.broker.controller.placement import assign_replicas
 from minibroker.broker.metadata.check import topic_name_error
 from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata, PartitionState, TopicState
@@ -334,6 +335,14 @@ class Controller:
                     self.commit()
                 results.append({"name": name, "error_code": int(code), "error_message": message})
         return self._reply({"responses": results})
+
+    def alter_client_quotas(self, entries: list[dict], validate_only: bool) -> Any:
+        """``{"entries": results}``, sent once the ClientQuotaRecords commit."""
+        with self._change() as md:
+            results, changed = apply_entries(md.client_quotas, entries, validate_only)
+            if changed:
+                self.commit()
+        return self._reply({"entries": results})
 
     # --- producer ids -------------------------------------------------------------------------
 

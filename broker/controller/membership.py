@@ -168,6 +168,17 @@ class ControllerLink:
             lambda error: {"responses": [{"name": n, **error} for n in names]},
         )
 
+    def alter_client_quotas(self, body: dict, *, forwarded: bool = False) -> dict | PendingResponse:
+        """``{"entries": results}`` (AlterClientQuotas), from the active controller."""
+        entries = body["entries"]
+        return self._topic_change(
+            ApiKey.ALTER_CLIENT_QUOTAS,
+            body,
+            self.role.alter_client_quotas,
+            forwarded,
+            lambda error: {"entries": [{"entity": e["entity"], **error} for e in entries]},
+        )
+
     def _topic_change(
         self,
         api_key: int,
@@ -189,7 +200,7 @@ class ControllerLink:
         async def call() -> None:
             # Not idempotent: re-sent only where no controller can have acted on it.
             answer = await self.controller_call(api_key, body, local, timeout=30, idempotent=False)
-            if "topics" not in answer and "responses" not in answer:
+            if not ({"topics", "responses", "entries"} & answer.keys()):
                 answer = refused(
                     {
                         "error_code": answer["error_code"],
@@ -253,9 +264,8 @@ class ControllerLink:
                         return answer
                     unreachable = True
                 code = answer.get("error_code", 0)
-                topic_codes = {
-                    t["error_code"] for t in answer.get("topics", answer.get("responses", []))
-                }
+                items = answer.get("topics") or answer.get("responses") or answer.get("entries")
+                topic_codes = {t["error_code"] for t in items or ()}
                 if not (
                     unreachable
                     or code == ErrorCode.NOT_CONTROLLER

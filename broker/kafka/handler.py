@@ -21,6 +21,7 @@ from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
 from minibroker.broker.kafka.fetch_session import FetchSessionCache
 from minibroker.broker.kafka.groups import GroupApis
 from minibroker.broker.kafka.metadata import MetadataApis
+from minibroker.broker.kafka.quotas import QuotaApis
 from minibroker.broker.kafka.transactions import TransactionApis
 from minibroker.broker.kafka.translate import failed
 from minibroker.broker.metadata.cache import MetadataCache
@@ -35,7 +36,14 @@ from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader, api_versions
 _RESOURCE_TOPIC = 2
 
 
-class KafkaRequestHandler(MetadataApis, GroupApis, TransactionApis, AdminApis):
+def _throttled(out: dict, native: dict) -> dict:
+    """The native answer's quota throttle, carried to the Kafka answer (Produce and Fetch
+    v1+ have the field; the codec leaves it out of older versions)."""
+    throttle = native.get("throttle_time_ms")
+    return {**out, "throttle_time_ms": throttle} if throttle else out
+
+
+class KafkaRequestHandler(MetadataApis, GroupApis, TransactionApis, AdminApis, QuotaApis):
     """Kafka's KafkaApis for stock clients, built on the native handler."""
 
     def __init__(
@@ -63,6 +71,7 @@ class KafkaRequestHandler(MetadataApis, GroupApis, TransactionApis, AdminApis):
             **self.group_handlers(),
             **self.transaction_handlers(),
             **self.admin_handlers(),
+            **self.quota_handlers(),
         }
 
     def handle(
@@ -112,7 +121,9 @@ class KafkaRequestHandler(MetadataApis, GroupApis, TransactionApis, AdminApis):
             result = {"topics": []}
         if acks == 0:
             return None  # no answer, whatever happened (Kafka's acks=0)
-        return then(result, lambda answer: self._produce_answer(body, answer, refused))
+        return then(
+            result, lambda answer: _throttled(self._produce_answer(body, answer, refused), answer)
+        )
 
     @staticmethod
     def _produce_answer(request: dict, answer: dict, refused: dict) -> dict:
@@ -176,7 +187,10 @@ class KafkaRequestHandler(MetadataApis, GroupApis, TransactionApis, AdminApis):
             ],
         }
         result = self._native(header, ApiKey.FETCH, native, session)
-        return then(result, lambda answer: context.answer(self._fetch_answer(native, answer)))
+        return then(
+            result,
+            lambda answer: _throttled(context.answer(self._fetch_answer(native, answer)), answer),
+        )
 
     @staticmethod
     def _fetch_answer(request: dict, answer: dict) -> dict:

@@ -9,11 +9,19 @@ atomically; every broker holds the last copy pushed to it. A single-broker
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from minibroker.broker.common.atomic_file import write_atomic
 from minibroker.broker.metadata.check import MetadataError, check_document
+
+QuotaKey = tuple[tuple[str, str | None], ...]
+
+
+def quota_key(pairs: Iterable[tuple[str, str | None]]) -> QuotaKey:
+    """A client quota entity as the metadata keeps it: its (type, name) pairs by type."""
+    return tuple(sorted(pairs, key=lambda pair: pair[0]))
 
 
 @dataclass(slots=True)
@@ -60,6 +68,9 @@ class ClusterMetadata:
     # The first producer id no broker has been given yet (KIP-730's ProducerIdsRecord):
     # in the metadata log, so ids stay unique across controller failover.
     next_producer_id: int = 0
+    # Client quotas (KRaft's ClientQuotaRecord): by entity, a tuple of (entity type, name)
+    # pairs sorted by type (a None name: the default entity), each its values by key.
+    client_quotas: dict[QuotaKey, dict[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
@@ -68,6 +79,13 @@ class ClusterMetadata:
             "next_producer_id": self.next_producer_id,
             "brokers": [asdict(b) for b in sorted(self.brokers.values(), key=lambda b: b.node_id)],
             "live_brokers": sorted(self.live),
+            "client_quotas": [
+                {
+                    "entity": [{"entity_type": t, "entity_name": n} for t, n in entity],
+                    "values": dict(values),
+                }
+                for entity, values in self.client_quotas.items()
+            ],
             "topics": [
                 {
                     "name": t.name,
@@ -111,6 +129,7 @@ class ClusterMetadata:
             },
             set(self.live),
             self.next_producer_id,
+            {entity: dict(values) for entity, values in self.client_quotas.items()},
         )
 
     @classmethod
@@ -124,6 +143,9 @@ class ClusterMetadata:
         md = cls(controller_id=data.get("controller_id", -1), epoch=data.get("epoch", 0))
         md.live = set(data.get("live_brokers", []))
         md.next_producer_id = data.get("next_producer_id", 0)
+        for q in data.get("client_quotas", []):
+            entity = quota_key((e["entity_type"], e["entity_name"]) for e in q["entity"])
+            md.client_quotas[entity] = dict(q["values"])
         for b in data.get("brokers", []):
             md.brokers[b["node_id"]] = BrokerInfo(
                 b["node_id"], b["host"], b["port"], b.get("kafka_host", ""), b.get("kafka_port", 0)

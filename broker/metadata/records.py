@@ -18,6 +18,8 @@ Record types, after Kafka's (metadata/src/main/resources/common/metadata/*.json)
                      and no record depends on the exact state before it.
     ProducerIds      ProducerIdsRecord     (next_producer_id): a block of producer ids
                      was handed to a broker (KIP-730)
+    ClientQuota      ClientQuotaRecord     (entity, key, value, remove): one client quota
+                     value set or removed (AlterClientQuotas); every broker applies it
 
 One controller change is one log entry (``encode_change``): the msgpack list of all its
 records, as KRaft appends a CreateTopics' records as one atomic batch. Why one entry rather
@@ -40,7 +42,13 @@ from typing import Any
 
 import msgpack
 
-from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata, PartitionState, TopicState
+from minibroker.broker.metadata.image import (
+    BrokerInfo,
+    ClusterMetadata,
+    PartitionState,
+    TopicState,
+    quota_key,
+)
 
 
 class MetadataRecordError(ValueError):
@@ -125,6 +133,38 @@ def records_for_change(old: ClusterMetadata, new: ClusterMetadata) -> list[dict]
                 out.append(_partition_record(name, index, p))
     if new.next_producer_id != old.next_producer_id:
         out.append({"type": "ProducerIds", "next_producer_id": new.next_producer_id})
+    if new.client_quotas != old.client_quotas:
+        out += _quota_records(old.client_quotas, new.client_quotas)
+    return out
+
+
+def _quota_records(old: dict, new: dict) -> list[dict]:
+    """One ClientQuotaRecord per value set or removed (Kafka's shape)."""
+    out = []
+    for entity in sorted(old.keys() | new.keys(), key=repr):
+        before, after = old.get(entity, {}), new.get(entity, {})
+        wire = [[t, n] for t, n in entity]
+        for key in sorted(before.keys() | after.keys()):
+            if key not in after:
+                out.append(
+                    {
+                        "type": "ClientQuota",
+                        "entity": wire,
+                        "key": key,
+                        "value": 0.0,
+                        "remove": True,
+                    }
+                )
+            elif before.get(key) != after[key]:
+                out.append(
+                    {
+                        "type": "ClientQuota",
+                        "entity": wire,
+                        "key": key,
+                        "value": float(after[key]),
+                        "remove": False,
+                    }
+                )
     return out
 
 
@@ -204,7 +244,20 @@ def _producer_ids(md: ClusterMetadata, r: dict) -> None:
     md.next_producer_id = max(md.next_producer_id, r["next_producer_id"])
 
 
+def _client_quota(md: ClusterMetadata, r: dict) -> None:
+    entity = quota_key((t, n) for t, n in r["entity"])
+    values = md.client_quotas.get(entity)
+    if r["remove"]:
+        if values is not None:
+            values.pop(r["key"], None)
+            if not values:
+                del md.client_quotas[entity]
+    else:
+        md.client_quotas.setdefault(entity, {})[r["key"]] = float(r["value"])
+
+
 _APPLY = {
+    "ClientQuota": _client_quota,
     "ProducerIds": _producer_ids,
     "RegisterBroker": _register,
     "FenceBroker": _fence,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 
 class ConnectionSession:
-    __slots__ = ("_on_close", "closed", "peer", "principal")
+    __slots__ = ("_on_close", "closed", "peer", "principal", "throttle_hook")
 
     def __init__(self, peer: str) -> None:
         self.peer = peer
@@ -21,6 +21,9 @@ class ConnectionSession:
         self.principal: int | None = None
         self.closed = False
         self._on_close: list[Callable[[], None]] = []
+        # Set by the network layer: ``throttle_hook(True)`` mutes the connection for a
+        # quota's throttle, ``(False)`` ends one (broker/quota/throttle.py calls both).
+        self.throttle_hook: Callable[[bool], None] | None = None
 
     def on_close(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` when the connection ends (at once if it already has)."""

@@ -203,6 +203,7 @@ class _Connection:
         "owed",
         "session",
         "stream",
+        "throttled",
     )
 
     def __init__(
@@ -225,6 +226,7 @@ class _Connection:
         self.held = False
         self.overtakable = True  # every request owed is one the codec lets others overtake
         self.closed = False
+        self.throttled = 0  # quota throttles not ended yet: not read until none is left
 
 
 class ConnectionHandler:
@@ -284,6 +286,7 @@ class ConnectionHandler:
         self.open_connections = 0
         self.refused_connections = 0
         self.muted_connections = 0  # not read until their answers drain (backpressure)
+        self.throttled_connections = 0  # muted by a quota's throttle (KIP-219)
         self._per_ip: defaultdict[str, int] = defaultdict(int)
         self._slot_free = trio.lowlevel.ParkingLot()
         self._connections: dict[int, _Connection] = {}  # by socket descriptor
@@ -409,6 +412,7 @@ class ConnectionHandler:
         nursery = self._nursery
         conn.outbox.attach(stream, lambda: nursery.start_soon(self._write, conn))
         conn.outbox.on_room = lambda: self._unmute(conn)
+        conn.session.throttle_hook = partial(self._throttle, conn)
         try:
             self._poller.register(conn.fd)
         except OSError as exc:  # out of kernel memory for poller entries: refuse this one
@@ -432,6 +436,10 @@ class ConnectionHandler:
         # running stops at its next frame, and a late answer is dropped.
         conn.outbox.close()
         conn.outbox.on_room = None  # it refers to conn: a cycle left to the collector
+        conn.session.throttle_hook = None  # likewise; a throttle ending later finds None
+        if conn.throttled:
+            conn.throttled = 0
+            self.throttled_connections -= 1
         conn.backlog = None
         conn.owed = None  # its parked answers refer back to conn: no cycle left behind
         # trio's close wakes a writer blocked on the socket (ClosedResourceError).
@@ -452,6 +460,8 @@ class ConnectionHandler:
         # poller still reports the client hanging up (issue 25: a muted connection whose
         # client left held its parked fetches until max_wait_ms, its descriptor in
         # CLOSE_WAIT).
+        if conn.muted:  # muted already, for another reason (a throttle, a held request)
+            return
         conn.muted = True
         self.muted_connections += 1
         self._poller.mute(conn.fd)
@@ -459,7 +469,7 @@ class ConnectionHandler:
     def _unmute(self, conn: _Connection) -> None:
         # Muted for two reasons (answers piling up, a request waiting for the answers owed
         # before it): read again only when neither holds.
-        if not conn.muted or conn.closed or conn.held or conn.outbox.full:
+        if not conn.muted or conn.closed or conn.held or conn.throttled or conn.outbox.full:
             return
         conn.muted = False
         self.muted_connections -= 1
@@ -469,6 +479,27 @@ class ConnectionHandler:
             # Its socket may have nothing new to read: the reactor must run regardless.
             self._backlogged.append(conn)
             self._poller.wake()
+
+    def _throttle(self, conn: _Connection, start: bool) -> None:
+        """A quota throttle starts (``start``) or ends (Kafka's ThrottledChannel, KIP-219).
+
+        The answer that carried the throttle time is already on its way; from here the
+        connection is not read until every throttle on it has ended, so a client that
+        ignores ``throttle_time_ms`` waits all the same. Its hang-up is still seen, as for
+        any muted connection. The end comes from the shared timer (broker/quota/throttle.py).
+        """
+        if conn.closed:
+            return
+        if start:
+            if not conn.throttled:
+                self.throttled_connections += 1
+            conn.throttled += 1
+            self._mute(conn)
+        else:
+            conn.throttled -= 1
+            if not conn.throttled:
+                self.throttled_connections -= 1
+                self._unmute(conn)
 
     def _send_owed(self, conn: _Connection) -> None:
         """A parked answer of ``conn`` is made: send every answer owed up to the first
@@ -636,9 +667,11 @@ class ConnectionHandler:
                 if not self._one(frames[n], conn, received):
                     self._close(conn)
                     return
-                if outbox.full:
+                if outbox.full or conn.throttled:
                     # Checked after a request, so one always goes through whatever its
-                    # answer's size; the socket is not read again until there is room.
+                    # answer's size; the socket is not read again until there is room
+                    # (or, throttled by a quota, until the throttle ends: its pipelined
+                    # requests wait too).
                     del frames[: n + 1]
                     conn.backlog = frames or None
                     self._mute(conn)

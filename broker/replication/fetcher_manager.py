@@ -46,6 +46,10 @@ class ReplicaFetcherManager:
         self.fetchers: dict[tuple[str, int], ReplicaFetcher] = {}
         # By (node id, host, port): a leader that re-registers elsewhere gets a new link.
         self.links: dict[tuple[int, str, int], LeaderLink] = {}
+        # follower.replication.throttled.rate, when set, and each topic's configs (which
+        # name the throttled replicas): set by the server (broker/quota/replication.py).
+        self.follower_quota: Any = None
+        self.topic_configs: Callable[[str], dict | None] = lambda topic: None
 
     def follow(self, wanted: Iterable[tuple[Partition, BrokerInfo]]) -> None:
         """Fetch exactly these (partition, leader) pairs; stop fetching everything else."""
@@ -80,6 +84,9 @@ class ReplicaFetcherManager:
             self._link(leader),
             self.on_storage_error,
         )
+        if self.follower_quota is not None:
+            fetcher.quota = self.follower_quota
+            fetcher.topic_configs = self.topic_configs
         self.fetchers[partition.key] = fetcher
         self.tasks.start_soon(fetcher.run)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from minibroker.broker.network.peer import log_peer_failure
+from minibroker.broker.quota import ReplicationQuota
 from minibroker.broker.replication.leader_link import LeaderLink
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import ErrorCode, KafkaError, error_class
@@ -68,6 +69,9 @@ class ReplicaFetcher:
         self.faults = faults
         self.link = link
         self.on_storage_error = on_storage_error
+        # The follower's replication quota (fetcher_manager sets both when one is set).
+        self.quota: ReplicationQuota | None = None
+        self.topic_configs: Callable[[str], dict | None] = lambda topic: None
         link.join(self)
 
     async def run(self) -> None:
@@ -142,6 +146,17 @@ class ReplicaFetcher:
                 delay_ms, _ = self.faults.replication(key)
                 if delay_ms:
                     await link.pause(self, delay_ms / 1000)
+                quota = self.quota
+                throttled = quota is not None and quota.throttles(
+                    self.topic_configs(key[0]), key[1]
+                )
+                if throttled and quota.exceeded():
+                    # Kafka's shouldFollowerThrottle: no fetch for this replica until the
+                    # follower's replication rate is back under its bound.
+                    wait_ms = max(quota.wait_ms(), 1)
+                    quota.throttled_ms += wait_ms
+                    await link.pause(self, wait_ms / 1000)
+                    continue
                 data = await link.ask(self, ApiKey.FETCH, key, self._fetch_part())
                 # Asked again: a fault injected while this fetch was parked applies to its data.
                 if self.faults.replication(key)[1]:
@@ -149,6 +164,8 @@ class ReplicaFetcher:
                     await link.pause(self, backoff)
                     continue
                 self._process(data)
+                if throttled:
+                    quota.record(len(data["records"]))
                 retry = FIRST_RETRY_S
             except KafkaError as exc:
                 log_peer_failure(self.logger, "replica_fetch_failed", exc)

@@ -20,6 +20,7 @@ from minibroker.broker.metadata.image import PartitionState, TopicState
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.network.session import ConnectionSession
 from minibroker.broker.purgatory import DelayedOperation, Purgatory
+from minibroker.broker.quota import ReplicationQuota
 from minibroker.broker.replication.delayed import (
     DelayedFetch,
     DelayedProduce,
@@ -33,6 +34,7 @@ from minibroker.broker.replication.txn_markers import write_txn_markers
 from minibroker.broker.storage import Log, LogConfig
 from minibroker.broker.storage.epoch_cache import LeaderEpochCache
 from minibroker.broker.storage.partition_metadata import claim_partition_dir, read_topic_id
+from minibroker.broker.storage.results import ReadResult
 from minibroker.protocol import GROUP_METADATA_TOPIC, INTERNAL_TOPICS
 from minibroker.protocol.errors import ErrorCode, InvalidRequest, KafkaError
 
@@ -131,6 +133,8 @@ class ReplicaManager:
         # Told of every replicated transaction marker on a __consumer_offsets partition:
         # listener(topic, partition, producer_id, commit). The group coordinator registers.
         self.txn_marker_listeners: list[Callable[[str, int, int, bool], None]] = []
+        # leader.replication.throttled.rate, when set (broker/quota/replication.py).
+        self.leader_quota: ReplicationQuota | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -559,14 +563,27 @@ class ReplicaManager:
             entry["log_end_offset"] = log.log_end_offset
             if fetch.transactions:
                 entry["last_stable_offset"] = partition.last_stable_offset
+            quota = self.leader_quota
+            throttled = (
+                quota is not None
+                and fetch.for_follower
+                and quota.throttles(self.topic_configs.get(key[0]), key[1])
+            )
             try:
-                result = partition.read_result(
-                    offset,
-                    min(max_bytes, budget),
-                    for_follower=fetch.for_follower,
-                    min_one_batch=total == 0,
-                    committed=fetch.committed,
-                )
+                if throttled and quota.exceeded():
+                    # Kafka's shouldLeaderThrottle: no records for this replica until the
+                    # leader's replication rate is back under its bound.
+                    result = ReadResult(b"", offset, offset)
+                else:
+                    result = partition.read_result(
+                        offset,
+                        min(max_bytes, budget),
+                        for_follower=fetch.for_follower,
+                        min_one_batch=total == 0,
+                        committed=fetch.committed,
+                    )
+                    if throttled:
+                        quota.record(len(result.data))
             except KafkaError as exc:
                 entry["error_code"] = int(exc.code)
                 entry["error_message"] = str(exc)

@@ -39,6 +39,8 @@ class KafkaApi:
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
     ELECT_LEADERS = 43
+    DESCRIBE_CLIENT_QUOTAS = 48
+    ALTER_CLIENT_QUOTAS = 49
     DESCRIBE_CLUSTER = 60
 
 
@@ -67,6 +69,8 @@ SPEC_NAMES = {
     KafkaApi.INIT_PRODUCER_ID: "InitProducerId",
     KafkaApi.OFFSET_FOR_LEADER_EPOCH: "OffsetForLeaderEpoch",
     KafkaApi.DESCRIBE_CONFIGS: "DescribeConfigs",
+    KafkaApi.DESCRIBE_CLIENT_QUOTAS: "DescribeClientQuotas",
+    KafkaApi.ALTER_CLIENT_QUOTAS: "AlterClientQuotas",
     ApiKey.DELETE_GROUPS: "DeleteGroups",
     ApiKey.ADD_PARTITIONS_TO_TXN: "AddPartitionsToTxn",
     ApiKey.ADD_OFFSETS_TO_TXN: "AddOffsetsToTxn",
@@ -96,6 +100,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     KafkaApi.INIT_PRODUCER_ID: (0, 4),
     KafkaApi.OFFSET_FOR_LEADER_EPOCH: (0, 3),
     KafkaApi.DESCRIBE_CONFIGS: (0, 3),
+    # Client quotas (KIP-546): every version (v1 is the flexible one).
+    KafkaApi.DESCRIBE_CLIENT_QUOTAS: (0, 1),
+    KafkaApi.ALTER_CLIENT_QUOTAS: (0, 1),
     # The classic group protocol, from v0: librdkafka turns its balanced consumer on only
     # when every group API's range reaches its feature table's minimum (JoinGroup, SyncGroup,
     # Heartbeat, LeaveGroup and FindCoordinator v0, OffsetCommit v1-2, OffsetFetch v1);

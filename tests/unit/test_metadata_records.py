@@ -62,6 +62,25 @@ def changes(tmp_path) -> list[ClusterMetadata]:
     )
     ctl.broker_alive(1, {})
     ctl.register_broker(BrokerInfo(2, "127.0.0.1", 9999), {})  # moved
+    app = [{"entity_type": "client-id", "entity_name": "app"}]
+    defaults = [
+        {"entity_type": "user", "entity_name": None},
+        {"entity_type": "client-id", "entity_name": None},
+    ]
+    rate = {"key": "producer_byte_rate", "value": 1000.0, "remove": False}
+    ctl.alter_client_quotas([{"entity": app, "ops": [rate]}], False)
+    ctl.alter_client_quotas(
+        [
+            {
+                "entity": defaults,
+                "ops": [{"key": "request_percentage", "value": 12.5, "remove": False}],
+            }
+        ],
+        False,
+    )
+    bad = ctl.alter_client_quotas([{"entity": app, "ops": [{**rate, "key": "bogus"}]}], False)
+    assert bad["entries"][0]["error_code"] == ErrorCode.INVALID_REQUEST  # nothing appended
+    ctl.alter_client_quotas([{"entity": app, "ops": [{**rate, "remove": True}]}], False)
     ctl.delete_topics(["logs"])
     ctl.create_topics(  # the name again: a new topic (another topic id)
         [{"name": "logs", "num_partitions": 2, "replication_factor": 1, "configs": {}}]
@@ -144,6 +163,10 @@ def test_a_snapshot_restores_the_same_metadata(tmp_path):
     other = MetadataImage()
     other.restore(image.snapshot())
     assert other.metadata.to_json() == image.metadata.to_json()
+    # The default (user, client-id) entity's quota survived; app's was removed.
+    assert other.metadata.client_quotas == {
+        (("client-id", None), ("user", None)): {"request_percentage": 12.5}
+    }
 
 
 def test_unknown_or_garbled_records_are_refused_not_skipped():

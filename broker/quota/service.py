@@ -1,0 +1,122 @@
+"""The broker's client quotas: the configured values, one manager per quota type, and the
+throttler, behind the two calls the request path makes (produce and fetch bytes).
+
+Who a connection is: its user (Kafka's principal name; ``ANONYMOUS`` on a connection
+that did not authenticate, as Kafka's PLAINTEXT listener) and the request's client id.
+Cluster members (brokers authenticated by broker/network/cluster_auth.py) are never
+client-throttled: their traffic is replication, which replication quotas govern.
+"""
+
+from __future__ import annotations
+
+from minibroker.broker.common.clock import Clock
+from minibroker.broker.network.session import ConnectionSession
+from minibroker.broker.purgatory import Timer
+from minibroker.broker.quota.entity import (
+    CLIENT_ID,
+    CONSUMER_BYTE_RATE,
+    CONTROLLER_MUTATION_RATE,
+    PRODUCER_BYTE_RATE,
+    REQUEST_PERCENTAGE,
+    USER,
+    QuotaConfigs,
+    QuotaEntity,
+)
+from minibroker.broker.quota.manager import ClientQuotaManager
+from minibroker.broker.quota.throttle import ChannelThrottler
+from minibroker.protocol.errors import ErrorCode
+
+ANONYMOUS = "ANONYMOUS"
+
+
+class ClientQuotas:
+    """Kafka's QuotaManagers for client quotas, and the throttled-channel reaper."""
+
+    def __init__(self, timer: Timer, clock: Clock, *, samples: int, window_ms: int) -> None:
+        self.configs = QuotaConfigs()
+        self.clock = clock
+        self.produce = ClientQuotaManager(PRODUCER_BYTE_RATE, self.configs, samples, window_ms)
+        self.fetch = ClientQuotaManager(CONSUMER_BYTE_RATE, self.configs, samples, window_ms)
+        self.request = ClientQuotaManager(REQUEST_PERCENTAGE, self.configs, samples, window_ms)
+        self.mutation = ClientQuotaManager(
+            CONTROLLER_MUTATION_RATE, self.configs, samples, window_ms
+        )
+        self.throttler = ChannelThrottler(timer)
+
+    def apply(self, entity: QuotaEntity, key: str, value: float | None) -> None:
+        """A committed ClientQuotaRecord: set (or remove, None) one value on this broker."""
+        self.configs.set(entity, key, value)
+
+    def sync(self, client_quotas: dict) -> None:
+        """Take the committed metadata's client quotas (``ClusterMetadata.client_quotas``):
+        every broker applies the same ClientQuotaRecords, so every broker throttles alike."""
+        wanted = {QuotaEntity.of(dict(entity)): values for entity, values in client_quotas.items()}
+        configs = self.configs
+        for entity, values in list(configs.by_entity.items()):
+            for key in list(values):
+                if key not in wanted.get(entity, {}):
+                    configs.set(entity, key, None)
+        for entity, values in wanted.items():
+            have = configs.by_entity.get(entity, {})
+            for key, value in values.items():
+                if have.get(key) != value:
+                    configs.set(entity, key, value)
+
+    def describe(self, body: dict) -> dict:
+        """DescribeClientQuotas, answered from this broker's applied quotas (as Kafka's
+        brokers answer it from their metadata cache)."""
+        components = []
+        for c in body["components"]:
+            kind, match, name = c["entity_type"], c["match_type"], c["match"]
+            if kind not in (USER, CLIENT_ID):
+                return _describe_error(f"unsupported quota entity type {kind}")
+            if match == 0 and name is None:
+                return _describe_error(f"a name to match for {kind} (match_type 0)")
+            components.append((kind, match, name))
+        if len({c[0] for c in components}) != len(components):
+            return _describe_error("an entity type appears twice in the filter")
+        found = self.configs.describe(components, body["strict"])
+        return {
+            "error_code": 0,
+            "error_message": None,
+            "entries": [
+                {
+                    "entity": [
+                        {"entity_type": kind, "entity_name": name}
+                        for kind, name in entity.parts().items()
+                    ],
+                    "values": {k: float(v) for k, v in values.items()},
+                }
+                for entity, values in found
+            ],
+        }
+
+    def record(
+        self,
+        manager: ClientQuotaManager,
+        session: ConnectionSession,
+        client_id: str | None,
+        value: float,
+    ) -> int:
+        """Count ``value`` for the connection's entity and mute it for the throttle time
+        that gives (returned: the answer's ``throttle_time_ms``)."""
+        if session.principal is not None or not manager.enabled:
+            return 0
+        throttle = manager.record(ANONYMOUS, client_id or "", value, self.clock.now_ms())
+        if throttle:
+            self.throttler.throttle(session, throttle)
+        return throttle
+
+    def managers(self) -> tuple[ClientQuotaManager, ...]:
+        return (self.produce, self.fetch, self.request, self.mutation)
+
+    def stats(self) -> dict:
+        now_ms = self.clock.now_ms()
+        return {
+            "throttler": self.throttler.stats(),
+            **{m.key: m.stats(now_ms) for m in self.managers() if m.usage},
+        }
+
+
+def _describe_error(why: str) -> dict:
+    return {"error_code": int(ErrorCode.INVALID_REQUEST), "error_message": why, "entries": None}
