@@ -61,6 +61,7 @@ WAIT_FOR_METADATA = frozenset(
         ApiKey.METADATA,
         ApiKey.CREATE_TOPICS,
         ApiKey.DELETE_TOPICS,
+        ApiKey.CREATE_PARTITIONS,
         ApiKey.PRODUCE,
         ApiKey.FETCH,
         ApiKey.LIST_OFFSETS,
@@ -141,6 +142,7 @@ class RequestHandler:
             ApiKey.CREATE_TOPICS: self.create_topics,
             ApiKey.ELECT_LEADERS: self.elect_leaders,
             ApiKey.DELETE_TOPICS: self.delete_topics,
+            ApiKey.CREATE_PARTITIONS: self.create_partitions,
             ApiKey.PRODUCE: self.produce,
             ApiKey.FETCH: self.fetch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
@@ -412,6 +414,14 @@ class RequestHandler:
     ) -> dict | PendingResponse:
         # As create_topics: a broker's forward (authenticated) is answered here or refused.
         return self.link.delete_topics(body["topic_names"], forwarded=session.principal is not None)
+
+    def create_partitions(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse:
+        # As create_topics: a broker's forward (authenticated) is answered here or refused.
+        return self.link.create_partitions(
+            body["topics"], body["validate_only"], forwarded=session.principal is not None
+        )
 
     def offset_for_leader_epoch(
         self, header: RequestHeader, body: dict, session: ConnectionSession

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what type checkers and editors see; at run time, __getattr__ below
     from minibroker.client import errors
     from minibroker.client.accumulator import DeliveryHandle
-    from minibroker.client.admin import Admin, NewTopic, TopicDescription
+    from minibroker.client.admin import Admin, NewPartitions, NewTopic, TopicDescription
     from minibroker.client.cluster import BrokerInfo, PartitionInfo
     from minibroker.client.config import DEFAULT_BOOTSTRAP, load_config
     from minibroker.client.consumer import Consumer
@@ -36,6 +36,7 @@ _PUBLIC = {
     "DeliveryHandle": "minibroker.client.accumulator",
     "Admin": "minibroker.client.admin",
     "NewTopic": "minibroker.client.admin",
+    "NewPartitions": "minibroker.client.admin",
     "TopicDescription": "minibroker.client.admin",
     "BrokerInfo": "minibroker.client.cluster",
     "PartitionInfo": "minibroker.client.cluster",
@@ -70,6 +71,7 @@ __all__ = [
     "Consumer",
     "ConsumerRecord",
     "DeliveryHandle",
+    "NewPartitions",
     "NewTopic",
     "OffsetAndTimestamp",
     "PartitionInfo",

@@ -25,7 +25,14 @@ from minibroker.protocol.errors import (
     raise_for,
 )
 
-__all__ = ["Admin", "BrokerInfo", "NewTopic", "PartitionInfo", "TopicDescription"]
+__all__ = [
+    "Admin",
+    "BrokerInfo",
+    "NewPartitions",
+    "NewTopic",
+    "PartitionInfo",
+    "TopicDescription",
+]
 
 
 @dataclass
@@ -34,6 +41,15 @@ class NewTopic:
     num_partitions: int = -1  # -1: the broker's num.partitions
     replication_factor: int = -1  # -1: the broker's default.replication.factor
     configs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class NewPartitions:
+    """Kafka's NewPartitions.increaseTo: the topic's new partition count and, optionally,
+    one replica list per new partition (None: the controller places them)."""
+
+    total_count: int
+    assignments: list[list[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +145,43 @@ class Admin(ClusterClient):
             await self._wait_for_removal(deleted, timeout_ms / 1000)
         return outcome
 
+    async def create_partitions(
+        self,
+        new_partitions: Mapping[str, int | NewPartitions],
+        *,
+        timeout_ms: int = 30000,
+        validate_only: bool = False,
+        wait_for_leaders: bool = True,
+        raise_errors: bool = True,
+    ) -> dict[str, KafkaError | None]:
+        """Grow topics to a new partition count (Kafka's createPartitions); per topic None
+        when grown, else its error: InvalidPartitions for a count that is not an increase,
+        InvalidReplicaAssignment for assignments that do not fit, UnknownTopicOrPartition.
+
+        Producers and consumers see the new partitions on their next metadata refresh
+        (``metadata.max.age.ms``); a group subscribed to the topic rebalances then.
+        """
+        wanted = {
+            name: spec if isinstance(spec, NewPartitions) else NewPartitions(spec)
+            for name, spec in new_partitions.items()
+        }
+        body = {
+            "topics": [
+                {"name": name, "count": spec.total_count, "assignments": spec.assignments}
+                for name, spec in wanted.items()
+            ],
+            "timeout_ms": timeout_ms,
+            "validate_only": validate_only,
+        }
+        response = await self._controller_request(
+            ApiKey.CREATE_PARTITIONS, body, timeout_ms / 1000 + 5
+        )
+        outcome = _outcome(response["results"], raise_errors)
+        grown = {n: wanted[n].total_count for n, error in outcome.items() if error is None}
+        if wait_for_leaders and grown and not validate_only:
+            await self._wait_for_leaders(list(grown), timeout_ms / 1000, grown)
+        return outcome
+
     async def _wait_for_removal(self, names: list[str], timeout: float) -> None:
         """Until no reachable broker's metadata names the topics: each applies the removal
         (and deletes the files) on its own, as it reads the committed metadata log."""
@@ -167,16 +220,20 @@ class Admin(ClusterClient):
                 continue
         raise NotController("could not find the controller (is the cluster still starting?)")
 
-    async def _wait_for_leaders(self, names: list[str], timeout: float) -> None:
+    async def _wait_for_leaders(
+        self, names: list[str], timeout: float, counts: Mapping[str, int] | None = None
+    ) -> None:
         """Until every new partition has a leader that itself knows it leads (or cannot be
         reached): each broker applies committed metadata on its own, so the broker that
-        answers the metadata may be ahead of the leader a first produce goes to."""
+        answers the metadata may be ahead of the leader a first produce goes to.
+        ``counts``: the partition count a grown topic must show first."""
         cluster = self._open()
         with trio.move_on_after(timeout):
             while True:
                 await cluster.refresh(names)
                 if all(
-                    cluster.partition_count(n) and all(p.leader >= 0 for p in cluster.topics[n])
+                    (cluster.partition_count(n) or 0) >= (counts or {}).get(n, 1)
+                    and all(p.leader >= 0 for p in cluster.topics[n])
                     for n in names
                 ) and await self._leaders_know(names):
                     return

@@ -254,6 +254,7 @@ class SyncAdmin(_SyncBase):
     __init__ = opening(Admin)
     create_topics = blocking(Admin.create_topics)
     delete_topics = blocking(Admin.delete_topics)
+    create_partitions = blocking(Admin.create_partitions)
     list_topics = blocking(Admin.list_topics)
     describe_topics = blocking(Admin.describe_topics)
     describe_cluster = blocking(Admin.describe_cluster)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from minibroker.protocol import group_api
+from minibroker.protocol import admin_api, group_api
 from minibroker.protocol.schema import (
     BOOL,
     BYTES,
@@ -54,6 +54,7 @@ class ApiKey(IntEnum):
     DELETE_TOPICS = 20
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
+    CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     SASL_AUTHENTICATE = 36
     ELECT_LEADERS = 43
@@ -624,6 +625,10 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
         1: (group_api.DESCRIBE_GROUPS_REQ, group_api.DESCRIBE_GROUPS_RESP_V1),
     },
     ApiKey.DELETE_GROUPS: {0: (group_api.DELETE_GROUPS_REQ, group_api.DELETE_GROUPS_RESP)},
+    # topic changes after creation (protocol/admin_api.py)
+    ApiKey.CREATE_PARTITIONS: {
+        0: (admin_api.CREATE_PARTITIONS_REQ, admin_api.CREATE_PARTITIONS_RESP)
+    },
 }
 
 # The version our handlers answer in and our peers ask in when the other side has it.

@@ -49,6 +49,7 @@ class ErrorCode(IntEnum):
     TOPIC_ALREADY_EXISTS = 36
     INVALID_PARTITIONS = 37
     INVALID_REPLICATION_FACTOR = 38
+    INVALID_REPLICA_ASSIGNMENT = 39
     INVALID_REQUEST = 42
     POLICY_VIOLATION = 44
     OUT_OF_ORDER_SEQUENCE_NUMBER = 45
@@ -210,6 +211,8 @@ TopicAlreadyExists = _BY_CODE[ErrorCode.TOPIC_ALREADY_EXISTS]
 TopicDeletionDisabled = _BY_CODE[ErrorCode.TOPIC_DELETION_DISABLED]
 InvalidPartitions = _BY_CODE[ErrorCode.INVALID_PARTITIONS]
 InvalidReplicationFactor = _BY_CODE[ErrorCode.INVALID_REPLICATION_FACTOR]
+InvalidReplicaAssignment = _BY_CODE[ErrorCode.INVALID_REPLICA_ASSIGNMENT]
+PolicyViolation = _BY_CODE[ErrorCode.POLICY_VIOLATION]
 InvalidRequest = _BY_CODE[ErrorCode.INVALID_REQUEST]
 InvalidConfig = _BY_CODE[ErrorCode.INVALID_CONFIG]
 KafkaStorageError = _BY_CODE[ErrorCode.KAFKA_STORAGE_ERROR]

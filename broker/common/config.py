@@ -264,7 +264,8 @@ DEFS: dict[str, ConfigDef] = {
     "controller.max.partitions.per.request": ConfigDef(
         int,
         10000,
-        "Most partitions one CreateTopics may add (over all its topics); a larger one is "
+        "Most partitions one CreateTopics or CreatePartitions may add (over all its topics); "
+        "a larger one is "
         "refused with POLICY_VIOLATION. A request is one change of the metadata log, applied "
         "whole by every broker, so its size bounds what one change holds up the controller.",
         1,

@@ -16,6 +16,7 @@ import trio
 from minibroker.broker.common.clock import Clock
 from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.controller.controller import METADATA_FILE, Controller
+from minibroker.broker.controller.partitions import create_partitions
 from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.protocol.errors import ErrorCode
@@ -108,6 +109,9 @@ class ControllerRole:
 
     def delete_topics(self, body: dict) -> dict | PendingResponse:
         return self.controller.delete_topics(body["topic_names"])
+
+    def create_partitions(self, body: dict) -> dict | PendingResponse:
+        return create_partitions(self.controller, body["topics"], body["validate_only"])
 
     # --- fencing ------------------------------------------------------------------------------
 

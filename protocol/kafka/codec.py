@@ -38,6 +38,7 @@ class KafkaApi:
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
+    CREATE_PARTITIONS = 37
     ELECT_LEADERS = 43
     DESCRIBE_CLUSTER = 60
 
@@ -67,6 +68,7 @@ SPEC_NAMES = {
     KafkaApi.INIT_PRODUCER_ID: "InitProducerId",
     KafkaApi.OFFSET_FOR_LEADER_EPOCH: "OffsetForLeaderEpoch",
     KafkaApi.DESCRIBE_CONFIGS: "DescribeConfigs",
+    KafkaApi.CREATE_PARTITIONS: "CreatePartitions",
     ApiKey.DELETE_GROUPS: "DeleteGroups",
 }
 
@@ -88,6 +90,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     KafkaApi.INIT_PRODUCER_ID: (0, 1),
     KafkaApi.OFFSET_FOR_LEADER_EPOCH: (0, 3),
     KafkaApi.DESCRIBE_CONFIGS: (0, 3),
+    # librdkafka asks CreatePartitions up to v1, kafka-python and the Java admin up to v3.
+    KafkaApi.CREATE_PARTITIONS: (0, 3),
     # The classic group protocol, from v0: librdkafka turns its balanced consumer on only
     # when every group API's range reaches its feature table's minimum (JoinGroup, SyncGroup,
     # Heartbeat, LeaveGroup and FindCoordinator v0, OffsetCommit v1-2, OffsetFetch v1);
