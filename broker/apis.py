@@ -29,6 +29,7 @@ from minibroker.broker.controller.producer_ids import ProducerIdManager
 from minibroker.broker.coordinator import CoordinatorService
 from minibroker.broker.metadata.cache import MetadataCache
 from minibroker.broker.metadata.check import topic_name_error
+from minibroker.broker.metadata.config_view import describe_configs
 from minibroker.broker.network.cluster_auth import Authenticator
 from minibroker.broker.network.deferral import RequestDeferral
 from minibroker.broker.network.faults import FaultError, FaultInjector
@@ -62,6 +63,8 @@ WAIT_FOR_METADATA = frozenset(
         ApiKey.CREATE_TOPICS,
         ApiKey.DELETE_TOPICS,
         ApiKey.CREATE_PARTITIONS,
+        ApiKey.INCREMENTAL_ALTER_CONFIGS,
+        ApiKey.DESCRIBE_CONFIGS,
         ApiKey.PRODUCE,
         ApiKey.FETCH,
         ApiKey.LIST_OFFSETS,
@@ -143,6 +146,8 @@ class RequestHandler:
             ApiKey.ELECT_LEADERS: self.elect_leaders,
             ApiKey.DELETE_TOPICS: self.delete_topics,
             ApiKey.CREATE_PARTITIONS: self.create_partitions,
+            ApiKey.INCREMENTAL_ALTER_CONFIGS: self.alter_configs,
+            ApiKey.DESCRIBE_CONFIGS: self.describe_configs,
             ApiKey.PRODUCE: self.produce,
             ApiKey.FETCH: self.fetch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
@@ -422,6 +427,17 @@ class RequestHandler:
         return self.link.create_partitions(
             body["topics"], body["validate_only"], forwarded=session.principal is not None
         )
+
+    def alter_configs(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse:
+        # As create_topics: a broker's forward (authenticated) is answered here or refused.
+        return self.link.alter_configs(body, forwarded=session.principal is not None)
+
+    def describe_configs(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict:
+        return describe_configs(body, self.cache.metadata, self.config, self.broker_id)
 
     def offset_for_leader_epoch(
         self, header: RequestHeader, body: dict, session: ConnectionSession

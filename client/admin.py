@@ -9,9 +9,10 @@ from typing import Any
 
 import trio
 
-from minibroker.client import group_admin
+from minibroker.client import config_admin, group_admin
 from minibroker.client.background import ClusterClient
 from minibroker.client.cluster import BrokerInfo, Cluster, PartitionInfo
+from minibroker.client.config_admin import AlterConfigOp, ConfigEntry, ConfigResource
 from minibroker.client.group_admin import GroupDescription, GroupListing
 from minibroker.client.offsets import OffsetAndTimestamp, list_offsets, lookup_retries
 from minibroker.client.records import TopicPartition
@@ -27,7 +28,10 @@ from minibroker.protocol.errors import (
 
 __all__ = [
     "Admin",
+    "AlterConfigOp",
     "BrokerInfo",
+    "ConfigEntry",
+    "ConfigResource",
     "NewPartitions",
     "NewTopic",
     "PartitionInfo",
@@ -372,6 +376,48 @@ class Admin(ClusterClient):
         first offset at or after it) -> ``{tp: (offset, timestamp)}``, from each leader."""
         wanted = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
         return await list_offsets(self._open(), wanted, **lookup_retries(self.config))
+
+    # --- configs (client/config_admin.py) ----------------------------------------------------
+
+    async def describe_configs(
+        self, resources: Iterable[ConfigResource]
+    ) -> dict[ConfigResource, dict[str, ConfigEntry]]:
+        """Each resource's configs by name, with each value's source (DYNAMIC_TOPIC_CONFIG,
+        DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG,
+        DEFAULT_CONFIG); a broker is asked about itself."""
+        return await config_admin.describe(self._open(), resources)
+
+    async def incremental_alter_configs(
+        self,
+        changes: Mapping[ConfigResource, Iterable[AlterConfigOp]],
+        *,
+        validate_only: bool = False,
+        timeout_ms: int = 30000,
+        raise_errors: bool = True,
+    ) -> dict[ConfigResource, KafkaError | None]:
+        """Kafka's incrementalAlterConfigs: set, delete, append or subtract single configs of
+        topics and brokers (a bad key or value: InvalidConfig naming it). Applied live on
+        every broker once committed."""
+        return await config_admin.alter(
+            self._controller_request, changes, validate_only=validate_only, replace=False,
+            timeout_ms=timeout_ms, raise_errors=raise_errors,
+        )  # fmt: skip
+
+    async def alter_configs(
+        self,
+        configs: Mapping[ConfigResource, Mapping[str, str]],
+        *,
+        validate_only: bool = False,
+        timeout_ms: int = 30000,
+        raise_errors: bool = True,
+    ) -> dict[ConfigResource, KafkaError | None]:
+        """Kafka's (legacy) alterConfigs: each resource's whole dynamic config becomes the
+        given map (configs left out return to their defaults)."""
+        changes = {r: [AlterConfigOp(k, str(v)) for k, v in c.items()] for r, c in configs.items()}
+        return await config_admin.alter(
+            self._controller_request, changes, validate_only=validate_only, replace=True,
+            timeout_ms=timeout_ms, raise_errors=raise_errors,
+        )  # fmt: skip
 
     # --- consumer groups (client/group_admin.py) ----------------------------------------------
 

@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "topics": (
         "minibroker.deploy.client_cli",
         "add_topics_arguments",
-        "create, delete, list and describe topics",
+        "create, delete, list, describe and alter topics",
     ),
     "produce": (
         "minibroker.deploy.client_cli",
@@ -45,6 +45,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "minibroker.deploy.groups_cli",
         "add_arguments",
         "list, describe, delete consumer groups",
+    ),
+    "configs": (
+        "minibroker.deploy.configs_cli",
+        "add_arguments",
+        "describe and alter topic and broker configs (kafka-configs.sh)",
     ),
     "leaders": (
         "minibroker.deploy.leaders_cli",

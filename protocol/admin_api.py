@@ -46,3 +46,85 @@ CREATE_PARTITIONS_RESP = struct(
     {"results": array(struct({"name": _TOPIC, "error_code": _ERROR}, {"error_message": _MESSAGE}))},
     _TOP_ERROR,
 )
+
+# --- IncrementalAlterConfigs (Kafka key 44; AlterConfigs, key 33, is ``replace``) ----------
+
+RESOURCE_TYPE = integer("int8", min=0)
+CONFIG_OPERATION = integer("int8", min=0, max=3)  # SET, DELETE, APPEND, SUBTRACT
+INCREMENTAL_ALTER_CONFIGS_REQ = struct(
+    {
+        "resources": array(
+            struct(
+                {
+                    "resource_type": RESOURCE_TYPE,
+                    "resource_name": STRING,
+                    "configs": array(
+                        struct(
+                            {"name": STRING, "config_operation": CONFIG_OPERATION},
+                            {"value": (nullable(STRING), None)},
+                        )
+                    ),
+                }
+            )
+        )
+    },
+    {
+        "validate_only": (BOOL, False),
+        # AlterConfigs: the given configs become the resource's whole dynamic config.
+        "replace": (BOOL, False),
+        "timeout_ms": (integer("int32", min=0), 30000),
+    },
+)
+_RESOURCE_RESULT = struct(
+    {
+        "resource_type": RESOURCE_TYPE,
+        "resource_name": STRING,
+        "error_code": _ERROR,
+    },
+    {"error_message": _MESSAGE},
+)
+INCREMENTAL_ALTER_CONFIGS_RESP = struct({"responses": array(_RESOURCE_RESULT)}, _TOP_ERROR)
+
+# --- DescribeConfigs (Kafka key 32) ---------------------------------------------------------
+
+DESCRIBE_CONFIGS_REQ = struct(
+    {
+        "resources": array(
+            struct(
+                {"resource_type": RESOURCE_TYPE, "resource_name": STRING},
+                {"configuration_keys": (nullable(array(STRING)), None)},
+            )
+        )
+    },
+    {"include_synonyms": (BOOL, False), "include_documentation": (BOOL, False)},
+)
+_SYNONYM = struct({"name": STRING, "value": nullable(STRING), "source": integer("int8")})
+_CONFIG_ENTRY = struct(
+    {
+        "name": STRING,
+        "value": nullable(STRING),
+        "read_only": BOOL,
+        "config_source": integer("int8"),
+        "is_sensitive": BOOL,
+    },
+    {
+        "synonyms": (array(_SYNONYM), []),
+        "config_type": (integer("int8"), 0),
+        "documentation": _MESSAGE,
+    },
+)
+DESCRIBE_CONFIGS_RESP = struct(
+    {
+        "results": array(
+            struct(
+                {
+                    "resource_type": RESOURCE_TYPE,
+                    "resource_name": STRING,
+                    "error_code": _ERROR,
+                },
+                {"error_message": _MESSAGE, "configs": (array(_CONFIG_ENTRY), [])},
+            )
+        )
+    },
+    _TOP_ERROR,
+)

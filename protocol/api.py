@@ -54,7 +54,9 @@ class ApiKey(IntEnum):
     DELETE_TOPICS = 20
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
+    DESCRIBE_CONFIGS = 32
     CREATE_PARTITIONS = 37
+    INCREMENTAL_ALTER_CONFIGS = 44
     DELETE_GROUPS = 42
     SASL_AUTHENTICATE = 36
     ELECT_LEADERS = 43
@@ -392,6 +394,8 @@ METADATA_SNAPSHOT = struct(
     {
         "live_brokers": (array(NODE_ID), []),
         "next_producer_id": (integer("int64", min=0), 0),
+        # dynamic broker configs: "" (cluster default) or a broker id -> key -> value
+        "broker_configs": (mapping(STRING, mapping(STRING, STRING)), {}),
     },
 )
 
@@ -629,6 +633,10 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.CREATE_PARTITIONS: {
         0: (admin_api.CREATE_PARTITIONS_REQ, admin_api.CREATE_PARTITIONS_RESP)
     },
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: {
+        0: (admin_api.INCREMENTAL_ALTER_CONFIGS_REQ, admin_api.INCREMENTAL_ALTER_CONFIGS_RESP)
+    },
+    ApiKey.DESCRIBE_CONFIGS: {0: (admin_api.DESCRIBE_CONFIGS_REQ, admin_api.DESCRIBE_CONFIGS_RESP)},
 }
 
 # The version our handlers answer in and our peers ask in when the other side has it.

@@ -28,7 +28,14 @@ from minibroker.protocol.errors import ErrorCode, KafkaError
 # CreatePartitions): an answer without them is a request-wide error.
 _RESULTS = frozenset({"topics", "responses", "results"})
 # Controller changes: a longer wait than the link's 5 s (a big create writes many files).
-_CHANGES = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.CREATE_PARTITIONS})
+_CHANGES = frozenset(
+    {
+        ApiKey.CREATE_TOPICS,
+        ApiKey.DELETE_TOPICS,
+        ApiKey.CREATE_PARTITIONS,
+        ApiKey.INCREMENTAL_ALTER_CONFIGS,
+    }
+)
 
 
 class VotersError(ValueError):
@@ -184,6 +191,25 @@ class ControllerLink:
             self.role.create_partitions,
             forwarded,
             lambda error: {"results": [{"name": t["name"], **error} for t in topics]},
+        )
+
+    def alter_configs(self, body: dict, *, forwarded: bool = False) -> dict | PendingResponse:
+        """``{"responses": results}`` (IncrementalAlterConfigs, AlterConfigs as ``replace``)."""
+        return self._topic_change(
+            ApiKey.INCREMENTAL_ALTER_CONFIGS,
+            body,
+            self.role.alter_configs,
+            forwarded,
+            lambda error: {
+                "responses": [
+                    {
+                        "resource_type": r["resource_type"],
+                        "resource_name": r["resource_name"],
+                        **error,
+                    }
+                    for r in body["resources"]
+                ]
+            },
         )
 
     def _topic_change(

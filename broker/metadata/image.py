@@ -60,12 +60,16 @@ class ClusterMetadata:
     # The first producer id no broker has been given yet (KIP-730's ProducerIdsRecord):
     # in the metadata log, so ids stay unique across controller failover.
     next_producer_id: int = 0
+    # Dynamic broker configs (KRaft's ConfigRecords on BROKER resources): "" is the
+    # cluster-wide default, "<id>" one broker's; each key -> its value as text.
+    broker_configs: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
             "controller_id": self.controller_id,
             "epoch": self.epoch,
             "next_producer_id": self.next_producer_id,
+            "broker_configs": {k: dict(v) for k, v in self.broker_configs.items()},
             "brokers": [asdict(b) for b in sorted(self.brokers.values(), key=lambda b: b.node_id)],
             "live_brokers": sorted(self.live),
             "topics": [
@@ -111,6 +115,7 @@ class ClusterMetadata:
             },
             set(self.live),
             self.next_producer_id,
+            {k: dict(v) for k, v in self.broker_configs.items()},
         )
 
     @classmethod
@@ -124,6 +129,7 @@ class ClusterMetadata:
         md = cls(controller_id=data.get("controller_id", -1), epoch=data.get("epoch", 0))
         md.live = set(data.get("live_brokers", []))
         md.next_producer_id = data.get("next_producer_id", 0)
+        md.broker_configs = {k: dict(v) for k, v in data.get("broker_configs", {}).items()}
         for b in data.get("brokers", []):
             md.brokers[b["node_id"]] = BrokerInfo(
                 b["node_id"], b["host"], b["port"], b.get("kafka_host", ""), b.get("kafka_port", 0)

@@ -150,14 +150,9 @@ class ReplicaManager:
             self.logger.info(
                 "stale_replica_removed", topic=topic, partition=index, topic_id=topic_id
             )
-        overrides = self.topic_configs.get(topic)
-        if topic == GROUP_METADATA_TOPIC and "cleanup.policy" not in (overrides or {}):
-            # Created before it was created compacted: Kafka's is always compacted, and a
-            # time retention would delete live groups' offsets.
-            overrides = {**(overrides or {}), "cleanup.policy": "compact"}
         log = Log.open(
             directory,
-            log_config_from(self.config, overrides),
+            self.log_config_for(topic),
             now_ms=lambda: int(time.time() * 1000),
             logger=self.logger.bind(topic=topic, partition=index),
         )
@@ -165,6 +160,30 @@ class ReplicaManager:
         if state.leader == self.broker_id:
             cache.assign(state.leader_epoch, log.log_end_offset)
         return Partition(topic, index, log, self.broker_id, cache, self._propose_isr)
+
+    def log_config_for(self, topic: str) -> LogConfig:
+        """The topic's LogConfig: its overrides over this broker's (dynamic) settings."""
+        overrides = self.topic_configs.get(topic)
+        if topic == GROUP_METADATA_TOPIC and "cleanup.policy" not in (overrides or {}):
+            # Created before it was created compacted: Kafka's is always compacted, and a
+            # time retention would delete live groups' offsets.
+            overrides = {**(overrides or {}), "cleanup.policy": "compact"}
+        return log_config_from(self.config, overrides)
+
+    def reconfigure_logs(self, topics: set[str] | None) -> None:
+        """Configs changed (IncrementalAlterConfigs committed): every hosted log of
+        ``topics`` (None: all, a broker default changed) takes its new LogConfig, live, as
+        Kafka's log.updateConfig: the next append, roll, retention pass or cleaning uses it."""
+        built: dict[str, LogConfig] = {}
+        for (topic, index), partition in self.partitions.items():
+            if topics is not None and topic not in topics:
+                continue
+            config = built.get(topic)
+            if config is None:
+                config = built[topic] = self.log_config_for(topic)
+            if partition.log.config != config:
+                partition.log.config = config
+                self.logger.info("log_config_updated", topic=topic, partition=index)
 
     def adopt(self, partition: Partition, topic_id: str = "") -> None:
         """Host a replica ``open_replica`` made, with no role until ``host_partition``

@@ -38,7 +38,9 @@ class KafkaApi:
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
     CREATE_PARTITIONS = 37
+    INCREMENTAL_ALTER_CONFIGS = 44
     ELECT_LEADERS = 43
     DESCRIBE_CLUSTER = 60
 
@@ -69,6 +71,8 @@ SPEC_NAMES = {
     KafkaApi.OFFSET_FOR_LEADER_EPOCH: "OffsetForLeaderEpoch",
     KafkaApi.DESCRIBE_CONFIGS: "DescribeConfigs",
     KafkaApi.CREATE_PARTITIONS: "CreatePartitions",
+    KafkaApi.ALTER_CONFIGS: "AlterConfigs",
+    KafkaApi.INCREMENTAL_ALTER_CONFIGS: "IncrementalAlterConfigs",
     ApiKey.DELETE_GROUPS: "DeleteGroups",
 }
 
@@ -89,7 +93,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     KafkaApi.DESCRIBE_CLUSTER: (0, 1),
     KafkaApi.INIT_PRODUCER_ID: (0, 1),
     KafkaApi.OFFSET_FOR_LEADER_EPOCH: (0, 3),
-    KafkaApi.DESCRIBE_CONFIGS: (0, 3),
+    KafkaApi.DESCRIBE_CONFIGS: (0, 4),
+    KafkaApi.ALTER_CONFIGS: (0, 2),
+    KafkaApi.INCREMENTAL_ALTER_CONFIGS: (0, 1),
     # librdkafka asks CreatePartitions up to v1, kafka-python and the Java admin up to v3.
     KafkaApi.CREATE_PARTITIONS: (0, 3),
     # The classic group protocol, from v0: librdkafka turns its balanced consumer on only

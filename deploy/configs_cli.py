@@ -1,0 +1,141 @@
+"""`minibroker configs describe|alter`: kafka-configs.sh's shape.
+
+    minibroker configs describe --entity-type topics --entity-name orders [--all]
+    minibroker configs alter --entity-type topics --entity-name orders \\
+        --add-config retention.ms=60000,cleanup.policy=[compact,delete] --delete-config segment.ms
+    minibroker configs alter --entity-type brokers --entity-default --add-config log.retention.ms=1000
+
+An entity type is one row of ENTITY_TYPES: how to describe and how to alter an entity of
+that type. Topics and brokers are configs (DescribeConfigs, IncrementalAlterConfigs);
+another type (clients, users: quotas) is another row with its own two functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from minibroker.client import Admin, AlterConfigOp, ConfigResource
+from minibroker.deploy.client_cli import CliError, _cmd, _common, _settings
+
+# describe(admin, entity name or None for the default, every config?) -> lines to print
+Describe = Callable[[Admin, str | None, bool], Awaitable[list[str]]]
+# alter(admin, entity name or None, {key: value} to set, keys to delete)
+Alter = Callable[[Admin, str | None, dict[str, str], list[str]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class EntityType:
+    describe: Describe
+    alter: Alter
+    default_allowed: bool  # --entity-default means something for this type
+    what: str  # how an entity is named in messages
+
+
+def _resource(kind: str, name: str | None) -> ConfigResource:
+    return ConfigResource(kind, "" if name is None else name)
+
+
+def _config_type(kind: str) -> tuple[Describe, Alter]:
+    """Describe and alter for an entity type that is a ConfigResource type."""
+
+    async def describe(admin: Admin, name: str | None, everything: bool) -> list[str]:
+        resource = _resource(kind, name)
+        entries = (await admin.describe_configs([resource]))[resource]
+        lines = []
+        for entry in entries.values():
+            dynamic = entry.source.startswith("DYNAMIC_")
+            if everything or dynamic:
+                lines.append(f"  {entry.name}={entry.value} ({entry.source})")
+        return lines
+
+    async def alter(admin: Admin, name: str | None, add: dict[str, str], delete: list[str]) -> None:
+        ops = [AlterConfigOp(k, v) for k, v in add.items()]
+        ops += [AlterConfigOp(k, None, "delete") for k in delete]
+        await admin.incremental_alter_configs({_resource(kind, name): ops})
+
+    return describe, alter
+
+
+ENTITY_TYPES: dict[str, EntityType] = {
+    "topics": EntityType(*_config_type("topic"), default_allowed=False, what="topic"),
+    "brokers": EntityType(*_config_type("broker"), default_allowed=True, what="broker"),
+}
+
+
+def parse_add_config(text: str) -> dict[str, str]:
+    """``k=v,k2=[a,b]`` -> ``{"k": "v", "k2": "a,b"}`` (kafka-configs.sh's brackets group a
+    list value's commas)."""
+    out: dict[str, str] = {}
+    items: list[str] = []
+    depth, current = 0, ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += ch
+    items.append(current)
+    for item in filter(None, (i.strip() for i in items)):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise CliError(f"--add-config: expected key=value, got {item!r}")
+        out[key.strip()] = value.strip().removeprefix("[").removesuffix("]")
+    return out
+
+
+def add_arguments(configs: argparse.ArgumentParser) -> None:
+    sub = configs.add_subparsers(dest="configs_command", required=True, metavar="ACTION")
+    describe = sub.add_parser("describe", help="an entity's dynamic configs (--all: every one)")
+    describe.add_argument("--all", action="store_true", help="every config with its source")
+    describe.set_defaults(func=_cmd(_describe))
+    alter = sub.add_parser("alter", help="set or delete an entity's dynamic configs")
+    alter.add_argument(
+        "--add-config", default="", metavar="K=V[,K=V]", help="configs to set ([a,b]: a list)"
+    )
+    alter.add_argument("--delete-config", default="", metavar="K[,K]", help="configs to remove")
+    alter.set_defaults(func=_cmd(_alter))
+    for p in (describe, alter):
+        p.add_argument("--entity-type", required=True, choices=sorted(ENTITY_TYPES))
+        who = p.add_mutually_exclusive_group(required=True)
+        who.add_argument("--entity-name", help="topic name, broker id, ...")
+        who.add_argument(
+            "--entity-default", action="store_true", help="the cluster-wide default (brokers)"
+        )
+        _common(p)
+
+
+def _entity(args: argparse.Namespace) -> tuple[EntityType, str | None, str]:
+    kind = ENTITY_TYPES[args.entity_type]
+    if args.entity_default and not kind.default_allowed:
+        raise CliError(f"--entity-default is not valid for --entity-type {args.entity_type}")
+    name = None if args.entity_default else args.entity_name
+    label = f"default {kind.what}" if name is None else f"{kind.what} {name}"
+    return kind, name, label
+
+
+async def _describe(args: argparse.Namespace) -> int:
+    kind, name, label = _entity(args)
+    async with Admin(config=_settings(args)) as admin:
+        lines = await kind.describe(admin, name, args.all)
+    print(f"{'All' if args.all else 'Dynamic'} configs for {label} are:")
+    for line in lines:
+        print(line)
+    return 0
+
+
+async def _alter(args: argparse.Namespace) -> int:
+    kind, name, label = _entity(args)
+    add = parse_add_config(args.add_config)
+    delete = [k.strip() for k in args.delete_config.split(",") if k.strip()]
+    if not add and not delete:
+        raise CliError("nothing to change: give --add-config and/or --delete-config")
+    async with Admin(config=_settings(args)) as admin:
+        await kind.alter(admin, name, add, delete)
+    print(f"Completed updating config for {label}.")
+    return 0
