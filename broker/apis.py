@@ -65,6 +65,7 @@ WAIT_FOR_METADATA = frozenset(
         ApiKey.CREATE_PARTITIONS,
         ApiKey.INCREMENTAL_ALTER_CONFIGS,
         ApiKey.DESCRIBE_CONFIGS,
+        ApiKey.DELETE_RECORDS,
         ApiKey.PRODUCE,
         ApiKey.FETCH,
         ApiKey.LIST_OFFSETS,
@@ -148,6 +149,7 @@ class RequestHandler:
             ApiKey.CREATE_PARTITIONS: self.create_partitions,
             ApiKey.INCREMENTAL_ALTER_CONFIGS: self.alter_configs,
             ApiKey.DESCRIBE_CONFIGS: self.describe_configs,
+            ApiKey.DELETE_RECORDS: self.delete_records,
             ApiKey.PRODUCE: self.produce,
             ApiKey.FETCH: self.fetch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
@@ -507,6 +509,11 @@ class RequestHandler:
         if refusal is not None:
             return refusal
         return self.replica_manager.list_offsets(body)
+
+    def delete_records(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse:
+        return self.replica_manager.delete_records(body, session)
 
     def broker_stats(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         return {"error_code": 0, "broker_id": self.broker_id, "stats": self.stats()}

@@ -14,7 +14,12 @@ from minibroker.client.background import ClusterClient
 from minibroker.client.cluster import BrokerInfo, Cluster, PartitionInfo
 from minibroker.client.config_admin import AlterConfigOp, ConfigEntry, ConfigResource
 from minibroker.client.group_admin import GroupDescription, GroupListing
-from minibroker.client.offsets import OffsetAndTimestamp, list_offsets, lookup_retries
+from minibroker.client.offsets import (
+    OffsetAndTimestamp,
+    delete_records,
+    list_offsets,
+    lookup_retries,
+)
 from minibroker.client.records import TopicPartition
 from minibroker.protocol import ApiKey
 from minibroker.protocol.api import ELECTION_PREFERRED, ELECTION_UNCLEAN
@@ -376,6 +381,16 @@ class Admin(ClusterClient):
         first offset at or after it) -> ``{tp: (offset, timestamp)}``, from each leader."""
         wanted = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
         return await list_offsets(self._open(), wanted, **lookup_retries(self.config))
+
+    async def delete_records(
+        self, before: Mapping[tuple[str, int], int]
+    ) -> dict[TopicPartition, int]:
+        """Kafka's Admin.deleteRecords: ``{(topic, partition): offset}`` (-1: the high
+        watermark) -> each partition's new low watermark (log start offset). Records below
+        it are gone for every consumer; an offset past the high watermark raises
+        OffsetOutOfRange."""
+        wanted = {TopicPartition(*tp): offset for tp, offset in before.items()}
+        return await delete_records(self._open(), wanted)
 
     # --- configs (client/config_admin.py) ----------------------------------------------------
 

@@ -264,6 +264,7 @@ class SyncAdmin(_SyncBase):
     broker_stats = blocking(Admin.broker_stats)
     faults = blocking(Admin.faults)
     list_offsets = blocking(Admin.list_offsets)
+    delete_records = blocking(Admin.delete_records)
     list_consumer_groups = blocking(Admin.list_consumer_groups)
     describe_consumer_group = blocking(Admin.describe_consumer_group)
     delete_consumer_groups = blocking(Admin.delete_consumer_groups)

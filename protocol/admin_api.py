@@ -15,6 +15,7 @@ from minibroker.protocol.schema import (
     BOOL,
     INT16,
     INT32,
+    INT64,
     STRING,
     array,
     integer,
@@ -123,6 +124,42 @@ DESCRIBE_CONFIGS_RESP = struct(
                     "error_code": _ERROR,
                 },
                 {"error_message": _MESSAGE, "configs": (array(_CONFIG_ENTRY), [])},
+            )
+        )
+    },
+    _TOP_ERROR,
+)
+
+# --- DeleteRecords (Kafka key 21) ----------------------------------------------------------
+
+_PARTITION = integer("int32", min=0)
+DELETE_RECORDS_REQ = struct(
+    {
+        "topics": array(
+            struct(
+                {
+                    "name": _TOPIC,
+                    # offset: records before it go; -1 means the high watermark
+                    "partitions": array(struct({"partition": _PARTITION, "offset": INT64})),
+                }
+            )
+        )
+    },
+    {"timeout_ms": (integer("int32", min=0), 30000)},
+)
+DELETE_RECORDS_RESP = struct(
+    {
+        "topics": array(
+            struct(
+                {
+                    "name": _TOPIC,
+                    "partitions": array(
+                        struct(
+                            {"partition": _PARTITION, "error_code": _ERROR, "low_watermark": INT64},
+                            {"error_message": _MESSAGE},
+                        )
+                    ),
+                }
             )
         )
     },

@@ -52,6 +52,7 @@ class ApiKey(IntEnum):
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
@@ -313,6 +314,10 @@ FETCH_REQ = struct(
                 # A follower's own HW (-1: not given). The leader leaves a partition with
                 # no records, no error and this HW out of its answer: see fetch_request.py.
                 "high_watermark": (INT64, -1),
+                # A follower's own log start (-1: not given): while it is behind the
+                # leader's (DeleteRecords), the partition is never left out of the answer,
+                # and the leader learns each replica's start (DeleteRecords' low watermark).
+                "log_start_offset": (INT64, -1),
             },
         ),
     },
@@ -637,6 +642,7 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
         0: (admin_api.INCREMENTAL_ALTER_CONFIGS_REQ, admin_api.INCREMENTAL_ALTER_CONFIGS_RESP)
     },
     ApiKey.DESCRIBE_CONFIGS: {0: (admin_api.DESCRIBE_CONFIGS_REQ, admin_api.DESCRIBE_CONFIGS_RESP)},
+    ApiKey.DELETE_RECORDS: {0: (admin_api.DELETE_RECORDS_REQ, admin_api.DELETE_RECORDS_RESP)},
 }
 
 # The version our handlers answer in and our peers ask in when the other side has it.

@@ -48,6 +48,7 @@ class AdminApis:
             KafkaApi.ELECT_LEADERS: self.elect_leaders,
             KafkaApi.DESCRIBE_CLUSTER: self.describe_cluster,
             KafkaApi.CREATE_PARTITIONS: self.create_partitions,
+            KafkaApi.DELETE_RECORDS: self.delete_records,
         }
 
     def _controller_change(
@@ -222,6 +223,56 @@ class AdminApis:
             return {
                 "throttle_time_ms": 0,
                 "results": [{"name": t["name"], **error} for t in topics],
+            }
+
+        return then(result, answer)
+
+    def delete_records(self, header, body, session) -> Any:
+        """Kafka's DeleteRecords onto the native one, answered by each partition's leader
+        (a stock client sends each partition to its leader)."""
+        native = {
+            "topics": [
+                {
+                    "name": t["name"],
+                    "partitions": [
+                        {"partition": p["partition_index"], "offset": p["offset"]}
+                        for p in t["partitions"]
+                    ],
+                }
+                for t in body["topics"]
+            ],
+            "timeout_ms": max(body["timeout_ms"], 0),
+        }
+        result = self._native(header, ApiKey.DELETE_RECORDS, native, session)
+
+        def answer(a: dict) -> dict:
+            code = a.get("error_code", 0) if "topics" not in a else 0
+            topics = a.get("topics") or [
+                {
+                    "name": t["name"],
+                    "partitions": [
+                        {"partition": p["partition"], "error_code": code, "low_watermark": -1}
+                        for p in t["partitions"]
+                    ],
+                }
+                for t in native["topics"]
+            ]
+            return {
+                "throttle_time_ms": 0,
+                "topics": [
+                    {
+                        "name": t["name"],
+                        "partitions": [
+                            {
+                                "partition_index": p["partition"],
+                                "low_watermark": p["low_watermark"],
+                                "error_code": p["error_code"],
+                            }
+                            for p in t["partitions"]
+                        ],
+                    }
+                    for t in topics
+                ],
             }
 
         return then(result, answer)

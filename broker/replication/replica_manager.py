@@ -26,6 +26,7 @@ from minibroker.broker.replication.delayed import (
     ProducePartitionStatus,
     produce_response,
 )
+from minibroker.broker.replication.delete_records import DelayedDeleteRecords, delete_records
 from minibroker.broker.replication.fetch_request import FetchRequest
 from minibroker.broker.replication.offset_queries import list_offsets, offsets_for_leader_epoch
 from minibroker.broker.replication.partition import Partition
@@ -299,7 +300,7 @@ class ReplicaManager:
     def _park(
         self,
         purgatory: Purgatory,
-        op: DelayedFetch | DelayedProduce,
+        op: DelayedFetch | DelayedProduce | DelayedDeleteRecords,
         keys: list[Key],
         session: ConnectionSession | None,
     ) -> dict | PendingResponse:
@@ -507,6 +508,9 @@ class ReplicaManager:
                 known_hw
                 and partition is not None
                 and partition.high_watermark == known_hw.get(key)
+                # (a follower that names no start: as before starts were sent)
+                and fetch.known_start.get(key, partition.log.log_start_offset)
+                >= partition.log.log_start_offset
                 and offset == partition.log.log_end_offset
                 and partition.is_leader
                 and fetch.epochs[key] in (-1, partition.leader_epoch)
@@ -515,6 +519,8 @@ class ReplicaManager:
                 # The follower has all of it, HW included: nothing to answer (see
                 # FetchRequest.known_hw). The fetch still counts as the follower's; if it
                 # moved the HW, the answer carries the new one.
+                if partition.note_follower_start(fetch.replica_id, fetch.known_start.get(key, -1)):
+                    self.produce_purgatory.check_and_complete(key)  # a DeleteRecords waits
                 if counted or not partition.update_follower_fetch_state(
                     fetch.replica_id, offset, self.now_ms()
                 ):
@@ -572,6 +578,10 @@ class ReplicaManager:
                 fetch.replica_id, offset, self.now_ms()
             ):
                 self._hw_increased(key)
+            if fetch.for_follower and partition.note_follower_start(
+                fetch.replica_id, fetch.known_start.get(key, -1)
+            ):
+                self.produce_purgatory.check_and_complete(key)  # a DeleteRecords may wait
         body = {"topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}
         return body, total, stop_now
 
@@ -615,3 +625,13 @@ class ReplicaManager:
 
     def list_offsets(self, body: dict) -> dict:
         return list_offsets(self._lookup, body)
+
+    def delete_records(
+        self, body: dict, session: ConnectionSession | None = None
+    ) -> dict | PendingResponse:
+        """DeleteRecords: answered once the in-sync replicas moved their start too."""
+        answer, waiting = delete_records(self._lookup, body)
+        if not waiting:
+            return answer
+        op = DelayedDeleteRecords(body["timeout_ms"], answer, waiting, self._lookup)
+        return self._park(self.produce_purgatory, op, list(waiting), session)

@@ -22,7 +22,14 @@ import structlog
 
 from minibroker.broker.storage.producer_state import ProducerStateManager
 from minibroker.broker.storage.record_validation import validate_records
-from minibroker.broker.storage.segment import BatchInfo, Segment, scan_segment, walk_to
+from minibroker.broker.storage.segment import (
+    BatchInfo,
+    Segment,
+    first_batch_reaching,
+    scan_segment,
+    walk_to,
+)
+from minibroker.broker.storage.start_offset import read_start_offset, write_start_offset
 from minibroker.broker.storage.swap import discard_pending, recover_swaps
 from minibroker.protocol.batch import (
     BASE_AND_LENGTH,
@@ -34,6 +41,7 @@ from minibroker.protocol.batch import (
     PRODUCER_FLAG,
     CheckedBatches,
     CorruptBatch,
+    batch_rows,
     check_batch,
     patch_base_offset,
     patch_leader_epoch,
@@ -249,6 +257,9 @@ class Log:
         active.activate()
         self._bases = [s.base_offset for s in self.segments]
         self.log_start_offset = self.segments[0].base_offset
+        checkpoint = read_start_offset(self.dir)  # DeleteRecords inside the first segment
+        if self.log_start_offset < checkpoint <= self.log_end_offset:
+            self.log_start_offset = checkpoint
         self._rebuild_producer_state(scans)
 
     def _rebuild_producer_state(self, scans: dict[int, list[BatchInfo]] | None = None) -> None:
@@ -602,7 +613,9 @@ class Log:
         segment.max_timestamp = max((b.max_timestamp for b in kept), default=-1)
         # The index must not point at bytes that are gone (appends reuse those positions).
         segment.rebuild_index(kept)
-        self.log_start_offset = min(self.log_start_offset, segment.next_offset)
+        if segment.next_offset < self.log_start_offset:  # the checkpoint must not be ahead
+            self.log_start_offset = segment.next_offset
+            write_start_offset(self.dir, segment.next_offset)
         self._dirty_from(segment.next_offset)
         self.log.info("log_truncated", to_offset=segment.next_offset, bytes_removed=removed)
         self._rebuild_producer_state()
@@ -623,6 +636,7 @@ class Log:
         self.segments = [segment]
         self._bases = [offset]
         self.log_start_offset = offset
+        write_start_offset(self.dir, offset)
         self._unflushed = 0
         self.producers.reset()
         self._dirty_from(offset)
@@ -631,17 +645,26 @@ class Log:
     # --- timestamps and retention ---------------------------------------------------------
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        """First batch whose max timestamp >= ``timestamp``: (its base offset, its max timestamp).
+        """The first record at or after ``timestamp``: (its offset, its timestamp), as
+        Kafka's fetchOffsetByTimestamp. None when no record is that late.
 
-        Batch granularity, read from headers only: a consumer seeking by time starts at
-        that batch and skips the earlier records in it by timestamp if it needs to.
+        The first segment whose max timestamp reaches it; in there its time index gives a
+        position every record before which is older; batch headers from there find the
+        first batch that reaches it, and only that batch's records are read (the one
+        batch's worth of per-record work a lookup costs the broker).
         """
         for segment in self.segments:
             if segment.max_timestamp < timestamp:
                 continue  # no batch in here is late enough: skip without any I/O
-            for b in scan_segment(segment, verify=False, gaps=self.config.compact).batches:
-                if b.max_timestamp >= timestamp:
-                    return b.base_offset, b.max_timestamp
+            found = first_batch_reaching(segment, timestamp, self.log_start_offset)
+            if found is None:
+                continue
+            position, size = found
+            batch = segment.pread(size, position)
+            for base, first_ts, rows in batch_rows(batch, min_offset=self.log_start_offset):
+                for offset, row in enumerate(rows, start=base):
+                    if first_ts + row[0] >= timestamp:
+                        return offset, first_ts + row[0]
         return None
 
     def delete_old_segments(self, high_watermark: int | None = None) -> int:
@@ -673,10 +696,31 @@ class Log:
             oldest.delete()
             deleted += 1
         if deleted:
-            self.log_start_offset = self.segments[0].base_offset
+            self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
             self.log.info(
                 "retention_deleted", segments=deleted, log_start_offset=self.log_start_offset
             )
+        return deleted
+
+    def delete_records_before(self, offset: int) -> int:
+        """DeleteRecords (Kafka's maybeIncrementLogStartOffset, then deleteOldSegments):
+        the log starts at ``offset`` from now on (checkpointed, so a restart keeps it);
+        segments wholly below it go. Never moves the start back; the caller bounds it by
+        the high watermark. Returns the segments deleted."""
+        if offset > self.log_end_offset:
+            raise OffsetOutOfRange(f"offset {offset} is past the log end {self.log_end_offset}")
+        if offset <= self.log_start_offset:
+            return 0
+        self.log_start_offset = offset
+        write_start_offset(self.dir, offset)
+        deleted = 0
+        while len(self.segments) > 1 and self.segments[1].base_offset <= offset:
+            if not deleted:
+                self._segments_changing()
+            self.segments.pop(0).delete()
+            self._bases.pop(0)
+            deleted += 1
+        self.log.info("log_start_offset_moved", log_start_offset=offset, segments_deleted=deleted)
         return deleted
 
     # --- the log cleaner's swap -------------------------------------------------------------

@@ -35,6 +35,7 @@ class KafkaApi:
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
@@ -71,6 +72,7 @@ SPEC_NAMES = {
     KafkaApi.OFFSET_FOR_LEADER_EPOCH: "OffsetForLeaderEpoch",
     KafkaApi.DESCRIBE_CONFIGS: "DescribeConfigs",
     KafkaApi.CREATE_PARTITIONS: "CreatePartitions",
+    KafkaApi.DELETE_RECORDS: "DeleteRecords",
     KafkaApi.ALTER_CONFIGS: "AlterConfigs",
     KafkaApi.INCREMENTAL_ALTER_CONFIGS: "IncrementalAlterConfigs",
     ApiKey.DELETE_GROUPS: "DeleteGroups",
@@ -96,6 +98,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     KafkaApi.DESCRIBE_CONFIGS: (0, 4),
     KafkaApi.ALTER_CONFIGS: (0, 2),
     KafkaApi.INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    KafkaApi.DELETE_RECORDS: (0, 2),
     # librdkafka asks CreatePartitions up to v1, kafka-python and the Java admin up to v3.
     KafkaApi.CREATE_PARTITIONS: (0, 3),
     # The classic group protocol, from v0: librdkafka turns its balanced consumer on only
