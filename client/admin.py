@@ -50,6 +50,8 @@ class NewTopic:
     num_partitions: int = -1  # -1: the broker's num.partitions
     replication_factor: int = -1  # -1: the broker's default.replication.factor
     configs: dict[str, str] = field(default_factory=dict)
+    # One replica list per partition (the first live one leads); the counts stay -1.
+    replica_assignments: list[list[int]] | None = None
 
 
 @dataclass
@@ -117,6 +119,7 @@ class Admin(ClusterClient):
                     "num_partitions": t.num_partitions,
                     "replication_factor": t.replication_factor,
                     "configs": {k: str(v) for k, v in t.configs.items()},
+                    "assignments": t.replica_assignments,
                 }
                 for t in topics
             ],

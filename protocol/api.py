@@ -156,6 +156,9 @@ CREATE_TOPICS_REQ = struct(
                     "num_partitions": (integer("int32", min=-1), -1),
                     "replication_factor": (integer("int16", min=-1), -1),
                     "configs": (mapping(STRING, STRING), {}),
+                    # Manual replica assignments, one list per partition (None: placed by
+                    # the controller); the counts must then be -1, as in Kafka.
+                    "assignments": (nullable(array(array(NODE_ID))), None),
                 },
             )
         )

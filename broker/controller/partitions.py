@@ -23,7 +23,7 @@ from minibroker.protocol import INTERNAL_TOPICS
 from minibroker.protocol.errors import ErrorCode
 
 
-class _Refused(Exception):
+class AssignmentRefused(Exception):
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
@@ -64,7 +64,7 @@ def create_partitions(
                 continue
             try:
                 new = _new_partitions(draft, request, live, counts)
-            except _Refused as refused:
+            except AssignmentRefused as refused:
                 results.append(_result(name, refused.code, refused.message))
                 continue
             results.append(_result(name, ErrorCode.NONE, None))
@@ -98,23 +98,27 @@ def create_partitions(
 def _new_partitions(
     md: ClusterMetadata, request: dict, live: list[int], counts: dict[int, int]
 ) -> list[PartitionState]:
-    """The partitions ``request`` adds to its topic, validated (``_Refused`` naming the
+    """The partitions ``request`` adds to its topic, validated (``AssignmentRefused`` naming the
     problem); ``counts`` takes their replicas, so the next topic of the request sees them."""
     name, count, assignments = request["name"], request["count"], request["assignments"]
     topic = md.topics.get(name)
     if topic is None:
-        raise _Refused(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic '{name}' does not exist")
+        raise AssignmentRefused(
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic '{name}' does not exist"
+        )
     if name in INTERNAL_TOPICS:
         # Group (and health) placement hashes over the partition count: it never changes.
-        raise _Refused(
+        raise AssignmentRefused(
             ErrorCode.INVALID_REQUEST,
             f"the number of partitions of the internal topic {name} cannot be changed",
         )
     current = len(topic.partitions)
     if count == current:
-        raise _Refused(ErrorCode.INVALID_PARTITIONS, f"Topic already has {current} partition(s).")
+        raise AssignmentRefused(
+            ErrorCode.INVALID_PARTITIONS, f"Topic already has {current} partition(s)."
+        )
     if count < current:
-        raise _Refused(
+        raise AssignmentRefused(
             ErrorCode.INVALID_PARTITIONS,
             f"The topic {name} currently has {current} partition(s); "
             f"{count} would not be an increase.",
@@ -123,7 +127,7 @@ def _new_partitions(
     rf = len(topic.partitions[0].replicas)
     if assignments is not None:
         if len(assignments) != additional:
-            raise _Refused(
+            raise AssignmentRefused(
                 ErrorCode.INVALID_REPLICA_ASSIGNMENT,
                 f"Attempted to add {additional} additional partition(s), but only "
                 f"{len(assignments)} assignment(s) were specified.",
@@ -133,14 +137,14 @@ def _new_partitions(
             _check_assignment(md, index, replicas, rf)
     else:
         if rf > len(live):
-            raise _Refused(
+            raise AssignmentRefused(
                 ErrorCode.INVALID_REPLICATION_FACTOR,
                 f"Unable to replicate the partition {rf} time(s): only {len(live)} "
                 "broker(s) are live.",
             )
         placed = assign_replicas(live, additional, rf)
     if (problem := partition_cap_error(counts, additional, rf)) is not None:
-        raise _Refused(ErrorCode.POLICY_VIOLATION, problem)
+        raise AssignmentRefused(ErrorCode.POLICY_VIOLATION, problem)
     for replicas in placed:
         for broker in replicas:
             if broker in counts:
@@ -155,36 +159,52 @@ def _new_partitions(
 def _check_assignment(md: ClusterMetadata, index: int, replicas: list[int], rf: int) -> None:
     """Kafka's validateManualPartitionAssignment, then "some replica is live"."""
     if not replicas:
-        raise _Refused(
+        raise AssignmentRefused(
             ErrorCode.INVALID_REPLICA_ASSIGNMENT,
             "The manual partition assignment includes an empty replica list.",
         )
     for broker in sorted(replicas):
         if broker not in md.brokers:
-            raise _Refused(
+            raise AssignmentRefused(
                 ErrorCode.INVALID_REPLICA_ASSIGNMENT,
                 f"The manual partition assignment includes broker {broker}, but no such "
                 "broker is registered.",
             )
     if len(set(replicas)) != len(replicas):
         twice = next(b for b in replicas if replicas.count(b) > 1)
-        raise _Refused(
+        raise AssignmentRefused(
             ErrorCode.INVALID_REPLICA_ASSIGNMENT,
             f"The manual partition assignment includes the broker {twice} more than once.",
         )
     if len(replicas) != rf:
-        raise _Refused(
+        raise AssignmentRefused(
             ErrorCode.INVALID_REPLICA_ASSIGNMENT,
             f"The manual partition assignment includes a partition with {len(replicas)} "
             f"replica(s), but this is not consistent with previous partitions, which have "
             f"{rf} replica(s).",
         )
     if not any(r in md.live for r in replicas):
-        raise _Refused(
+        raise AssignmentRefused(
             ErrorCode.INVALID_REPLICA_ASSIGNMENT,
             f"All brokers specified in the manual partition assignment for partition {index} "
             "are fenced or in controlled shutdown.",
         )
+
+
+def assigned_partitions(md: ClusterMetadata, assignments: list[list[int]]) -> list[PartitionState]:
+    """A new topic's partitions from its manual assignments (CreateTopics), checked as Kafka's
+    createTopic does: every partition's list as CreatePartitions', all of the first's size."""
+    if not assignments:
+        raise AssignmentRefused(
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT, "The manual partition assignment is empty."
+        )
+    rf = len(assignments[0])
+    states = []
+    for index, replicas in enumerate(assignments):
+        _check_assignment(md, index, list(replicas), rf)
+        isr = [r for r in replicas if r in md.live]
+        states.append(PartitionState(isr[0], 0, list(replicas), isr))
+    return states
 
 
 def _result(name: str, code: ErrorCode, message: str | None) -> dict:

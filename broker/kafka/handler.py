@@ -272,18 +272,25 @@ class KafkaRequestHandler(MetadataApis, GroupApis, AdminApis, ConfigApis):
         topics = []
         refused = []
         for t in body["topics"]:
+            assignments = None
             if t["assignments"]:
-                refused.append(
-                    {
-                        "name": t["name"],
-                        "error_code": int(ErrorCode.INVALID_REQUEST),
-                        "error_message": "manual replica assignments are not supported",
-                    }
-                )
-                continue
+                # Kafka's map by partition index: indexes 0..n-1, each once.
+                by_index = {a["partition_index"]: a["broker_ids"] for a in t["assignments"]}
+                if sorted(by_index) != list(range(len(t["assignments"]))):
+                    refused.append(
+                        {
+                            "name": t["name"],
+                            "error_code": int(ErrorCode.INVALID_REPLICA_ASSIGNMENT),
+                            "error_message": "Partitions should be numbered consecutively "
+                            "from 0, each once",
+                        }
+                    )
+                    continue
+                assignments = [by_index[i] for i in range(len(by_index))]
             topics.append(
                 {
                     "name": t["name"],
+                    "assignments": assignments,
                     "num_partitions": t["num_partitions"],
                     "replication_factor": t["replication_factor"],
                     "configs": {
