@@ -38,6 +38,7 @@ from minibroker.broker.network.session import ConnectionSession
 from minibroker.broker.raft.driver import QuorumDriver
 from minibroker.broker.raft.wire import QUORUM_APIS, SENDER_FIELDS
 from minibroker.broker.replication.fetch_request import FetchRequest
+from minibroker.broker.replication.log_dirs import describe_log_dirs, describe_producers
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.protocol import (
     ADMIN_CLIENT_ID,
@@ -66,6 +67,8 @@ WAIT_FOR_METADATA = frozenset(
         ApiKey.INCREMENTAL_ALTER_CONFIGS,
         ApiKey.DESCRIBE_CONFIGS,
         ApiKey.DELETE_RECORDS,
+        ApiKey.DESCRIBE_LOG_DIRS,
+        ApiKey.DESCRIBE_PRODUCERS,
         ApiKey.PRODUCE,
         ApiKey.FETCH,
         ApiKey.LIST_OFFSETS,
@@ -150,6 +153,8 @@ class RequestHandler:
             ApiKey.INCREMENTAL_ALTER_CONFIGS: self.alter_configs,
             ApiKey.DESCRIBE_CONFIGS: self.describe_configs,
             ApiKey.DELETE_RECORDS: self.delete_records,
+            ApiKey.DESCRIBE_LOG_DIRS: self.describe_log_dirs,
+            ApiKey.DESCRIBE_PRODUCERS: self.describe_producers,
             ApiKey.PRODUCE: self.produce,
             ApiKey.FETCH: self.fetch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
@@ -514,6 +519,16 @@ class RequestHandler:
         self, header: RequestHeader, body: dict, session: ConnectionSession
     ) -> dict | PendingResponse:
         return self.replica_manager.delete_records(body, session)
+
+    def describe_log_dirs(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict:
+        return describe_log_dirs(self.replica_manager, body)
+
+    def describe_producers(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict:
+        return describe_producers(self.replica_manager, body)
 
     def broker_stats(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         return {"error_code": 0, "broker_id": self.broker_id, "stats": self.stats()}

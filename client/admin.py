@@ -9,7 +9,7 @@ from typing import Any
 
 import trio
 
-from minibroker.client import config_admin, group_admin
+from minibroker.client import broker_admin, config_admin, group_admin
 from minibroker.client.background import ClusterClient
 from minibroker.client.cluster import BrokerInfo, Cluster, PartitionInfo
 from minibroker.client.config_admin import AlterConfigOp, ConfigEntry, ConfigResource
@@ -394,6 +394,23 @@ class Admin(ClusterClient):
         OffsetOutOfRange."""
         wanted = {TopicPartition(*tp): offset for tp, offset in before.items()}
         return await delete_records(self._open(), wanted)
+
+    async def describe_log_dirs(
+        self, brokers: Iterable[int] | None = None
+    ) -> dict[int, dict[str, broker_admin.LogDirDescription]]:
+        """Per broker (default: all), its log directory and each replica's size on disk."""
+        cluster = self._open()
+        if brokers is None:
+            await cluster.refresh(())
+            brokers = sorted(cluster.brokers)
+        return await broker_admin.describe_log_dirs(cluster, brokers)
+
+    async def describe_producers(
+        self, partitions: Iterable[tuple[str, int]]
+    ) -> dict[TopicPartition, list[broker_admin.ProducerState]]:
+        """Each partition's active idempotent producers (id, epoch, last sequence and
+        timestamp), from its leader."""
+        return await broker_admin.describe_producers(self._open(), partitions)
 
     # --- configs (client/config_admin.py) ----------------------------------------------------
 

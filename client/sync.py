@@ -265,6 +265,8 @@ class SyncAdmin(_SyncBase):
     faults = blocking(Admin.faults)
     list_offsets = blocking(Admin.list_offsets)
     delete_records = blocking(Admin.delete_records)
+    describe_log_dirs = blocking(Admin.describe_log_dirs)
+    describe_producers = blocking(Admin.describe_producers)
     list_consumer_groups = blocking(Admin.list_consumer_groups)
     describe_consumer_group = blocking(Admin.describe_consumer_group)
     delete_consumer_groups = blocking(Admin.delete_consumer_groups)

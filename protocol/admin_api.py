@@ -165,3 +165,72 @@ DELETE_RECORDS_RESP = struct(
     },
     _TOP_ERROR,
 )
+
+# --- DescribeLogDirs (Kafka key 35) and DescribeProducers (Kafka key 61): Kafka's shapes ----
+
+DESCRIBE_LOG_DIRS_REQ = struct(
+    {},
+    {
+        # None: every partition this broker hosts
+        "topics": (
+            nullable(array(struct({"topic": _TOPIC, "partitions": array(_PARTITION)}))),
+            None,
+        )
+    },
+)
+_LOG_DIR_PARTITION = struct(
+    {
+        "partition_index": _PARTITION,
+        "partition_size": INT64,
+        "offset_lag": INT64,
+        "is_future_key": BOOL,
+    }
+)
+DESCRIBE_LOG_DIRS_RESP = struct(
+    {
+        "results": array(
+            struct(
+                {
+                    "error_code": _ERROR,
+                    "log_dir": STRING,
+                    "topics": array(
+                        struct({"name": _TOPIC, "partitions": array(_LOG_DIR_PARTITION)})
+                    ),
+                },
+                {"total_bytes": (INT64, -1), "usable_bytes": (INT64, -1)},
+            )
+        )
+    },
+    _TOP_ERROR,
+)
+DESCRIBE_PRODUCERS_REQ = struct(
+    {"topics": array(struct({"name": _TOPIC, "partition_indexes": array(_PARTITION)}))}
+)
+_PRODUCER = struct(
+    {
+        "producer_id": INT64,
+        "producer_epoch": INT32,
+        "last_sequence": INT32,
+        "last_timestamp": INT64,
+        "coordinator_epoch": INT32,
+        "current_txn_start_offset": INT64,
+    }
+)
+DESCRIBE_PRODUCERS_RESP = struct(
+    {
+        "topics": array(
+            struct(
+                {
+                    "name": _TOPIC,
+                    "partitions": array(
+                        struct(
+                            {"partition_index": _PARTITION, "error_code": _ERROR},
+                            {"error_message": _MESSAGE, "active_producers": (array(_PRODUCER), [])},
+                        )
+                    ),
+                }
+            )
+        )
+    },
+    _TOP_ERROR,
+)

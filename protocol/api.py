@@ -58,6 +58,7 @@ class ApiKey(IntEnum):
     DESCRIBE_CONFIGS = 32
     CREATE_PARTITIONS = 37
     INCREMENTAL_ALTER_CONFIGS = 44
+    DESCRIBE_LOG_DIRS = 35
     DELETE_GROUPS = 42
     SASL_AUTHENTICATE = 36
     ELECT_LEADERS = 43
@@ -69,6 +70,7 @@ class ApiKey(IntEnum):
     ALLOCATE_PRODUCER_IDS = 67
     BROKER_REGISTRATION = 62
     BROKER_HEARTBEAT = 63
+    DESCRIBE_PRODUCERS = 61
     # minibroker's own APIs (no Kafka equivalent) live above 10000.
     BROKER_STATS = 10000
     FAULTS = 10001
@@ -646,6 +648,12 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     },
     ApiKey.DESCRIBE_CONFIGS: {0: (admin_api.DESCRIBE_CONFIGS_REQ, admin_api.DESCRIBE_CONFIGS_RESP)},
     ApiKey.DELETE_RECORDS: {0: (admin_api.DELETE_RECORDS_REQ, admin_api.DELETE_RECORDS_RESP)},
+    ApiKey.DESCRIBE_LOG_DIRS: {
+        0: (admin_api.DESCRIBE_LOG_DIRS_REQ, admin_api.DESCRIBE_LOG_DIRS_RESP)
+    },
+    ApiKey.DESCRIBE_PRODUCERS: {
+        0: (admin_api.DESCRIBE_PRODUCERS_REQ, admin_api.DESCRIBE_PRODUCERS_RESP)
+    },
 }
 
 # The version our handlers answer in and our peers ask in when the other side has it.

@@ -1,5 +1,6 @@
-"""The Kafka listener's config APIs: DescribeConfigs, IncrementalAlterConfigs and
-AlterConfigs, each translated onto the native API (broker/metadata/config_view.py answers
+"""The Kafka listener's config APIs (DescribeConfigs, IncrementalAlterConfigs and
+AlterConfigs) and its what-a-broker-holds APIs (DescribeLogDirs, DescribeProducers), each
+translated onto the native API (broker/metadata/config_view.py answers
 describes, the controller decides alterations: broker/controller/configs.py).
 
 AlterConfigs is the native IncrementalAlterConfigs with ``replace`` (the given set becomes
@@ -30,6 +31,8 @@ class ConfigApis:
             KafkaApi.DESCRIBE_CONFIGS: self.describe_configs,
             KafkaApi.INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
             KafkaApi.ALTER_CONFIGS: self.alter_configs,
+            KafkaApi.DESCRIBE_LOG_DIRS: self.describe_log_dirs,
+            KafkaApi.DESCRIBE_PRODUCERS: self.describe_producers,
         }
 
     def describe_configs(self, header, body, session) -> Any:
@@ -112,5 +115,54 @@ class ConfigApis:
                     for r in resources
                 ]  # fmt: skip
             return {"throttle_time_ms": 0, "responses": responses}
+
+        return then(result, answer)
+
+    # --- what a broker holds: Kafka's shapes already, so only the request-wide refusal ------
+
+    def describe_log_dirs(self, header, body, session) -> Any:
+        topics = body["topics"]
+        native = {
+            "topics": None
+            if topics is None
+            else [{"topic": t["topic"], "partitions": t["partitions"]} for t in topics]
+        }
+        result = self._native(header, ApiKey.DESCRIBE_LOG_DIRS, native, session)
+
+        def answer(a: dict) -> dict:
+            if "results" not in a:
+                return {"throttle_time_ms": 0, "error_code": a["error_code"], "results": []}
+            return {"throttle_time_ms": 0, "error_code": 0, "results": a["results"]}
+
+        return then(result, answer)
+
+    def describe_producers(self, header, body, session) -> Any:
+        native = {
+            "topics": [
+                {"name": t["name"], "partition_indexes": t["partition_indexes"]}
+                for t in body["topics"]
+            ]
+        }
+        result = self._native(header, ApiKey.DESCRIBE_PRODUCERS, native, session)
+
+        def answer(a: dict) -> dict:
+            topics = a.get("topics")
+            if topics is None:  # a request-wide refusal, named on every partition
+                error = {"error_code": a["error_code"], "error_message": a.get("error_message")}
+                topics = [
+                    {
+                        "name": t["name"],
+                        "partitions": [
+                            {"partition_index": i, **error, "active_producers": []}
+                            for i in t["partition_indexes"]
+                        ],
+                    }
+                    for t in native["topics"]
+                ]
+            for t in topics:
+                for p in t["partitions"]:
+                    p.setdefault("active_producers", [])
+                    p.setdefault("error_message", None)
+            return {"throttle_time_ms": 0, "topics": topics}
 
         return then(result, answer)

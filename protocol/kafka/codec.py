@@ -40,10 +40,12 @@ class KafkaApi:
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    DESCRIBE_LOG_DIRS = 35
     CREATE_PARTITIONS = 37
     INCREMENTAL_ALTER_CONFIGS = 44
     ELECT_LEADERS = 43
     DESCRIBE_CLUSTER = 60
+    DESCRIBE_PRODUCERS = 61
 
 
 # The group APIs are named by the native ApiKey: the native protocol has them under Kafka's
@@ -73,6 +75,8 @@ SPEC_NAMES = {
     KafkaApi.DESCRIBE_CONFIGS: "DescribeConfigs",
     KafkaApi.CREATE_PARTITIONS: "CreatePartitions",
     KafkaApi.DELETE_RECORDS: "DeleteRecords",
+    KafkaApi.DESCRIBE_LOG_DIRS: "DescribeLogDirs",
+    KafkaApi.DESCRIBE_PRODUCERS: "DescribeProducers",
     KafkaApi.ALTER_CONFIGS: "AlterConfigs",
     KafkaApi.INCREMENTAL_ALTER_CONFIGS: "IncrementalAlterConfigs",
     ApiKey.DELETE_GROUPS: "DeleteGroups",
@@ -99,6 +103,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     KafkaApi.ALTER_CONFIGS: (0, 2),
     KafkaApi.INCREMENTAL_ALTER_CONFIGS: (0, 1),
     KafkaApi.DELETE_RECORDS: (0, 2),
+    KafkaApi.DESCRIBE_LOG_DIRS: (0, 4),
+    KafkaApi.DESCRIBE_PRODUCERS: (0, 0),
     # librdkafka asks CreatePartitions up to v1, kafka-python and the Java admin up to v3.
     KafkaApi.CREATE_PARTITIONS: (0, 3),
     # The classic group protocol, from v0: librdkafka turns its balanced consumer on only
