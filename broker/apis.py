@@ -199,6 +199,7 @@ class RequestHandler:
             ApiKey.LIST_GROUPS: body_only(coordinator.list_groups),
             ApiKey.DESCRIBE_GROUPS: body_only(coordinator.describe_groups),
             ApiKey.DELETE_GROUPS: body_only(coordinator.delete_groups),
+            ApiKey.OFFSET_DELETE: body_only(coordinator.delete_offsets),
         }
         return {key: answer_in_asked_version(key, handler) for key, handler in handlers.items()}
 

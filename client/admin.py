@@ -472,6 +472,14 @@ class Admin(ClusterClient):
     async def list_consumer_group_offsets(self, group_id: str) -> dict[TopicPartition, int]:
         return await group_admin.group_offsets(self._open(), group_id, self.config)
 
+    async def delete_consumer_group_offsets(
+        self, group_id: str, partitions: Iterable[tuple[str, int]]
+    ) -> dict[TopicPartition, KafkaError | None]:
+        """Kafka's deleteConsumerGroupOffsets: per partition None when its committed offset
+        is gone, else GroupSubscribedToTopic (a member of the group consumes that topic)."""
+        wanted = [TopicPartition(*tp) for tp in partitions]
+        return await group_admin.delete_group_offsets(self._open(), group_id, wanted, self.config)
+
     async def alter_consumer_group_offsets(
         self, group_id: str, offsets: dict[tuple[str, int], int]
     ) -> None:

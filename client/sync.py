@@ -272,4 +272,5 @@ class SyncAdmin(_SyncBase):
     delete_consumer_groups = blocking(Admin.delete_consumer_groups)
     list_consumer_group_offsets = blocking(Admin.list_consumer_group_offsets)
     alter_consumer_group_offsets = blocking(Admin.alter_consumer_group_offsets)
+    delete_consumer_group_offsets = blocking(Admin.delete_consumer_group_offsets)
     elect_leaders = blocking(Admin.elect_leaders)

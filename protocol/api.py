@@ -60,6 +60,7 @@ class ApiKey(IntEnum):
     INCREMENTAL_ALTER_CONFIGS = 44
     DESCRIBE_LOG_DIRS = 35
     DELETE_GROUPS = 42
+    OFFSET_DELETE = 47
     SASL_AUTHENTICATE = 36
     ELECT_LEADERS = 43
     VOTE = 52
@@ -639,6 +640,7 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
         1: (group_api.DESCRIBE_GROUPS_REQ, group_api.DESCRIBE_GROUPS_RESP_V1),
     },
     ApiKey.DELETE_GROUPS: {0: (group_api.DELETE_GROUPS_REQ, group_api.DELETE_GROUPS_RESP)},
+    ApiKey.OFFSET_DELETE: {0: (group_api.OFFSET_DELETE_REQ, group_api.OFFSET_DELETE_RESP)},
     # topic changes after creation (protocol/admin_api.py)
     ApiKey.CREATE_PARTITIONS: {
         0: (admin_api.CREATE_PARTITIONS_REQ, admin_api.CREATE_PARTITIONS_RESP)

@@ -73,6 +73,7 @@ class ErrorCode(IntEnum):
     INVALID_RECORD = 87
     THROTTLING_QUOTA_EXCEEDED = 89
     NON_EMPTY_GROUP = 68
+    GROUP_SUBSCRIBED_TO_TOPIC = 86  # OffsetDelete of a topic the group consumes
     GROUP_ID_NOT_FOUND = 69
     MEMBER_ID_REQUIRED = 79
     GROUP_MAX_SIZE_REACHED = 81

@@ -80,6 +80,7 @@ SPEC_NAMES = {
     KafkaApi.ALTER_CONFIGS: "AlterConfigs",
     KafkaApi.INCREMENTAL_ALTER_CONFIGS: "IncrementalAlterConfigs",
     ApiKey.DELETE_GROUPS: "DeleteGroups",
+    ApiKey.OFFSET_DELETE: "OffsetDelete",
 }
 
 # (min, max) served. Produce from v3 (v2 batches only), Fetch from v4 (isolation level).
@@ -124,6 +125,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.LIST_GROUPS: (0, 2),
     ApiKey.DESCRIBE_GROUPS: (0, 4),
     ApiKey.DELETE_GROUPS: (0, 1),
+    ApiKey.OFFSET_DELETE: (0, 0),
 }
 
 _HEAD = struct.Struct(">hhih")  # api_key, api_version, correlation_id, client_id length
