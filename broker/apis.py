@@ -149,12 +149,6 @@ class RequestHandler:
             ApiKey.CREATE_TOPICS: self.create_topics,
             ApiKey.ELECT_LEADERS: self.elect_leaders,
             ApiKey.DELETE_TOPICS: self.delete_topics,
-            ApiKey.CREATE_PARTITIONS: self.create_partitions,
-            ApiKey.INCREMENTAL_ALTER_CONFIGS: self.alter_configs,
-            ApiKey.DESCRIBE_CONFIGS: self.describe_configs,
-            ApiKey.DELETE_RECORDS: self.delete_records,
-            ApiKey.DESCRIBE_LOG_DIRS: self.describe_log_dirs,
-            ApiKey.DESCRIBE_PRODUCERS: self.describe_producers,
             ApiKey.PRODUCE: self.produce,
             ApiKey.FETCH: self.fetch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
@@ -170,11 +164,32 @@ class RequestHandler:
             ApiKey.SASL_HANDSHAKE: self.sasl_handshake,
             ApiKey.SASL_AUTHENTICATE: self.sasl_authenticate,
         }
+        handlers.update(self._admin_handlers())
         for key in QUORUM_APIS:
             handlers[key] = self.quorum
         if self.coordinator is not None:
             handlers.update(self._group_handlers(self.coordinator))
         return handlers
+
+    def _admin_handlers(self) -> dict[int, Handler]:
+        """Issue 38's admin APIs, each answered by its own subsystem: controller changes go
+        through the link as CreateTopics does (an authenticated peer's request was forwarded
+        to us: answered here or refused), the rest from this broker's replicas and metadata."""
+        link, rm = self.link, self.replica_manager
+        return {
+            ApiKey.CREATE_PARTITIONS: lambda h, b, s: link.create_partitions(
+                b["topics"], b["validate_only"], forwarded=s.principal is not None
+            ),
+            ApiKey.INCREMENTAL_ALTER_CONFIGS: lambda h, b, s: link.alter_configs(
+                b, forwarded=s.principal is not None
+            ),
+            ApiKey.DESCRIBE_CONFIGS: lambda h, b, s: describe_configs(
+                b, self.cache.metadata, self.config, self.broker_id
+            ),
+            ApiKey.DELETE_RECORDS: lambda h, b, s: rm.delete_records(b, s),
+            ApiKey.DESCRIBE_LOG_DIRS: lambda h, b, s: describe_log_dirs(rm, b),
+            ApiKey.DESCRIBE_PRODUCERS: lambda h, b, s: describe_producers(rm, b),
+        }
 
     @staticmethod
     def _group_handlers(coordinator: CoordinatorService) -> dict[int, Handler]:
@@ -428,25 +443,6 @@ class RequestHandler:
         # As create_topics: a broker's forward (authenticated) is answered here or refused.
         return self.link.delete_topics(body["topic_names"], forwarded=session.principal is not None)
 
-    def create_partitions(
-        self, header: RequestHeader, body: dict, session: ConnectionSession
-    ) -> dict | PendingResponse:
-        # As create_topics: a broker's forward (authenticated) is answered here or refused.
-        return self.link.create_partitions(
-            body["topics"], body["validate_only"], forwarded=session.principal is not None
-        )
-
-    def alter_configs(
-        self, header: RequestHeader, body: dict, session: ConnectionSession
-    ) -> dict | PendingResponse:
-        # As create_topics: a broker's forward (authenticated) is answered here or refused.
-        return self.link.alter_configs(body, forwarded=session.principal is not None)
-
-    def describe_configs(
-        self, header: RequestHeader, body: dict, session: ConnectionSession
-    ) -> dict:
-        return describe_configs(body, self.cache.metadata, self.config, self.broker_id)
-
     def offset_for_leader_epoch(
         self, header: RequestHeader, body: dict, session: ConnectionSession
     ) -> dict:
@@ -515,21 +511,6 @@ class RequestHandler:
         if refusal is not None:
             return refusal
         return self.replica_manager.list_offsets(body)
-
-    def delete_records(
-        self, header: RequestHeader, body: dict, session: ConnectionSession
-    ) -> dict | PendingResponse:
-        return self.replica_manager.delete_records(body, session)
-
-    def describe_log_dirs(
-        self, header: RequestHeader, body: dict, session: ConnectionSession
-    ) -> dict:
-        return describe_log_dirs(self.replica_manager, body)
-
-    def describe_producers(
-        self, header: RequestHeader, body: dict, session: ConnectionSession
-    ) -> dict:
-        return describe_producers(self.replica_manager, body)
 
     def broker_stats(self, header: RequestHeader, body: dict, session: ConnectionSession) -> dict:
         return {"error_code": 0, "broker_id": self.broker_id, "stats": self.stats()}

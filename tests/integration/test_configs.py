@@ -84,6 +84,13 @@ def test_confluent_kafka_alters_topic_configs_and_describe_shows_the_source(clus
     cleanup = rd_set(admin, ResourceType.TOPIC, "rd-cfg", cleanup_policy="compact")
     [future] = cleanup.values()
     assert future.result(30) is None
+    wait_until(  # any broker answers: it applies a change a moment after the commit
+        lambda: (
+            rd_describe(admin, ResourceType.TOPIC, "rd-cfg")["cleanup.policy"].value == "compact"
+        ),
+        30,
+        "the change on the broker asked",
+    )
     described = rd_describe(admin, ResourceType.TOPIC, "rd-cfg")
     assert described["retention.ms"].value == "60000"
     assert described["retention.ms"].source == RdSource.DYNAMIC_TOPIC_CONFIG.value
@@ -123,14 +130,18 @@ def test_kafka_python_alter_configs_replaces_and_describes(cluster):
         assert admin.alter_configs([resource(two)], incremental=False) == {
             "topic": {"kp-cfg": "OK"}
         }
-        assert modified() == two
+        # The answer comes once the controller committed; the broker asked next applies
+        # the change a moment later (as a Kafka broker does): wait on it.
+        wait_until(lambda: modified() == two, 30, "the alteration on the broker asked")
         # AlterConfigs replaces the whole set (kafka-python sends the other modified keys
         # along, so segment.ms stays; a bare AlterConfigs drops it: the next test).
         admin.alter_configs([resource({"retention.ms": "7000"})], incremental=False)
-        assert modified() == {"retention.ms": "7000", "segment.ms": "9000"}
+        wanted = {"retention.ms": "7000", "segment.ms": "9000"}
+        wait_until(lambda: modified() == wanted, 30, "the second alteration")
         # IncrementalAlterConfigs sets one and keeps the rest.
         admin.alter_configs([resource({"segment.ms": "8000"})], incremental=True)
-        assert modified() == {"retention.ms": "7000", "segment.ms": "8000"}
+        wanted = {"retention.ms": "7000", "segment.ms": "8000"}
+        wait_until(lambda: modified() == wanted, 30, "the incremental alteration")
         everything = admin.describe_configs([resource(None)], config_filter="all")
         entry = everything["topic"]["kp-cfg"]["segment.bytes"]
         assert entry["config_source"] == "DEFAULT_CONFIG" and entry["config_type"] == "LONG"
@@ -157,7 +168,7 @@ def test_alter_configs_replaces_the_whole_set_on_both_listeners(cluster):
     assert dynamic(cluster, "raw-cfg") == {"retention.ms": "7000"}
     with SyncAdmin(cluster.bootstrap) as admin:  # the bundled Admin's alter_configs: the same
         admin.alter_configs({MbResource("topic", "raw-cfg"): {"segment.ms": "1000"}})
-    assert dynamic(cluster, "raw-cfg") == {"segment.ms": "1000"}
+    wait_until(lambda: dynamic(cluster, "raw-cfg") == {"segment.ms": "1000"}, 30, "replaced")
 
 
 def dynamic(cluster, topic: str) -> dict:
@@ -204,20 +215,24 @@ def test_topic_configs_apply_live_to_produce_and_retention(cluster):
 
 
 def test_bundled_admin_appends_to_and_subtracts_from_a_list_config(cluster):
+    def policy() -> str | None:  # (any broker answers: it applies a change just after commit)
+        return mb_describe(cluster, "topic", "mb-list")["cleanup.policy"].value
+
     with SyncAdmin(cluster.bootstrap) as admin:
         admin.create_topics([NewTopic("mb-list", 1, 1)])
         topic = MbResource("topic", "mb-list")
         admin.incremental_alter_configs(
             {topic: [AlterConfigOp("cleanup.policy", "compact", "append")]}
         )
-        assert mb_describe(cluster, "topic", "mb-list")["cleanup.policy"].value == "compact"
+        wait_until(lambda: policy() == "compact", 30, "compact appended")
         admin.incremental_alter_configs(
             {topic: [AlterConfigOp("cleanup.policy", "delete", "append")]}
         )
-        assert mb_describe(cluster, "topic", "mb-list")["cleanup.policy"].value == "compact,delete"
+        wait_until(lambda: policy() == "compact,delete", 30, "delete appended")
         admin.incremental_alter_configs(
             {topic: [AlterConfigOp("cleanup.policy", "compact", "subtract")]}
         )
+        wait_until(lambda: policy() == "delete", 30, "compact subtracted")
         entry = mb_describe(cluster, "topic", "mb-list")["cleanup.policy"]
         assert (entry.value, entry.source) == ("delete", "DYNAMIC_TOPIC_CONFIG")
         with pytest.raises(InvalidConfig, match=r"retention\.ms"):
@@ -269,6 +284,13 @@ def test_broker_configs_layer_with_their_sources(cluster):
     # A topic without its own retention inherits the new default.
     with SyncAdmin(cluster.bootstrap) as mb:
         mb.create_topics([NewTopic("mb-inherit", 1, 1)])
+    wait_until(
+        lambda: (
+            mb_describe(cluster, "topic", "mb-inherit")["retention.ms"].source != "DEFAULT_CONFIG"
+        ),
+        30,
+        "the inherited dynamic default",
+    )
     entry = mb_describe(cluster, "topic", "mb-inherit")["retention.ms"]
     assert entry.value in ("3600000", "7200000") and entry.source.startswith("DYNAMIC_")
     # A setting that cannot change at runtime, or a bad value: INVALID_CONFIG naming it.
@@ -319,6 +341,11 @@ def test_cli_configs_alter_and_describe(cluster):
     )  # fmt: skip
     assert altered.returncode == 0, altered.stderr
     assert "Completed updating config for topic cli-cfg." in altered.stdout
+    wait_until(
+        lambda: "retention.ms=1000" in cli("configs", "describe", *topic, *at).stdout,
+        30,
+        "the change on the broker asked",
+    )
     described = cli("configs", "describe", *topic, *at)
     assert described.returncode == 0, described.stderr
     assert "  retention.ms=1000 (DYNAMIC_TOPIC_CONFIG)" in described.stdout
@@ -327,7 +354,11 @@ def test_cli_configs_alter_and_describe(cluster):
     assert "segment.bytes=" in cli("configs", "describe", *topic, "--all", *at).stdout
     deleted = cli("configs", "alter", *topic, "--delete-config", "retention.ms", *at)
     assert deleted.returncode == 0, deleted.stderr
-    assert "retention.ms" not in cli("configs", "describe", *topic, *at).stdout
+    wait_until(
+        lambda: "retention.ms" not in cli("configs", "describe", *topic, *at).stdout,
+        30,
+        "retention.ms deleted",
+    )
     bad = cli("configs", "alter", *topic, "--add-config", "retention.ms=soon", *at)
     assert bad.returncode != 0 and "INVALID_CONFIG" in bad.stderr and "retention.ms" in bad.stderr
     assert "Traceback" not in bad.stderr
@@ -337,6 +368,9 @@ def test_cli_configs_alter_and_describe(cluster):
     )
     ok = cli("configs", "alter", *brokers, "--add-config", "log.roll.ms=86400000", *at)
     assert ok.returncode == 0, ok.stderr
+    wait_until(
+        lambda: "log.roll.ms" in cli("configs", "describe", *brokers, *at).stdout, 30, "log.roll.ms"
+    )
     shown = cli("configs", "describe", *brokers, *at)
     assert "  log.roll.ms=86400000 (DYNAMIC_DEFAULT_BROKER_CONFIG)" in shown.stdout
     cli("configs", "alter", *brokers, "--delete-config", "log.roll.ms", *at)

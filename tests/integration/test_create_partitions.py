@@ -243,12 +243,13 @@ def test_cli_topics_alter_adds_partitions(cluster):
     )
     assert grown.returncode == 0, grown.stderr
     assert "Grew topic cli-grow to 3 partition(s)." in grown.stdout
-    assert len(partitions_of(cluster, "cli-grow")) == 3
+    wait_until(lambda: len(partitions_of(cluster, "cli-grow")) == 3, 30, "3 partitions")
     manual = cli(
         "topics", "alter", "cli-grow", "--partitions", "4", "--replica-assignment", "1:0",
         "--bootstrap", cluster.bootstrap,
     )  # fmt: skip
     assert manual.returncode == 0, manual.stderr
+    wait_until(lambda: len(partitions_of(cluster, "cli-grow")) == 4, 30, "4 partitions")
     assert partitions_of(cluster, "cli-grow")[3].replicas == [1, 0]
     fewer = cli(
         "topics", "alter", "cli-grow", "--partitions", "2", "--bootstrap", cluster.bootstrap
