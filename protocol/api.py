@@ -354,6 +354,7 @@ FETCH_RESP = struct(
 
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
+MAX_TIMESTAMP = -3  # KIP-734: the record with the largest timestamp (Kafka's ListOffsets v7+)
 
 LIST_OFFSETS_REQ = struct(
     {"topics": _per_partition({"timestamp": INT64})},
@@ -716,6 +717,7 @@ __all__ = [
     "INT64",
     "ITEM_VERDICT_APIS",
     "LATEST_TIMESTAMP",
+    "MAX_TIMESTAMP",
     "NEWEST_VERSIONS",
     "SCHEMAS",
     "ApiKey",

@@ -667,6 +667,32 @@ class Log:
                         return offset, first_ts + row[0]
         return None
 
+    def max_timestamp_offset(self, upper: int) -> tuple[int, int] | None:
+        """KIP-734's MAX_TIMESTAMP: the first record carrying the largest timestamp among
+        the records below ``upper`` (the HW), as (offset, timestamp); None for an empty log.
+        The segment holding it by its max timestamp, then its headers, then one batch."""
+        best: tuple[int, Segment] | None = None
+        for segment in self.segments:
+            if segment.base_offset >= upper:
+                break
+            if best is None or segment.max_timestamp > best[0]:
+                best = (segment.max_timestamp, segment)
+        if best is None or best[0] < 0:
+            return None
+        top, segment = best
+        found = first_batch_reaching(segment, top, self.log_start_offset)
+        if found is None:
+            return None
+        position, size = found
+        batch = segment.pread(size, position)
+        for base, first_ts, rows in batch_rows(batch, min_offset=self.log_start_offset):
+            for offset, row in enumerate(rows, start=base):
+                if offset >= upper:
+                    return None  # (its record is past the bound: not answered yet)
+                if first_ts + row[0] >= top:
+                    return offset, first_ts + row[0]
+        return None
+
     def delete_old_segments(self, high_watermark: int | None = None) -> int:
         """Retention by time, then size; the active segment is never deleted.
 

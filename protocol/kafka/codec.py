@@ -87,7 +87,8 @@ SPEC_NAMES = {
 SUPPORTED: dict[int, tuple[int, int]] = {
     KafkaApi.PRODUCE: (3, 8),
     KafkaApi.FETCH: (4, 11),
-    KafkaApi.LIST_OFFSETS: (1, 5),
+    # v6 is flexible, v7 carries MAX_TIMESTAMP (-3, KIP-734); v8+ (tiered storage) is not.
+    KafkaApi.LIST_OFFSETS: (1, 7),
     KafkaApi.METADATA: (0, 8),
     KafkaApi.API_VERSIONS: (0, 3),
     KafkaApi.CREATE_TOPICS: (0, 4),

@@ -170,3 +170,19 @@ def test_kafka_python_offsets_for_times_is_record_exact(cluster):
             assert (found.offset, found.timestamp) == (i, base + i)
     finally:
         consumer.close()
+
+
+def test_max_timestamp_lists_the_record_with_the_largest_time(cluster):
+    from confluent_kafka.admin import OffsetSpec
+
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    admin.create_topics([RdNewTopic("rd-max-ts", 1, 3)])["rd-max-ts"].result(30)
+    cluster.wait_for_leader("rd-max-ts")
+    producer = RdProducer({"bootstrap.servers": cluster.kafka_bootstrap, "linger.ms": 0})
+    for i, ts in enumerate((1000, 5000, 3000, 5000, 2000)):
+        producer.produce("rd-max-ts", f"r{i}".encode(), partition=0, timestamp=ts)
+        producer.flush(30)  # one batch each
+    tp = RdTopicPartition("rd-max-ts", 0)
+    [future] = admin.list_offsets({tp: OffsetSpec.max_timestamp()}).values()
+    answer = future.result(30)
+    assert (answer.offset, answer.timestamp) == (1, 5000)  # the first record carrying it

@@ -78,3 +78,15 @@ def test_delete_records_moves_the_start_and_a_restart_keeps_it(tmp_path: Path) -
     assert log.log_start_offset == 5 and read_start_offset(tmp_path) == 5
     log.close()
     assert open_log(tmp_path, segment_bytes=1).log_start_offset == 5
+
+
+def test_max_timestamp_is_the_first_record_with_the_largest_time_below_the_bound(
+    tmp_path: Path,
+) -> None:
+    log = open_log(tmp_path, segment_bytes=1)  # a segment per batch
+    assert log.max_timestamp_offset(10) is None
+    log.append_as_leader(batch(vals(3), ts=100), 0)  # 0-2: 100..102
+    log.append_as_leader(batch(vals(3), ts=500), 0)  # 3-5: 500..502 (the largest: 5)
+    log.append_as_leader(batch(vals(3), ts=200), 0)  # 6-8
+    assert log.max_timestamp_offset(9) == (5, 502)
+    assert log.max_timestamp_offset(3) == (2, 102)  # below the HW only
