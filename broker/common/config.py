@@ -58,6 +58,13 @@ DEFS: dict[str, ConfigDef] = {
         "A topic's default cleanup.policy: delete (retention), compact or compact,delete.",
         choices=("delete", "compact", "compact,delete", "delete,compact"),
     ),
+    "compression.type": ConfigDef(
+        str,
+        "producer",
+        "A topic's default compression.type: the codec stock clients' batches are stored "
+        "with (re-encoded on the leader's append), or producer to keep theirs.",
+        choices=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
+    ),
     "log.cleaner.enable": ConfigDef(
         bool, True, "Run the log cleaner that compacts cleanup.policy=compact topics."
     ),

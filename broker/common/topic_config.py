@@ -79,6 +79,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {
         _def("min.compaction.lag.ms", "log.cleaner.min.compaction.lag.ms", 0, LONG_MAX, "Never clean records younger than this."),
         _def("message.timestamp.difference.max.ms", "log.message.timestamp.difference.max.ms", 0, LONG_MAX, "Deprecated: the default of the two below."),
         _def("message.timestamp.before.max.ms", "log.message.timestamp.before.max.ms", 0, LONG_MAX, "A record's timestamp at most this far before the broker's clock."),
+        TopicConfigDef("compression.type", "compression.type", 0, 0, "Codec of stored batches; producer keeps the producer's.", str, ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")),
         _def("message.timestamp.after.max.ms", "log.message.timestamp.after.max.ms", 0, LONG_MAX, "A record's timestamp at most this far after the broker's clock."),
     )
 }  # fmt: skip
@@ -133,6 +134,7 @@ LOG_CONFIG_FIELDS = {
     "message_timestamp_difference_max_ms": "message.timestamp.difference.max.ms",
     "message_timestamp_before_max_ms": "message.timestamp.before.max.ms",
     "message_timestamp_after_max_ms": "message.timestamp.after.max.ms",
+    "compression_type": "compression.type",
 }
 
 

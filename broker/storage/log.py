@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from minibroker.broker.storage.producer_state import ProducerStateManager
+from minibroker.broker.storage.recompress import PRODUCER, recompressed
 from minibroker.broker.storage.record_validation import validate_records
 from minibroker.broker.storage.segment import (
     BatchInfo,
@@ -80,6 +81,8 @@ class LogConfig:
     message_timestamp_before_max_ms: int = 2**63 - 1
     message_timestamp_after_max_ms: int = 2**63 - 1
     max_decompressed_bytes: int = 64 * 1024 * 1024  # the broker's message.max.decompressed.bytes
+    # The codec stored batches get (storage/recompress.py); producer: as they came.
+    compression_type: str = "producer"
 
     @property
     def timestamp_before_max_ms(self) -> int:
@@ -359,6 +362,11 @@ class Log:
         place, write."""
         batches = self._validate(records)
         config = self.config
+        if config.compression_type != PRODUCER:
+            rebuilt = recompressed(records, batches, config.compression_type)
+            if rebuilt is not None:
+                records = rebuilt
+                batches = self._validate(records)
         validate_records(
             records,
             batches,

@@ -374,3 +374,70 @@ def test_cli_configs_alter_and_describe(cluster):
     shown = cli("configs", "describe", *brokers, *at)
     assert "  log.roll.ms=86400000 (DYNAMIC_DEFAULT_BROKER_CONFIG)" in shown.stdout
     cli("configs", "alter", *brokers, "--delete-config", "log.roll.ms", *at)
+
+
+# --- compression.type ---------------------------------------------------------------------
+
+
+def stored_codec(cluster, topic: str) -> int:
+    """The codec of the first batch the leader serves (a raw Kafka Fetch v4)."""
+    from minibroker.protocol.kafka import records as kr
+
+    header = KafkaRequestHeader(KafkaApi.FETCH, 4, 9, "codec-check")
+    body = {
+        "replica_id": -1,
+        "max_wait_ms": 0,
+        "min_bytes": 0,
+        "max_bytes": 1 << 20,
+        "isolation_level": 0,
+        "topics": [
+            {
+                "topic": topic,
+                "partitions": [{"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}],
+            }
+        ],
+    }
+    answer = ask(cluster, cluster.leader(topic), header, body)
+    records = answer["responses"][0]["partitions"][0]["records"]
+    return kr.unpack_header(records).compression
+
+
+def test_compression_type_reencodes_a_stock_clients_batches(cluster):
+    from confluent_kafka import Consumer, Producer
+
+    from minibroker.protocol.kafka import records as kr
+
+    admin = rd_admin(cluster)
+    topic = RdNewTopic("rd-gzip", 1, 3, config={"compression.type": "gzip"})
+    admin.create_topics([topic])["rd-gzip"].result(30)
+    cluster.wait_for_leader("rd-gzip")
+    producer = Producer({"bootstrap.servers": cluster.kafka_bootstrap, "compression.type": "none"})
+    for i in range(20):
+        producer.produce("rd-gzip", b"value-%d" % i, partition=0)
+    assert producer.flush(30) == 0
+    assert stored_codec(cluster, "rd-gzip") == kr.GZIP
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "group.id": "rd-gzip",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        consumer.subscribe(["rd-gzip"])
+        values: list[bytes] = []
+
+        def read() -> bool:
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                values.append(message.value())
+            return len(values) == 20
+
+        wait_until(read, 60, "the 20 records", poll=0)
+        assert values == [b"value-%d" % i for i in range(20)]
+    finally:
+        consumer.close()
+    bad = rd_set(admin, ResourceType.TOPIC, "rd-gzip", compression_type="brotli")
+    with pytest.raises(KafkaException) as refused:
+        next(iter(bad.values())).result(30)
+    assert refused.value.args[0].code() == ErrorCode.INVALID_CONFIG
