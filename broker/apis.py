@@ -30,6 +30,7 @@ from minibroker.broker.controller.producer_ids import ProducerIdManager
 from minibroker.broker.coordinator import CoordinatorService
 from minibroker.broker.metadata.cache import MetadataCache
 from minibroker.broker.metadata.check import topic_name_error
+from minibroker.broker.metadata.config_view import describe_configs
 from minibroker.broker.network.cluster_auth import Authenticator
 from minibroker.broker.network.deferral import RequestDeferral
 from minibroker.broker.network.faults import FaultError, FaultInjector
@@ -39,6 +40,7 @@ from minibroker.broker.quota import ClientQuotas
 from minibroker.broker.raft.driver import QuorumDriver
 from minibroker.broker.raft.wire import QUORUM_APIS, SENDER_FIELDS
 from minibroker.broker.replication.fetch_request import FetchRequest
+from minibroker.broker.replication.log_dirs import describe_log_dirs, describe_producers
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.broker.transaction import TransactionService
 from minibroker.protocol import (
@@ -64,6 +66,12 @@ WAIT_FOR_METADATA = frozenset(
         ApiKey.METADATA,
         ApiKey.CREATE_TOPICS,
         ApiKey.DELETE_TOPICS,
+        ApiKey.CREATE_PARTITIONS,
+        ApiKey.INCREMENTAL_ALTER_CONFIGS,
+        ApiKey.DESCRIBE_CONFIGS,
+        ApiKey.DELETE_RECORDS,
+        ApiKey.DESCRIBE_LOG_DIRS,
+        ApiKey.DESCRIBE_PRODUCERS,
         ApiKey.PRODUCE,
         ApiKey.FETCH,
         ApiKey.LIST_OFFSETS,
@@ -172,6 +180,7 @@ class RequestHandler:
             ApiKey.SASL_HANDSHAKE: self.sasl_handshake,
             ApiKey.SASL_AUTHENTICATE: self.sasl_authenticate,
         }
+        handlers.update(self._admin_handlers())
         for key in QUORUM_APIS:
             handlers[key] = self.quorum
         if self.coordinator is not None:
@@ -204,6 +213,26 @@ class RequestHandler:
             ApiKey.DESCRIBE_TRANSACTIONS: body_only(txns.describe_transactions),
         }
 
+    def _admin_handlers(self) -> dict[int, Handler]:
+        """Issue 38's admin APIs, each answered by its own subsystem: controller changes go
+        through the link as CreateTopics does (an authenticated peer's request was forwarded
+        to us: answered here or refused), the rest from this broker's replicas and metadata."""
+        link, rm = self.link, self.replica_manager
+        return {
+            ApiKey.CREATE_PARTITIONS: lambda h, b, s: link.create_partitions(
+                b["topics"], b["validate_only"], forwarded=s.principal is not None
+            ),
+            ApiKey.INCREMENTAL_ALTER_CONFIGS: lambda h, b, s: link.alter_configs(
+                b, forwarded=s.principal is not None
+            ),
+            ApiKey.DESCRIBE_CONFIGS: lambda h, b, s: describe_configs(
+                b, self.cache.metadata, self.config, self.broker_id
+            ),
+            ApiKey.DELETE_RECORDS: lambda h, b, s: rm.delete_records(b, s),
+            ApiKey.DESCRIBE_LOG_DIRS: lambda h, b, s: describe_log_dirs(rm, b),
+            ApiKey.DESCRIBE_PRODUCERS: lambda h, b, s: describe_producers(rm, b),
+        }
+
     @staticmethod
     def _group_handlers(coordinator: CoordinatorService) -> dict[int, Handler]:
         """The consumer-group APIs, answered by broker/coordinator (client_id and the peer's
@@ -227,6 +256,7 @@ class RequestHandler:
             ApiKey.LIST_GROUPS: body_only(coordinator.list_groups),
             ApiKey.DESCRIBE_GROUPS: body_only(coordinator.describe_groups),
             ApiKey.DELETE_GROUPS: body_only(coordinator.delete_groups),
+            ApiKey.OFFSET_DELETE: body_only(coordinator.delete_offsets),
         }
         return {key: answer_in_asked_version(key, handler) for key, handler in handlers.items()}
 

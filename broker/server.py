@@ -27,6 +27,7 @@ from minibroker.broker.common.descriptors import (
     fd_limit,
     raise_fd_limit,
 )
+from minibroker.broker.common.dynamic_config import DynamicBrokerConfig
 from minibroker.broker.common.gc_policy import collect_garbage_rarely
 from minibroker.broker.common.logs import log_lines_dropped, write_fatal_line
 from minibroker.broker.common.tasks import BackgroundTasks
@@ -106,6 +107,9 @@ class Broker:
         logger: Any,
     ) -> None:
         self.broker_id = broker_id
+        # Every subsystem reads this one object: the metadata's dynamic broker configs
+        # (IncrementalAlterConfigs) are layered into it in place as they commit.
+        config = DynamicBrokerConfig(config)
         # (host, port) of the Kafka listener; () when kafka.listener is off.
         self.kafka_address = kafka_listener(config) or ()
         kafka_host, kafka_port = self.kafka_address or ("", 0)

@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what type checkers and editors see; at run time, __getattr__ below
     from minibroker.client import errors
     from minibroker.client.accumulator import DeliveryHandle
-    from minibroker.client.admin import Admin, NewTopic, TopicDescription
+    from minibroker.client.admin import (
+        Admin,
+        AlterConfigOp,
+        ConfigEntry,
+        ConfigResource,
+        NewPartitions,
+        NewTopic,
+        TopicDescription,
+    )
     from minibroker.client.cluster import BrokerInfo, PartitionInfo
     from minibroker.client.config import DEFAULT_BOOTSTRAP, load_config
     from minibroker.client.consumer import Consumer
@@ -36,6 +44,10 @@ _PUBLIC = {
     "DeliveryHandle": "minibroker.client.accumulator",
     "Admin": "minibroker.client.admin",
     "NewTopic": "minibroker.client.admin",
+    "NewPartitions": "minibroker.client.admin",
+    "AlterConfigOp": "minibroker.client.admin",
+    "ConfigEntry": "minibroker.client.admin",
+    "ConfigResource": "minibroker.client.admin",
     "TopicDescription": "minibroker.client.admin",
     "BrokerInfo": "minibroker.client.cluster",
     "PartitionInfo": "minibroker.client.cluster",
@@ -65,11 +77,15 @@ __all__ = [
     "EARLIEST_TIMESTAMP",
     "LATEST_TIMESTAMP",
     "Admin",
+    "AlterConfigOp",
     "BrokerInfo",
     "BufferFull",
+    "ConfigEntry",
+    "ConfigResource",
     "Consumer",
     "ConsumerRecord",
     "DeliveryHandle",
+    "NewPartitions",
     "NewTopic",
     "OffsetAndTimestamp",
     "PartitionInfo",

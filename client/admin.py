@@ -9,11 +9,17 @@ from typing import Any
 
 import trio
 
-from minibroker.client import group_admin, quota_admin
+from minibroker.client import broker_admin, config_admin, group_admin, quota_admin
 from minibroker.client.background import ClusterClient
 from minibroker.client.cluster import BrokerInfo, Cluster, PartitionInfo
+from minibroker.client.config_admin import AlterConfigOp, ConfigEntry, ConfigResource
 from minibroker.client.group_admin import GroupDescription, GroupListing
-from minibroker.client.offsets import OffsetAndTimestamp, list_offsets, lookup_retries
+from minibroker.client.offsets import (
+    OffsetAndTimestamp,
+    delete_records,
+    list_offsets,
+    lookup_retries,
+)
 from minibroker.client.records import TopicPartition
 from minibroker.protocol import ApiKey
 from minibroker.protocol.api import ELECTION_PREFERRED, ELECTION_UNCLEAN
@@ -25,7 +31,17 @@ from minibroker.protocol.errors import (
     raise_for,
 )
 
-__all__ = ["Admin", "BrokerInfo", "NewTopic", "PartitionInfo", "TopicDescription"]
+__all__ = [
+    "Admin",
+    "AlterConfigOp",
+    "BrokerInfo",
+    "ConfigEntry",
+    "ConfigResource",
+    "NewPartitions",
+    "NewTopic",
+    "PartitionInfo",
+    "TopicDescription",
+]
 
 
 @dataclass
@@ -34,6 +50,17 @@ class NewTopic:
     num_partitions: int = -1  # -1: the broker's num.partitions
     replication_factor: int = -1  # -1: the broker's default.replication.factor
     configs: dict[str, str] = field(default_factory=dict)
+    # One replica list per partition (the first live one leads); the counts stay -1.
+    replica_assignments: list[list[int]] | None = None
+
+
+@dataclass
+class NewPartitions:
+    """Kafka's NewPartitions.increaseTo: the topic's new partition count and, optionally,
+    one replica list per new partition (None: the controller places them)."""
+
+    total_count: int
+    assignments: list[list[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +119,7 @@ class Admin(ClusterClient):
                     "num_partitions": t.num_partitions,
                     "replication_factor": t.replication_factor,
                     "configs": {k: str(v) for k, v in t.configs.items()},
+                    "assignments": t.replica_assignments,
                 }
                 for t in topics
             ],
@@ -127,6 +155,43 @@ class Admin(ClusterClient):
         deleted = [name for name, error in outcome.items() if error is None]
         if wait_for_removal and deleted:
             await self._wait_for_removal(deleted, timeout_ms / 1000)
+        return outcome
+
+    async def create_partitions(
+        self,
+        new_partitions: Mapping[str, int | NewPartitions],
+        *,
+        timeout_ms: int = 30000,
+        validate_only: bool = False,
+        wait_for_leaders: bool = True,
+        raise_errors: bool = True,
+    ) -> dict[str, KafkaError | None]:
+        """Grow topics to a new partition count (Kafka's createPartitions); per topic None
+        when grown, else its error: InvalidPartitions for a count that is not an increase,
+        InvalidReplicaAssignment for assignments that do not fit, UnknownTopicOrPartition.
+
+        Producers and consumers see the new partitions on their next metadata refresh
+        (``metadata.max.age.ms``); a group subscribed to the topic rebalances then.
+        """
+        wanted = {
+            name: spec if isinstance(spec, NewPartitions) else NewPartitions(spec)
+            for name, spec in new_partitions.items()
+        }
+        body = {
+            "topics": [
+                {"name": name, "count": spec.total_count, "assignments": spec.assignments}
+                for name, spec in wanted.items()
+            ],
+            "timeout_ms": timeout_ms,
+            "validate_only": validate_only,
+        }
+        response = await self._controller_request(
+            ApiKey.CREATE_PARTITIONS, body, timeout_ms / 1000 + 5
+        )
+        outcome = _outcome(response["results"], raise_errors)
+        grown = {n: wanted[n].total_count for n, error in outcome.items() if error is None}
+        if wait_for_leaders and grown and not validate_only:
+            await self._wait_for_leaders(list(grown), timeout_ms / 1000, grown)
         return outcome
 
     async def _wait_for_removal(self, names: list[str], timeout: float) -> None:
@@ -167,16 +232,20 @@ class Admin(ClusterClient):
                 continue
         raise NotController("could not find the controller (is the cluster still starting?)")
 
-    async def _wait_for_leaders(self, names: list[str], timeout: float) -> None:
+    async def _wait_for_leaders(
+        self, names: list[str], timeout: float, counts: Mapping[str, int] | None = None
+    ) -> None:
         """Until every new partition has a leader that itself knows it leads (or cannot be
         reached): each broker applies committed metadata on its own, so the broker that
-        answers the metadata may be ahead of the leader a first produce goes to."""
+        answers the metadata may be ahead of the leader a first produce goes to.
+        ``counts``: the partition count a grown topic must show first."""
         cluster = self._open()
         with trio.move_on_after(timeout):
             while True:
                 await cluster.refresh(names)
                 if all(
-                    cluster.partition_count(n) and all(p.leader >= 0 for p in cluster.topics[n])
+                    (cluster.partition_count(n) or 0) >= (counts or {}).get(n, 1)
+                    and all(p.leader >= 0 for p in cluster.topics[n])
                     for n in names
                 ) and await self._leaders_know(names):
                     return
@@ -340,6 +409,75 @@ class Admin(ClusterClient):
         wanted = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
         return await list_offsets(self._open(), wanted, **lookup_retries(self.config))
 
+    async def delete_records(
+        self, before: Mapping[tuple[str, int], int]
+    ) -> dict[TopicPartition, int]:
+        """Kafka's Admin.deleteRecords: ``{(topic, partition): offset}`` (-1: the high
+        watermark) -> each partition's new low watermark (log start offset). Records below
+        it are gone for every consumer; an offset past the high watermark raises
+        OffsetOutOfRange."""
+        wanted = {TopicPartition(*tp): offset for tp, offset in before.items()}
+        return await delete_records(self._open(), wanted)
+
+    async def describe_log_dirs(
+        self, brokers: Iterable[int] | None = None
+    ) -> dict[int, dict[str, broker_admin.LogDirDescription]]:
+        """Per broker (default: all), its log directory and each replica's size on disk."""
+        cluster = self._open()
+        if brokers is None:
+            await cluster.refresh(())
+            brokers = sorted(cluster.brokers)
+        return await broker_admin.describe_log_dirs(cluster, brokers)
+
+    async def describe_producers(
+        self, partitions: Iterable[tuple[str, int]]
+    ) -> dict[TopicPartition, list[broker_admin.ProducerState]]:
+        """Each partition's active idempotent producers (id, epoch, last sequence and
+        timestamp), from its leader."""
+        return await broker_admin.describe_producers(self._open(), partitions)
+
+    # --- configs (client/config_admin.py) ----------------------------------------------------
+
+    async def describe_configs(
+        self, resources: Iterable[ConfigResource]
+    ) -> dict[ConfigResource, dict[str, ConfigEntry]]:
+        """Each resource's configs by name, with each value's source (DYNAMIC_TOPIC_CONFIG,
+        DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG,
+        DEFAULT_CONFIG); a broker is asked about itself."""
+        return await config_admin.describe(self._open(), resources)
+
+    async def incremental_alter_configs(
+        self,
+        changes: Mapping[ConfigResource, Iterable[AlterConfigOp]],
+        *,
+        validate_only: bool = False,
+        timeout_ms: int = 30000,
+        raise_errors: bool = True,
+    ) -> dict[ConfigResource, KafkaError | None]:
+        """Kafka's incrementalAlterConfigs: set, delete, append or subtract single configs of
+        topics and brokers (a bad key or value: InvalidConfig naming it). Applied live on
+        every broker once committed."""
+        return await config_admin.alter(
+            self._controller_request, changes, validate_only=validate_only, replace=False,
+            timeout_ms=timeout_ms, raise_errors=raise_errors,
+        )  # fmt: skip
+
+    async def alter_configs(
+        self,
+        configs: Mapping[ConfigResource, Mapping[str, str]],
+        *,
+        validate_only: bool = False,
+        timeout_ms: int = 30000,
+        raise_errors: bool = True,
+    ) -> dict[ConfigResource, KafkaError | None]:
+        """Kafka's (legacy) alterConfigs: each resource's whole dynamic config becomes the
+        given map (configs left out return to their defaults)."""
+        changes = {r: [AlterConfigOp(k, str(v)) for k, v in c.items()] for r, c in configs.items()}
+        return await config_admin.alter(
+            self._controller_request, changes, validate_only=validate_only, replace=True,
+            timeout_ms=timeout_ms, raise_errors=raise_errors,
+        )  # fmt: skip
+
     # --- consumer groups (client/group_admin.py) ----------------------------------------------
 
     async def list_consumer_groups(self) -> list[GroupListing]:
@@ -357,6 +495,14 @@ class Admin(ClusterClient):
 
     async def list_consumer_group_offsets(self, group_id: str) -> dict[TopicPartition, int]:
         return await group_admin.group_offsets(self._open(), group_id, self.config)
+
+    async def delete_consumer_group_offsets(
+        self, group_id: str, partitions: Iterable[tuple[str, int]]
+    ) -> dict[TopicPartition, KafkaError | None]:
+        """Kafka's deleteConsumerGroupOffsets: per partition None when its committed offset
+        is gone, else GroupSubscribedToTopic (a member of the group consumes that topic)."""
+        wanted = [TopicPartition(*tp) for tp in partitions]
+        return await group_admin.delete_group_offsets(self._open(), group_id, wanted, self.config)
 
     async def alter_consumer_group_offsets(
         self, group_id: str, offsets: dict[tuple[str, int], int]

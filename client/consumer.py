@@ -432,6 +432,9 @@ class Consumer(ClusterClient):
         group.last_poll = time.monotonic()
         if group.lost:
             await self._lose_partitions(group)
+        if group.partitions_changed() and self._join is None:
+            group.rejoin_needed = True
+            group.assigned_counts = None  # one rejoin per change
         if group.rejoin_needed or self._join is not None:
             await self._rejoin(group, deadline)
         if self.config["enable.auto.commit"] and time.monotonic() >= self._next_auto_commit:

@@ -93,6 +93,10 @@ class GroupMembership:
         self.lost = False  # the generation was lost while owning partitions (see above)
         self.last_poll = time.monotonic()
         self.join_started = 0.0  # monotonic time the latest join began (benchmarks read it)
+        # The leader's partition counts behind its last assignment (Kafka's
+        # assignmentSnapshot): when the metadata shows others (CreatePartitions), it rejoins
+        # so the new partitions get members. None on the other members.
+        self.assigned_counts: dict[str, int] | None = None
         self.backoff = config["retry.backoff.ms"] / 1000
 
     # --- coordinator ------------------------------------------------------------------------
@@ -229,6 +233,7 @@ class GroupMembership:
             self.protocol = joined["protocol_name"]
             sent = self.stamp()  # this generation's, as SyncGroup is asked
             assignments = []
+            self.assigned_counts = None
             if joined["leader"] == self.member_id:
                 assignments = await self._assign(joined["members"])
             synced = await self.call(
@@ -270,8 +275,17 @@ class GroupMembership:
         topics = sorted({t for s in subscriptions.values() for t in s.topics})
         await self.cluster.refresh(topics)
         counts = {t: self.cluster.partition_count(t) or 0 for t in topics}
+        self.assigned_counts = counts
         plan = ASSIGNORS[self.protocol or "range"](subscriptions, counts)
         return [{"member_id": m, "assignment": encode_assignment(tps)} for m, tps in plan.items()]
+
+    def partitions_changed(self) -> bool:
+        """Whether this member led the last assignment and a topic's partition count has
+        changed since (the metadata refresh of metadata.max.age.ms shows it)."""
+        counts = self.assigned_counts
+        return counts is not None and any(
+            (self.cluster.partition_count(t) or 0) != n for t, n in counts.items()
+        )
 
     # --- heartbeat ------------------------------------------------------------------------
 

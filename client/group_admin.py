@@ -122,3 +122,33 @@ async def alter_group_offsets(
     """Commit ``offsets`` from outside the group: refused (UNKNOWN_MEMBER_ID) unless the
     group is empty, as Kafka's alterConsumerGroupOffsets is."""
     await _outsider(cluster, group_id, config).commit(offsets)
+
+
+async def delete_group_offsets(
+    cluster: Cluster, group_id: str, partitions: Iterable[TopicPartition], config: Mapping
+) -> dict[TopicPartition, KafkaError | None]:
+    """Kafka's deleteConsumerGroupOffsets (OffsetDelete): per partition None when its
+    committed offset is gone, else GroupSubscribedToTopic (a member consumes the topic);
+    a group-wide refusal (GroupIdNotFound, NonEmptyGroup) raises."""
+    by_topic: dict[str, list[int]] = {}
+    for tp in partitions:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    body = {
+        "group_id": group_id,
+        "topics": [
+            {"name": t, "partitions": [{"partition_index": p} for p in ps]}
+            for t, ps in by_topic.items()
+        ],
+    }
+    answer = await _outsider(cluster, group_id, config).call(ApiKey.OFFSET_DELETE, body)
+    if answer["error_code"]:
+        raise error_class(answer["error_code"])(f"offsets of group {group_id}")
+    return {
+        TopicPartition(t["name"], p["partition_index"]): error_class(p["error_code"])(
+            f"{t['name']}-{p['partition_index']} of group {group_id}"
+        )
+        if p["error_code"]
+        else None
+        for t in answer["topics"]
+        for p in t["partitions"]
+    }

@@ -169,3 +169,52 @@ async def refine_by_time(
                 if record.timestamp >= timestamp:
                     return OffsetAndTimestamp(record.offset, record.timestamp)
     return found
+
+
+async def delete_records(
+    cluster: Cluster, wanted: dict[TopicPartition, int], *, attempts: int = 5, backoff: float = 0.1
+) -> dict[TopicPartition, int]:
+    """Kafka's Admin.deleteRecords: ``{tp: offset}`` (-1: the high watermark) -> ``{tp: low
+    watermark}``, from each partition's leader; a leader that moved is found again after a
+    metadata refresh. OffsetOutOfRange for an offset past the high watermark."""
+    results: dict[TopicPartition, int] = {}
+    todo = dict(wanted)
+    error: KafkaError | None = None
+    for attempt in range(attempts):
+        if attempt:
+            await trio.sleep(backoff)
+        await cluster.refresh({tp.topic for tp in todo})
+        by_node: dict[int, list[TopicPartition]] = defaultdict(list)
+        for tp in todo:
+            leader = cluster.leader(*tp)
+            if leader is None:
+                error = cluster_error(cluster, tp)
+            else:
+                by_node[leader].append(tp)
+        for node, tps in by_node.items():
+            by_topic: dict[str, list[dict]] = defaultdict(list)
+            for tp in tps:
+                by_topic[tp.topic].append({"partition": tp.partition, "offset": todo[tp]})
+            body = {"topics": [{"name": t, "partitions": p} for t, p in by_topic.items()]}
+            try:
+                response = await cluster.request(node, ApiKey.DELETE_RECORDS, body)
+            except KafkaError as exc:
+                if not exc.retriable:
+                    raise
+                error = exc
+                continue
+            for t in response["topics"]:
+                for p in t["partitions"]:
+                    tp = TopicPartition(t["name"], p["partition"])
+                    if p["error_code"]:
+                        exc = error_class(p["error_code"])(p.get("error_message") or str(tp))
+                        if not exc.retriable:
+                            raise exc
+                        error = exc
+                        continue
+                    results[tp] = p["low_watermark"]
+                    todo.pop(tp, None)
+        if not todo:
+            return results
+    assert error is not None
+    raise error

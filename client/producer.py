@@ -127,6 +127,8 @@ class Producer(ClusterClient):
         topic, _, _, partition, _, _ = fields
         if partition is None and topic not in self._cluster.topics:
             await self.wait_for_partitions(topic)
+        elif partition is not None and 0 < (self._cluster.partition_count(topic) or 0) <= partition:
+            await self._wait_for_partition(topic, partition)
         if self._acc.buffered_bytes >= self._buffer_memory:
             with trio.move_on_after(self._max_block_s):
                 while self._acc.buffered_bytes >= self._buffer_memory:
@@ -226,6 +228,18 @@ class Producer(ClusterClient):
                 topic, self._max_block_s, self.config["retry.backoff.ms"] / 1000
             )
         return self._cluster.partition_count(topic)
+
+    async def _wait_for_partition(self, topic: str, partition: int) -> None:
+        """A partition past the count this producer knows may have just been added
+        (CreatePartitions): refresh the metadata until it is there, up to max.block.ms, as
+        Kafka's waitOnMetadata does; past that the record fails (no such partition)."""
+        backoff = self.config["retry.backoff.ms"] / 1000
+        with trio.move_on_after(self._max_block_s):
+            while (self._cluster.partition_count(topic) or 0) <= partition:
+                await self._cluster.refresh([topic])
+                if (self._cluster.partition_count(topic) or 0) > partition:
+                    break
+                await trio.sleep(backoff)
 
     def partitions_for(self, topic: str) -> int | None:
         """Partition count from the metadata this producer has (None: not known yet)."""

@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "topics": (
         "minibroker.deploy.client_cli",
         "add_topics_arguments",
-        "create, delete, list and describe topics",
+        "create, delete, list, describe and alter topics",
     ),
     "produce": (
         "minibroker.deploy.client_cli",
@@ -46,6 +46,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "minibroker.deploy.groups_cli",
         "add_arguments",
         "list, describe, delete consumer groups",
+    ),
+    "configs": (
+        "minibroker.deploy.configs_cli",
+        "add_arguments",
+        "describe and alter topic and broker configs and client quotas (kafka-configs.sh)",
     ),
     "leaders": (
         "minibroker.deploy.leaders_cli",
@@ -66,11 +71,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "minibroker.deploy.chaos_cli",
         "add_arguments",
         "acks=all producers and a consumer under a seeded nemesis; check Kafka's promises",
-    ),
-    "configs": (
-        "minibroker.deploy.configs_cli",
-        "add_arguments",
-        "alter and describe configs (client quotas: --entity-type clients|users)",
     ),
     "stats": (
         "minibroker.deploy.stats_cli",

@@ -94,7 +94,18 @@ def add_topics_arguments(topics: argparse.ArgumentParser) -> None:
     delete = tsub.add_parser("delete", help="delete topics, their partitions and files")
     delete.add_argument("topics", nargs="+", metavar="TOPIC", help="topics to delete")
     delete.set_defaults(func=_cmd(_topics_delete))
-    for p in (create, lst, describe, delete):
+    alter = tsub.add_parser("alter", help="add partitions to a topic (kafka-topics.sh --alter)")
+    alter.add_argument("topic")
+    alter.add_argument("--partitions", type=int, required=True, help="the new partition count")
+    alter.add_argument(
+        "--replica-assignment",
+        metavar="B:B,B:B",
+        help="replicas of each new partition: partitions split by ',', brokers by ':' "
+        "(default: the controller places them)",
+    )
+    alter.add_argument("--validate-only", action="store_true", help="check, change nothing")
+    alter.set_defaults(func=_cmd(_topics_alter))
+    for p in (create, lst, describe, delete, alter):
         _common(p)
 
 
@@ -255,6 +266,30 @@ async def _topics_delete(args: argparse.Namespace) -> int:
         await admin.delete_topics(args.topics)
     for name in args.topics:
         print(f"Deleted topic {name}.")
+    return 0
+
+
+async def _topics_alter(args: argparse.Namespace) -> int:
+    from minibroker.client import Admin, NewPartitions
+
+    assignments = None
+    if args.replica_assignment:
+        try:
+            assignments = [
+                [int(b) for b in part.split(":")] for part in args.replica_assignment.split(",")
+            ]
+        except ValueError:
+            raise CliError(
+                f"--replica-assignment {args.replica_assignment!r}: expected broker ids, "
+                "e.g. 0:1,1:2 (one replica list per new partition)"
+            ) from None
+    async with Admin(config=_settings(args)) as admin:
+        await admin.create_partitions(
+            {args.topic: NewPartitions(args.partitions, assignments)},
+            validate_only=args.validate_only,
+        )
+    verb = "Would grow" if args.validate_only else "Grew"
+    print(f"{verb} topic {args.topic} to {args.partitions} partition(s).")
     return 0
 
 

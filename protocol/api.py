@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from minibroker.protocol import group_api, txn_api
+from minibroker.protocol import admin_api, group_api, txn_api
 from minibroker.protocol.schema import (
     BOOL,
     BYTES,
@@ -53,6 +53,7 @@ class ApiKey(IntEnum):
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     WRITE_TXN_MARKERS = 27
     OFFSET_FOR_LEADER_EPOCH = 23
@@ -65,6 +66,11 @@ class ApiKey(IntEnum):
     DELETE_GROUPS = 42
     DESCRIBE_CLIENT_QUOTAS = 48
     ALTER_CLIENT_QUOTAS = 49
+    DESCRIBE_CONFIGS = 32
+    CREATE_PARTITIONS = 37
+    INCREMENTAL_ALTER_CONFIGS = 44
+    DESCRIBE_LOG_DIRS = 35
+    OFFSET_DELETE = 47
     SASL_AUTHENTICATE = 36
     ELECT_LEADERS = 43
     VOTE = 52
@@ -75,6 +81,7 @@ class ApiKey(IntEnum):
     ALLOCATE_PRODUCER_IDS = 67
     BROKER_REGISTRATION = 62
     BROKER_HEARTBEAT = 63
+    DESCRIBE_PRODUCERS = 61
     # minibroker's own APIs (no Kafka equivalent) live above 10000.
     BROKER_STATS = 10000
     FAULTS = 10001
@@ -162,6 +169,9 @@ CREATE_TOPICS_REQ = struct(
                     "num_partitions": (integer("int32", min=-1), -1),
                     "replication_factor": (integer("int16", min=-1), -1),
                     "configs": (mapping(STRING, STRING), {}),
+                    # Manual replica assignments, one list per partition (None: placed by
+                    # the controller); the counts must then be -1, as in Kafka.
+                    "assignments": (nullable(array(array(NODE_ID))), None),
                 },
             )
         )
@@ -325,6 +335,10 @@ FETCH_REQ = struct(
                 # A follower's own HW (-1: not given). The leader leaves a partition with
                 # no records, no error and this HW out of its answer: see fetch_request.py.
                 "high_watermark": (INT64, -1),
+                # A follower's own log start (-1: not given): while it is behind the
+                # leader's (DeleteRecords), the partition is never left out of the answer,
+                # and the leader learns each replica's start (DeleteRecords' low watermark).
+                "log_start_offset": (INT64, -1),
             },
         ),
     },
@@ -438,6 +452,7 @@ DESCRIBE_CLIENT_QUOTAS_RESP = struct(
 
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
+MAX_TIMESTAMP = -3  # KIP-734: the record with the largest timestamp (Kafka's ListOffsets v7+)
 
 LIST_OFFSETS_REQ = struct(
     {"topics": _per_partition({"timestamp": INT64})},
@@ -525,6 +540,8 @@ METADATA_SNAPSHOT = struct(
         "next_producer_id": (integer("int64", min=0), 0),
         # Client quotas (KRaft's ClientQuotaRecord): each entity with its values.
         "client_quotas": (array(struct({"entity": _QUOTA_ENTITY, "values": _QUOTA_VALUES})), []),
+        # dynamic broker configs: "" (cluster default) or a broker id -> key -> value
+        "broker_configs": (mapping(STRING, mapping(STRING, STRING)), {}),
     },
 )
 
@@ -775,6 +792,22 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
         0: (txn_api.DESCRIBE_TRANSACTIONS_REQ, txn_api.DESCRIBE_TRANSACTIONS_RESP)
     },
     ApiKey.LIST_TRANSACTIONS: {0: (txn_api.LIST_TRANSACTIONS_REQ, txn_api.LIST_TRANSACTIONS_RESP)},
+    ApiKey.OFFSET_DELETE: {0: (group_api.OFFSET_DELETE_REQ, group_api.OFFSET_DELETE_RESP)},
+    # topic changes after creation (protocol/admin_api.py)
+    ApiKey.CREATE_PARTITIONS: {
+        0: (admin_api.CREATE_PARTITIONS_REQ, admin_api.CREATE_PARTITIONS_RESP)
+    },
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: {
+        0: (admin_api.INCREMENTAL_ALTER_CONFIGS_REQ, admin_api.INCREMENTAL_ALTER_CONFIGS_RESP)
+    },
+    ApiKey.DESCRIBE_CONFIGS: {0: (admin_api.DESCRIBE_CONFIGS_REQ, admin_api.DESCRIBE_CONFIGS_RESP)},
+    ApiKey.DELETE_RECORDS: {0: (admin_api.DELETE_RECORDS_REQ, admin_api.DELETE_RECORDS_RESP)},
+    ApiKey.DESCRIBE_LOG_DIRS: {
+        0: (admin_api.DESCRIBE_LOG_DIRS_REQ, admin_api.DESCRIBE_LOG_DIRS_RESP)
+    },
+    ApiKey.DESCRIBE_PRODUCERS: {
+        0: (admin_api.DESCRIBE_PRODUCERS_REQ, admin_api.DESCRIBE_PRODUCERS_RESP)
+    },
 }
 
 # The version our handlers answer in and our peers ask in when the other side has it.
@@ -841,6 +874,7 @@ __all__ = [
     "INT64",
     "ITEM_VERDICT_APIS",
     "LATEST_TIMESTAMP",
+    "MAX_TIMESTAMP",
     "NEWEST_VERSIONS",
     "SCHEMAS",
     "ApiKey",

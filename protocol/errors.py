@@ -49,6 +49,7 @@ class ErrorCode(IntEnum):
     TOPIC_ALREADY_EXISTS = 36
     INVALID_PARTITIONS = 37
     INVALID_REPLICATION_FACTOR = 38
+    INVALID_REPLICA_ASSIGNMENT = 39
     INVALID_REQUEST = 42
     POLICY_VIOLATION = 44
     OUT_OF_ORDER_SEQUENCE_NUMBER = 45
@@ -80,6 +81,7 @@ class ErrorCode(IntEnum):
     INVALID_RECORD = 87
     THROTTLING_QUOTA_EXCEEDED = 89
     NON_EMPTY_GROUP = 68
+    GROUP_SUBSCRIBED_TO_TOPIC = 86  # OffsetDelete of a topic the group consumes
     GROUP_ID_NOT_FOUND = 69
     MEMBER_ID_REQUIRED = 79
     GROUP_MAX_SIZE_REACHED = 81
@@ -221,6 +223,8 @@ TopicAlreadyExists = _BY_CODE[ErrorCode.TOPIC_ALREADY_EXISTS]
 TopicDeletionDisabled = _BY_CODE[ErrorCode.TOPIC_DELETION_DISABLED]
 InvalidPartitions = _BY_CODE[ErrorCode.INVALID_PARTITIONS]
 InvalidReplicationFactor = _BY_CODE[ErrorCode.INVALID_REPLICATION_FACTOR]
+InvalidReplicaAssignment = _BY_CODE[ErrorCode.INVALID_REPLICA_ASSIGNMENT]
+PolicyViolation = _BY_CODE[ErrorCode.POLICY_VIOLATION]
 InvalidRequest = _BY_CODE[ErrorCode.INVALID_REQUEST]
 InvalidConfig = _BY_CODE[ErrorCode.INVALID_CONFIG]
 KafkaStorageError = _BY_CODE[ErrorCode.KAFKA_STORAGE_ERROR]

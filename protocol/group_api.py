@@ -303,3 +303,34 @@ DELETE_GROUPS_REQ = struct({"groups_names": array(GROUP_ID, max_len=10000)})
 DELETE_GROUPS_RESP = struct(
     {"results": array(struct({"group_id": GROUP_ID, "error_code": _ERROR}))}, _THROTTLE
 )
+
+# OffsetDelete (KIP-496): Kafka's shape; a group-wide error is the top-level error_code.
+OFFSET_DELETE_REQ = struct(
+    {
+        "group_id": GROUP_ID,
+        "topics": array(
+            struct(
+                {
+                    "name": _TOPIC,
+                    "partitions": array(struct({"partition_index": _PARTITION})),
+                }
+            )
+        ),
+    }
+)
+OFFSET_DELETE_RESP = struct(
+    {
+        "error_code": _ERROR,
+        "topics": array(
+            struct(
+                {
+                    "name": _TOPIC,
+                    "partitions": array(
+                        struct({"partition_index": _PARTITION, "error_code": _ERROR})
+                    ),
+                }
+            )
+        ),
+    },
+    _THROTTLE,
+)

@@ -58,6 +58,13 @@ DEFS: dict[str, ConfigDef] = {
         "A topic's default cleanup.policy: delete (retention), compact or compact,delete.",
         choices=("delete", "compact", "compact,delete", "delete,compact"),
     ),
+    "compression.type": ConfigDef(
+        str,
+        "producer",
+        "A topic's default compression.type: the codec stock clients' batches are stored "
+        "with (re-encoded on the leader's append), or producer to keep theirs.",
+        choices=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
+    ),
     "log.cleaner.enable": ConfigDef(
         bool, True, "Run the log cleaner that compacts cleanup.policy=compact topics."
     ),
@@ -293,7 +300,8 @@ DEFS: dict[str, ConfigDef] = {
     "controller.max.partitions.per.request": ConfigDef(
         int,
         10000,
-        "Most partitions one CreateTopics may add (over all its topics); a larger one is "
+        "Most partitions one CreateTopics or CreatePartitions may add (over all its topics); "
+        "a larger one is "
         "refused with POLICY_VIOLATION. A request is one change of the metadata log, applied "
         "whole by every broker, so its size bounds what one change holds up the controller.",
         1,

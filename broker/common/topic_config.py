@@ -98,6 +98,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {
         _def("message.timestamp.before.max.ms", "log.message.timestamp.before.max.ms", 0, LONG_MAX, "A record's timestamp at most this far before the broker's clock."),
         TopicConfigDef("leader.replication.throttled.replicas", None, 0, 0, "Replicas (partition:broker, or *) whose leader throttles replication to leader.replication.throttled.rate.", list),
         TopicConfigDef("follower.replication.throttled.replicas", None, 0, 0, "Replicas (partition:broker, or *) whose follower throttles its fetching to follower.replication.throttled.rate.", list),
+        TopicConfigDef("compression.type", "compression.type", 0, 0, "Codec of stored batches; producer keeps the producer's.", str, ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")),
         _def("message.timestamp.after.max.ms", "log.message.timestamp.after.max.ms", 0, LONG_MAX, "A record's timestamp at most this far after the broker's clock."),
     )
 }  # fmt: skip
@@ -152,6 +153,7 @@ LOG_CONFIG_FIELDS = {
     "message_timestamp_difference_max_ms": "message.timestamp.difference.max.ms",
     "message_timestamp_before_max_ms": "message.timestamp.before.max.ms",
     "message_timestamp_after_max_ms": "message.timestamp.after.max.ms",
+    "compression_type": "compression.type",
 }
 
 

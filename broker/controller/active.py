@@ -15,7 +15,9 @@ import trio
 
 from minibroker.broker.common.clock import Clock
 from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.controller.configs import alter_configs
 from minibroker.broker.controller.controller import METADATA_FILE, Controller
+from minibroker.broker.controller.partitions import create_partitions
 from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.protocol.errors import ErrorCode
@@ -111,6 +113,14 @@ class ControllerRole:
 
     def alter_client_quotas(self, body: dict) -> dict | PendingResponse:
         return self.controller.alter_client_quotas(body["entries"], body["validate_only"])
+
+    def create_partitions(self, body: dict) -> dict | PendingResponse:
+        return create_partitions(self.controller, body["topics"], body["validate_only"])
+
+    def alter_configs(self, body: dict) -> dict | PendingResponse:
+        return alter_configs(
+            self.controller, body["resources"], body["validate_only"], body["replace"]
+        )
 
     # --- fencing ------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from typing import Any
 from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.common.topic_config import topic_configs_error
 from minibroker.broker.controller.client_quotas import apply_entries
+from minibroker.broker.controller.partitions import AssignmentRefused, assigned_partitions
 from minibroker.broker.controller.placement import assign_replicas
 from minibroker.broker.metadata.check import topic_name_error
 from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata, PartitionState, TopicState
@@ -213,7 +214,10 @@ class Controller:
         """
         requested = [self._resolved(request) for request in topics]
         limit = self.config["controller.max.partitions.per.request"]
-        total = sum(max(0, request["num_partitions"]) for request in requested)
+        total = sum(
+            len(r["assignments"]) if r["assignments"] is not None else max(0, r["num_partitions"])
+            for r in requested
+        )
         if total > limit:
             message = (
                 f"the request adds {total} partitions, over "
@@ -250,6 +254,17 @@ class Controller:
         """The request's answer skeleton, with the broker defaults for -1 counts."""
         num_partitions = request["num_partitions"]
         rf = request["replication_factor"]
+        assignments = request.get("assignments")
+        if assignments is not None:  # the counts come from the assignments (-1 given)
+            return {
+                "name": request["name"],
+                "error_code": 0,
+                "error_message": None,
+                "num_partitions": num_partitions,
+                "replication_factor": rf,
+                "configs": request["configs"],
+                "assignments": assignments,
+            }
         return {
             "name": request["name"],
             "error_code": 0,
@@ -259,6 +274,7 @@ class Controller:
             else num_partitions,
             "replication_factor": self.config["default.replication.factor"] if rf == -1 else rf,
             "configs": request["configs"],
+            "assignments": request.get("assignments"),
         }
 
     def _create_topic(
@@ -269,7 +285,9 @@ class Controller:
         name = request["name"]
         num_partitions = request["num_partitions"]
         rf = request["replication_factor"]
-        result = {k: v for k, v in request.items() if k != "configs"}
+        result = {k: v for k, v in request.items() if k not in _REQUEST_ONLY}
+        if request["assignments"] is not None:
+            return self._create_assigned(request, result, counts, validate_only)
         if (problem := topic_name_error(name)) is not None:
             return _failed(result, ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
         if name in self.metadata.topics:
@@ -314,6 +332,46 @@ class Controller:
             partitions=num_partitions,
             replication_factor=rf,
         )
+        return result
+
+    def _create_assigned(
+        self, request: dict, result: dict, counts: dict[int, int], validate_only: bool
+    ) -> dict:
+        """A topic created with manual replica assignments (Kafka's CreatableReplicaAssignment:
+        one replica list per partition, counts left at -1), checked as CreatePartitions'."""
+        name, assignments = request["name"], request["assignments"]
+        if request["num_partitions"] != -1 or request["replication_factor"] != -1:
+            return _failed(
+                result,
+                ErrorCode.INVALID_REQUEST,
+                "Both numPartitions or replicationFactor and replicasAssignments were set. "
+                "Both cannot be used at the same time.",
+            )
+        if (problem := topic_name_error(name)) is not None:
+            return _failed(result, ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
+        if name in self.metadata.topics:
+            return _failed(result, ErrorCode.TOPIC_ALREADY_EXISTS, f"topic '{name}' already exists")
+        if (problem := topic_configs_error(request["configs"])) is not None:
+            return _failed(result, ErrorCode.INVALID_CONFIG, problem)
+        try:
+            partitions = assigned_partitions(self.metadata, assignments)
+        except AssignmentRefused as refused:
+            return _failed(result, refused.code, refused.message)
+        rf = len(assignments[0])
+        result.update(num_partitions=len(assignments), replication_factor=rf)
+        if (problem := partition_cap_error(counts, len(assignments), rf)) is not None:
+            return _failed(result, ErrorCode.POLICY_VIOLATION, problem)
+        for replicas in assignments:
+            for broker in replicas:
+                if broker in counts:
+                    counts[broker] += 1
+        if validate_only:
+            return result
+        topic_id = uuid.uuid4().hex
+        self.metadata.topics[name] = TopicState(
+            name, partitions, dict(request["configs"]), topic_id
+        )
+        self.log.info("topic_created", topic=name, topic_id=topic_id, assignments=assignments)
         return result
 
     def delete_topics(self, names: list[str]) -> dict | PendingResponse:
@@ -414,8 +472,12 @@ class Controller:
         )
 
 
+# What a topic's request carries that its answer never echoes.
+_REQUEST_ONLY = frozenset({"configs", "assignments"})
+
+
 def _failed(result: dict, code: ErrorCode, message: str) -> dict:
     """``result`` (a topic's answer) with an error; configs are never echoed."""
-    out = {k: v for k, v in result.items() if k != "configs"}
+    out = {k: v for k, v in result.items() if k not in _REQUEST_ONLY}
     out.update(error_code=int(code), error_message=message)
     return out

@@ -24,6 +24,19 @@ from minibroker.broker.network.pending import PendingResponse
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import ErrorCode, KafkaError
 
+# Where a controller change's answer lists its per-topic results (CreateTopics, DeleteTopics,
+# CreatePartitions): an answer without them is a request-wide error.
+_RESULTS = frozenset({"topics", "responses", "results", "entries"})
+# Controller changes: a longer wait than the link's 5 s (a big create writes many files).
+_CHANGES = frozenset(
+    {
+        ApiKey.CREATE_TOPICS,
+        ApiKey.DELETE_TOPICS,
+        ApiKey.CREATE_PARTITIONS,
+        ApiKey.INCREMENTAL_ALTER_CONFIGS,
+    }
+)
+
 
 class VotersError(ValueError):
     pass
@@ -104,7 +117,7 @@ class ControllerLink:
         """One request to voter ``target`` (ISR changes on their own connection)."""
         if api_key == ApiKey.ALTER_PARTITION:
             return await self._conn(target, "isr").request(api_key, body, timeout=10)
-        timeout = 30 if api_key in (ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS) else 5
+        timeout = 30 if api_key in _CHANGES else 5
         return await self._conn(target, "main").request(api_key, body, timeout=timeout)
 
     async def run(self) -> None:
@@ -179,6 +192,37 @@ class ControllerLink:
             lambda error: {"entries": [{"entity": e["entity"], **error} for e in entries]},
         )
 
+    def create_partitions(
+        self, topics: list[dict], validate_only: bool, *, forwarded: bool = False
+    ) -> dict | PendingResponse:
+        """``{"results": results}`` (CreatePartitions); see ``_topic_change``."""
+        return self._topic_change(
+            ApiKey.CREATE_PARTITIONS,
+            {"topics": topics, "validate_only": validate_only},
+            self.role.create_partitions,
+            forwarded,
+            lambda error: {"results": [{"name": t["name"], **error} for t in topics]},
+        )
+
+    def alter_configs(self, body: dict, *, forwarded: bool = False) -> dict | PendingResponse:
+        """``{"responses": results}`` (IncrementalAlterConfigs, AlterConfigs as ``replace``)."""
+        return self._topic_change(
+            ApiKey.INCREMENTAL_ALTER_CONFIGS,
+            body,
+            self.role.alter_configs,
+            forwarded,
+            lambda error: {
+                "responses": [
+                    {
+                        "resource_type": r["resource_type"],
+                        "resource_name": r["resource_name"],
+                        **error,
+                    }
+                    for r in body["resources"]
+                ]
+            },
+        )
+
     def _topic_change(
         self,
         api_key: int,
@@ -200,7 +244,7 @@ class ControllerLink:
         async def call() -> None:
             # Not idempotent: re-sent only where no controller can have acted on it.
             answer = await self.controller_call(api_key, body, local, timeout=30, idempotent=False)
-            if not ({"topics", "responses", "entries"} & answer.keys()):
+            if not _RESULTS.intersection(answer):
                 answer = refused(
                     {
                         "error_code": answer["error_code"],
@@ -264,8 +308,7 @@ class ControllerLink:
                         return answer
                     unreachable = True
                 code = answer.get("error_code", 0)
-                items = answer.get("topics") or answer.get("responses") or answer.get("entries")
-                topic_codes = {t["error_code"] for t in items or ()}
+                topic_codes = {t["error_code"] for key in _RESULTS for t in answer.get(key, ())}
                 if not (
                     unreachable
                     or code == ErrorCode.NOT_CONTROLLER

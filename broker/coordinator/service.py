@@ -15,6 +15,7 @@ from minibroker.broker.coordinator import offsets, txn_offsets
 from minibroker.broker.coordinator.coordinator import GroupCoordinator
 from minibroker.broker.coordinator.expiry import OffsetExpiry
 from minibroker.broker.coordinator.manager import GroupMetadataManager
+from minibroker.broker.coordinator.offset_delete import delete_offsets
 from minibroker.broker.coordinator.records import OFFSETS_TOPIC, PartitionContents
 from minibroker.broker.metadata.image import ClusterMetadata
 from minibroker.broker.network.pending import PendingResponse
@@ -121,6 +122,9 @@ class CoordinatorService:
 
     def delete_groups(self, body: dict) -> dict | PendingResponse:
         return offsets.delete_groups(self.coordinator, body)
+
+    def delete_offsets(self, body: dict) -> dict | PendingResponse:
+        return delete_offsets(self.coordinator, body)
 
     # --- leadership of the offsets partitions ------------------------------------------------
 

@@ -47,6 +47,8 @@ class AdminApis:
             KafkaApi.DELETE_TOPICS: self.delete_topics,
             KafkaApi.ELECT_LEADERS: self.elect_leaders,
             KafkaApi.DESCRIBE_CLUSTER: self.describe_cluster,
+            KafkaApi.CREATE_PARTITIONS: self.create_partitions,
+            KafkaApi.DELETE_RECORDS: self.delete_records,
         }
 
     def _controller_change(
@@ -185,6 +187,93 @@ class AdminApis:
                     for t in body["topic_partitions"] or ()
                 ]
             return {"error_code": code, "replica_election_results": results}
+
+        return then(result, answer)
+
+    def create_partitions(self, header, body, session) -> Any:
+        """Kafka's CreatePartitions onto the native one (the controller validates, Kafka's
+        messages and codes); a request-wide failure is named on every topic."""
+        topics = [
+            {
+                "name": t["name"],
+                "count": t["count"],
+                "assignments": None
+                if t["assignments"] is None
+                else [a["broker_ids"] for a in t["assignments"]],
+            }
+            for t in body["topics"]
+        ]
+        timeout_ms = max(body["timeout_ms"], 0)
+        native = {
+            "topics": topics,
+            "timeout_ms": timeout_ms,
+            "validate_only": body["validate_only"],
+        }
+        result: Any = {"results": []}
+        if topics:
+            result = self._controller_change(
+                header, ApiKey.CREATE_PARTITIONS, native, session, "the partition creation",
+                "describe the topic",
+            )  # fmt: skip
+
+        def answer(a: dict) -> dict:
+            if "results" in a:
+                return {"throttle_time_ms": 0, "results": a["results"]}
+            error = {"error_code": a.get("error_code", 0), "error_message": a.get("error_message")}
+            return {
+                "throttle_time_ms": 0,
+                "results": [{"name": t["name"], **error} for t in topics],
+            }
+
+        return then(result, answer)
+
+    def delete_records(self, header, body, session) -> Any:
+        """Kafka's DeleteRecords onto the native one, answered by each partition's leader
+        (a stock client sends each partition to its leader)."""
+        native = {
+            "topics": [
+                {
+                    "name": t["name"],
+                    "partitions": [
+                        {"partition": p["partition_index"], "offset": p["offset"]}
+                        for p in t["partitions"]
+                    ],
+                }
+                for t in body["topics"]
+            ],
+            "timeout_ms": max(body["timeout_ms"], 0),
+        }
+        result = self._native(header, ApiKey.DELETE_RECORDS, native, session)
+
+        def answer(a: dict) -> dict:
+            code = a.get("error_code", 0) if "topics" not in a else 0
+            topics = a.get("topics") or [
+                {
+                    "name": t["name"],
+                    "partitions": [
+                        {"partition": p["partition"], "error_code": code, "low_watermark": -1}
+                        for p in t["partitions"]
+                    ],
+                }
+                for t in native["topics"]
+            ]
+            return {
+                "throttle_time_ms": 0,
+                "topics": [
+                    {
+                        "name": t["name"],
+                        "partitions": [
+                            {
+                                "partition_index": p["partition"],
+                                "low_watermark": p["low_watermark"],
+                                "error_code": p["error_code"],
+                            }
+                            for p in t["partitions"]
+                        ],
+                    }
+                    for t in topics
+                ],
+            }
 
         return then(result, answer)
 

@@ -47,6 +47,7 @@ class GroupApis:
             ApiKey.LIST_GROUPS: self.list_groups,
             ApiKey.DESCRIBE_GROUPS: self.describe_groups,
             ApiKey.DELETE_GROUPS: self.delete_groups,
+            ApiKey.OFFSET_DELETE: self.offset_delete,
         }
 
     def find_coordinator(self, header, body, session) -> Any:
@@ -321,6 +322,31 @@ class GroupApis:
                 "results": [
                     {"group_id": r["group_id"], "error_code": r["error_code"]} for r in results
                 ]
+            }
+
+        return then(result, answer)
+
+    def offset_delete(self, header, body, session) -> Any:
+        """Kafka's shape already (broker/coordinator/offset_delete.py decides)."""
+        native = {
+            "group_id": body["group_id"],
+            "topics": [
+                {
+                    "name": t["name"],
+                    "partitions": [
+                        {"partition_index": p["partition_index"]} for p in t["partitions"]
+                    ],
+                }
+                for t in body["topics"]
+            ],
+        }
+        result = self._native(header, ApiKey.OFFSET_DELETE, native, session)
+
+        def answer(a: dict) -> dict:
+            return {
+                "error_code": _code(a),
+                "throttle_time_ms": 0,
+                "topics": a.get("topics") or [],
             }
 
         return then(result, answer)

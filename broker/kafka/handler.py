@@ -15,9 +15,9 @@ from typing import Any
 
 from minibroker.broker.common.clock import Clock, MonotonicClock
 from minibroker.broker.common.config import BrokerConfig
-from minibroker.broker.common.topic_config import TOPIC_CONFIGS
 from minibroker.broker.kafka.admin import AdminApis
 from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
+from minibroker.broker.kafka.configs import ConfigApis
 from minibroker.broker.kafka.fetch_session import FetchSessionCache
 from minibroker.broker.kafka.groups import GroupApis
 from minibroker.broker.kafka.metadata import MetadataApis
@@ -33,8 +33,6 @@ from minibroker.protocol.api import NEWEST_VERSIONS
 from minibroker.protocol.errors import ErrorCode, InvalidRequest
 from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader, api_versions_body
 
-_RESOURCE_TOPIC = 2
-
 
 def _throttled(out: dict, native: dict) -> dict:
     """The native answer's quota throttle, carried to the Kafka answer (Produce and Fetch
@@ -43,7 +41,9 @@ def _throttled(out: dict, native: dict) -> dict:
     return {**out, "throttle_time_ms": throttle} if throttle else out
 
 
-class KafkaRequestHandler(MetadataApis, GroupApis, TransactionApis, AdminApis, QuotaApis):
+class KafkaRequestHandler(
+    MetadataApis, GroupApis, TransactionApis, AdminApis, ConfigApis, QuotaApis
+):
     """Kafka's KafkaApis for stock clients, built on the native handler."""
 
     def __init__(
@@ -54,10 +54,6 @@ class KafkaRequestHandler(MetadataApis, GroupApis, TransactionApis, AdminApis, Q
         self.fetch_sessions = FetchSessionCache(
             config["max.incremental.fetch.session.cache.slots"], clock or MonotonicClock()
         )
-        # What a topic without its own setting inherits (DescribeConfigs' defaults).
-        self.topic_defaults = {
-            d.name: config[d.broker_key] for d in TOPIC_CONFIGS.values() if d.broker_key
-        }
         self._api_versions = api_versions_body()
         self.handlers: dict[int, Callable] = {
             KafkaApi.API_VERSIONS: self.api_versions,
@@ -67,11 +63,11 @@ class KafkaRequestHandler(MetadataApis, GroupApis, TransactionApis, AdminApis, Q
             KafkaApi.LIST_OFFSETS: self.list_offsets,
             KafkaApi.CREATE_TOPICS: self.create_topics,
             KafkaApi.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
-            KafkaApi.DESCRIBE_CONFIGS: self.describe_configs,
             **self.group_handlers(),
             **self.transaction_handlers(),
             **self.admin_handlers(),
             **self.quota_handlers(),
+            **self.config_handlers(),
         }
 
     def handle(
@@ -290,18 +286,25 @@ class KafkaRequestHandler(MetadataApis, GroupApis, TransactionApis, AdminApis, Q
         topics = []
         refused = []
         for t in body["topics"]:
+            assignments = None
             if t["assignments"]:
-                refused.append(
-                    {
-                        "name": t["name"],
-                        "error_code": int(ErrorCode.INVALID_REQUEST),
-                        "error_message": "manual replica assignments are not supported",
-                    }
-                )
-                continue
+                # Kafka's map by partition index: indexes 0..n-1, each once.
+                by_index = {a["partition_index"]: a["broker_ids"] for a in t["assignments"]}
+                if sorted(by_index) != list(range(len(t["assignments"]))):
+                    refused.append(
+                        {
+                            "name": t["name"],
+                            "error_code": int(ErrorCode.INVALID_REPLICA_ASSIGNMENT),
+                            "error_message": "Partitions should be numbered consecutively "
+                            "from 0, each once",
+                        }
+                    )
+                    continue
+                assignments = [by_index[i] for i in range(len(by_index))]
             topics.append(
                 {
                     "name": t["name"],
+                    "assignments": assignments,
                     "num_partitions": t["num_partitions"],
                     "replication_factor": t["replication_factor"],
                     "configs": {
@@ -395,37 +398,3 @@ class KafkaRequestHandler(MetadataApis, GroupApis, TransactionApis, AdminApis, Q
             }
 
         return then(result, answer)
-
-    def describe_configs(self, header, body, session) -> dict:
-        """Topic resources: each topic's own settings, then the broker defaults it inherits."""
-        md = self.cache.metadata
-        results = []
-        for resource in body["resources"]:
-            name = resource["resource_name"]
-            out = {"resource_type": resource["resource_type"], "resource_name": name}
-            topic = md.topics.get(name) if resource["resource_type"] == _RESOURCE_TOPIC else None
-            if resource["resource_type"] != _RESOURCE_TOPIC:
-                out["error_code"] = int(ErrorCode.INVALID_REQUEST)
-                out["error_message"] = "only topic configs are described"
-            elif topic is None:
-                out["error_code"] = int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-                out["error_message"] = f"topic '{name}' does not exist"
-            else:
-                wanted = resource["configuration_keys"]
-                settings = {**self.topic_defaults, **topic.configs}
-                out["error_code"] = 0
-                out["configs"] = [
-                    {
-                        "name": key,
-                        "value": str(value),
-                        "read_only": False,
-                        "is_default": key not in topic.configs,
-                        # DYNAMIC_TOPIC_CONFIG (1) or DEFAULT_CONFIG (5)
-                        "config_source": 1 if key in topic.configs else 5,
-                        "is_sensitive": False,
-                    }
-                    for key, value in sorted(settings.items())
-                    if wanted is None or key in wanted
-                ]
-            results.append(out)
-        return {"results": results}

@@ -71,12 +71,16 @@ class ClusterMetadata:
     # Client quotas (KRaft's ClientQuotaRecord): by entity, a tuple of (entity type, name)
     # pairs sorted by type (a None name: the default entity), each its values by key.
     client_quotas: dict[QuotaKey, dict[str, float]] = field(default_factory=dict)
+    # Dynamic broker configs (KRaft's ConfigRecords on BROKER resources): "" is the
+    # cluster-wide default, "<id>" one broker's; each key -> its value as text.
+    broker_configs: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
             "controller_id": self.controller_id,
             "epoch": self.epoch,
             "next_producer_id": self.next_producer_id,
+            "broker_configs": {k: dict(v) for k, v in self.broker_configs.items()},
             "brokers": [asdict(b) for b in sorted(self.brokers.values(), key=lambda b: b.node_id)],
             "live_brokers": sorted(self.live),
             "client_quotas": [
@@ -130,6 +134,7 @@ class ClusterMetadata:
             set(self.live),
             self.next_producer_id,
             {entity: dict(values) for entity, values in self.client_quotas.items()},
+            {k: dict(v) for k, v in self.broker_configs.items()},
         )
 
     @classmethod
@@ -146,6 +151,7 @@ class ClusterMetadata:
         for q in data.get("client_quotas", []):
             entity = quota_key((e["entity_type"], e["entity_name"]) for e in q["entity"])
             md.client_quotas[entity] = dict(q["values"])
+        md.broker_configs = {k: dict(v) for k, v in data.get("broker_configs", {}).items()}
         for b in data.get("brokers", []):
             md.brokers[b["node_id"]] = BrokerInfo(
                 b["node_id"], b["host"], b["port"], b.get("kafka_host", ""), b.get("kafka_port", 0)

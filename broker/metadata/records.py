@@ -20,6 +20,10 @@ Record types, after Kafka's (metadata/src/main/resources/common/metadata/*.json)
                      was handed to a broker (KIP-730)
     ClientQuota      ClientQuotaRecord     (entity, key, value, remove): one client quota
                      value set or removed (AlterClientQuotas); every broker applies it
+    Config           ConfigRecord          (resource_type, resource_name, name, value):
+                     one config of a topic (type 2) or a broker (type 4; name "" is the
+                     cluster-wide default) set, or removed (value None). A new topic's
+                     configs travel in its Topic record; later changes are Config records.
 
 One controller change is one log entry (``encode_change``): the msgpack list of all its
 records, as KRaft appends a CreateTopics' records as one atomic batch. Why one entry rather
@@ -118,7 +122,7 @@ def records_for_change(old: ClusterMetadata, new: ClusterMetadata) -> list[dict]
         before = old.topics.get(name)
         if before is not None and before.topic_id != topic.topic_id:
             before = None  # removed above: this is a new topic
-        if before is None or before.configs != topic.configs:
+        if before is None:
             out.append(
                 {
                     "type": "Topic",
@@ -127,12 +131,18 @@ def records_for_change(old: ClusterMetadata, new: ClusterMetadata) -> list[dict]
                     "configs": dict(topic.configs),
                 }
             )
+        elif before.configs != topic.configs:
+            out += _config_records(RESOURCE_TOPIC, name, before.configs, topic.configs)
         for index, p in enumerate(topic.partitions):
             was = before.partitions[index] if before and index < len(before.partitions) else None
             if was != p:
                 out.append(_partition_record(name, index, p))
     if new.next_producer_id != old.next_producer_id:
         out.append({"type": "ProducerIds", "next_producer_id": new.next_producer_id})
+    for entity in sorted(old.broker_configs.keys() | new.broker_configs.keys()):
+        was, now = old.broker_configs.get(entity, {}), new.broker_configs.get(entity, {})
+        if was != now:
+            out += _config_records(RESOURCE_BROKER, entity, was, now)
     if new.client_quotas != old.client_quotas:
         out += _quota_records(old.client_quotas, new.client_quotas)
     return out
@@ -166,6 +176,26 @@ def _quota_records(old: dict, new: dict) -> list[dict]:
                     }
                 )
     return out
+
+
+# Kafka's ConfigResource types: what a Config record is about.
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+
+
+def _config_records(kind: int, name: str, was: dict, now: dict) -> list[dict]:
+    """One Config record per key whose value changed (value None: removed)."""
+    return [
+        {
+            "type": "Config",
+            "resource_type": kind,
+            "resource_name": name,
+            "name": key,
+            "value": now.get(key),
+        }
+        for key in sorted(was.keys() | now.keys())
+        if was.get(key) != now.get(key)
+    ]
 
 
 class MetadataImage:
@@ -256,8 +286,28 @@ def _client_quota(md: ClusterMetadata, r: dict) -> None:
         md.client_quotas.setdefault(entity, {})[r["key"]] = float(r["value"])
 
 
+def _config(md: ClusterMetadata, r: dict) -> None:
+    name, key, value = r["resource_name"], r["name"], r["value"]
+    if r["resource_type"] == RESOURCE_TOPIC:
+        topic = md.topics.get(name)
+        if topic is None:
+            raise MetadataRecordError(f"config record for unknown topic {name}")
+        configs = topic.configs
+    elif r["resource_type"] == RESOURCE_BROKER:
+        configs = md.broker_configs.setdefault(name, {})
+    else:
+        raise MetadataRecordError(f"config record for resource type {r['resource_type']}")
+    if value is None:
+        configs.pop(key, None)
+    else:
+        configs[key] = value
+    if r["resource_type"] == RESOURCE_BROKER and not configs:
+        del md.broker_configs[name]
+
+
 _APPLY = {
     "ClientQuota": _client_quota,
+    "Config": _config,
     "ProducerIds": _producer_ids,
     "RegisterBroker": _register,
     "FenceBroker": _fence,

@@ -34,6 +34,7 @@ class FetchRequest:
         "epochs",
         "for_follower",
         "known_hw",
+        "known_start",
         "max_bytes",
         "max_wait_ms",
         "min_bytes",
@@ -64,6 +65,16 @@ class FetchRequest:
                 for t in body["topics"]
                 for p in t["partitions"]
                 if p.get("high_watermark", -1) >= 0
+            }
+            if self.for_follower
+            else {}
+        )
+        self.known_start: dict[Key, int] = (
+            {
+                (t["name"], p["partition"]): p["log_start_offset"]
+                for t in body["topics"]
+                for p in t["partitions"]
+                if p.get("log_start_offset", -1) >= 0
             }
             if self.for_follower
             else {}

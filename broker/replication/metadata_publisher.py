@@ -24,12 +24,14 @@ from typing import Any
 
 import trio
 
+from minibroker.broker.common.dynamic_config import CLUSTER_DEFAULT, DynamicBrokerConfig
 from minibroker.broker.metadata.cache import MetadataCache
 from minibroker.broker.metadata.image import BrokerInfo, ClusterMetadata, PartitionState
 from minibroker.broker.replication.fetcher_manager import ReplicaFetcherManager
 from minibroker.broker.replication.partition import Partition
 from minibroker.broker.replication.replica_manager import ReplicaManager
 
+ALL_TOPICS = ""  # (no topic is named ""): every log must take its config again
 SLICE_S = 0.02  # the longest the loop is held between two yields
 # New partitions are created in worker threads, this many at once (their fsyncs overlap),
 # and taken up in chunks, between which a newer commit can cut in.
@@ -98,7 +100,10 @@ class MetadataPublisher:
         rm.drop_deleted(md.topics, caught_up=self.cache.ready.is_set())
         mine: list[tuple[str, int, PartitionState]] = []
         new: list[tuple[str, int, PartitionState]] = []
+        reconfigured = self._reconfigure(md)
         for name, topic in md.topics.items():
+            if name in rm.topic_configs and rm.topic_configs[name] != topic.configs:
+                reconfigured.add(name)  # a topic's configs were altered
             rm.topic_configs[name] = topic.configs
             for index, state in enumerate(topic.partitions):
                 if self.broker_id in state.replicas:
@@ -128,11 +133,27 @@ class MetadataPublisher:
                 if self._latest is not None:
                     return False
                 deadline = time.perf_counter() + SLICE_S
+        if reconfigured:
+            rm.reconfigure_logs(None if ALL_TOPICS in reconfigured else reconfigured)
         self.cache.update(md)
         # An offline log dir replicates nothing (Kafka stops its replicas' fetchers).
         self.fetchers.follow(follow if rm.offline_reason is None else ())
         self._on_published(md)
         return True
+
+    def _reconfigure(self, md: ClusterMetadata) -> set[str]:
+        """Take the dynamic broker configs (cluster default, then this broker's): a set
+        holding ALL_TOPICS when a setting every log may inherit changed."""
+        config = self.replica_manager.config
+        if not isinstance(config, DynamicBrokerConfig):
+            return set()
+        changed = config.reconfigure(
+            md.broker_configs.get(CLUSTER_DEFAULT, {}),
+            md.broker_configs.get(str(self.broker_id), {}),
+        )
+        if changed:
+            self.log.info("broker_configs_updated", keys=sorted(changed))
+        return {ALL_TOPICS} if changed else set()
 
     def _host(
         self, name: str, index: int, state: PartitionState, topic_id: str

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from minibroker.broker.replication.partition import Partition
-from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP
 from minibroker.protocol.errors import ErrorCode
 
 Key = tuple[str, int]
@@ -78,9 +78,16 @@ def _list_offset(
             out["offset"] = partition.last_stable_offset
         else:
             out["offset"] = partition.high_watermark if consumer else partition.log_end_offset
+    elif timestamp == MAX_TIMESTAMP:
+        upper = partition.high_watermark if consumer else partition.log_end_offset
+        found = partition.log.max_timestamp_offset(upper)
+        if found is not None:
+            out["offset"], out["timestamp"] = found
     elif timestamp < 0:
         out["error_code"] = int(ErrorCode.INVALID_REQUEST)
-        out["error_message"] = f"timestamp {timestamp}: use -2 (earliest), -1 (latest) or >= 0"
+        out["error_message"] = (
+            f"timestamp {timestamp}: use -2 (earliest), -1 (latest), -3 (max timestamp) or >= 0"
+        )
     else:
         found = partition.log.offset_for_timestamp(timestamp)
         visible = partition.last_stable_offset if committed else partition.high_watermark

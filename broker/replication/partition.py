@@ -38,10 +38,17 @@ _WAITING = (False, ErrorCode.NONE)
 class ReplicaState:
     """What the leader knows about one follower (Kafka's Replica)."""
 
-    __slots__ = ("last_caught_up_ms", "last_fetch_leader_leo", "last_fetch_ms", "log_end_offset")
+    __slots__ = (
+        "last_caught_up_ms",
+        "last_fetch_leader_leo",
+        "last_fetch_ms",
+        "log_end_offset",
+        "log_start_offset",
+    )
 
     def __init__(self) -> None:
         self.log_end_offset = -1
+        self.log_start_offset = -1  # from its fetches (-1: unknown)
         self.last_caught_up_ms = 0
         self.last_fetch_leader_leo = -1
         self.last_fetch_ms = 0
@@ -250,6 +257,24 @@ class Partition:
         # as stale, must still get back in.
         self.maybe_expand_isr(replica_id)
         return moved and self.maybe_increment_leader_hw()
+
+    def note_follower_start(self, replica_id: int, start: int) -> bool:
+        """A follower's fetch named its log start; True if it moved (DeleteRecords waits)."""
+        rs = self.replica_states.get(replica_id)
+        if rs is None or start < 0 or rs.log_start_offset == start:
+            return False
+        rs.log_start_offset = start
+        return True
+
+    def low_watermark(self) -> int:
+        """Kafka's lowWatermarkIfLeader: the smallest log start over this leader and its
+        in-sync followers whose start is known."""
+        low = self.log.log_start_offset
+        for replica in self.isr:
+            rs = self.replica_states.get(replica)
+            if replica != self.broker_id and rs is not None and 0 <= rs.log_start_offset < low:
+                low = rs.log_start_offset
+        return low
 
     def follower_can_join_isr(self, replica_id: int) -> bool:
         rs = self.replica_states.get(replica_id)

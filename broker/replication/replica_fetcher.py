@@ -92,6 +92,7 @@ class ReplicaFetcher:
             # The leader leaves us out of its answer while we have all of it, HW
             # included; our ask then rides the link's next round (leader_link.py).
             "high_watermark": self.partition.high_watermark,
+            "log_start_offset": self.partition.log.log_start_offset,
         }
 
     async def _truncate(self) -> None:
@@ -199,6 +200,11 @@ class ReplicaFetcher:
             p.append_records_to_follower(records)
         if p.maybe_update_follower_hw(data["high_watermark"]):
             self.on_hw_change(p)
+        # The leader's DeleteRecords (or retention) moved its start: ours follows, up to
+        # our HW (Kafka's maybeIncrementLogStartOffset on the follower).
+        start = min(data.get("log_start_offset", -1), p.high_watermark)
+        if start > p.log.log_start_offset:
+            p.log.delete_records_before(start)
 
     def _handle_out_of_range(self, data: dict) -> None:
         """Kafka's handleOutOfRangeError: follow the leader's end, or restart at its start."""

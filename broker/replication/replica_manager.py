@@ -27,6 +27,7 @@ from minibroker.broker.replication.delayed import (
     ProducePartitionStatus,
     produce_response,
 )
+from minibroker.broker.replication.delete_records import DelayedDeleteRecords, delete_records
 from minibroker.broker.replication.fetch_request import FetchRequest
 from minibroker.broker.replication.offset_queries import list_offsets, offsets_for_leader_epoch
 from minibroker.broker.replication.partition import Partition
@@ -158,14 +159,9 @@ class ReplicaManager:
             self.logger.info(
                 "stale_replica_removed", topic=topic, partition=index, topic_id=topic_id
             )
-        overrides = self.topic_configs.get(topic)
-        if topic == GROUP_METADATA_TOPIC and "cleanup.policy" not in (overrides or {}):
-            # Created before it was created compacted: Kafka's is always compacted, and a
-            # time retention would delete live groups' offsets.
-            overrides = {**(overrides or {}), "cleanup.policy": "compact"}
         log = Log.open(
             directory,
-            log_config_from(self.config, overrides),
+            self.log_config_for(topic),
             now_ms=lambda: int(time.time() * 1000),
             logger=self.logger.bind(topic=topic, partition=index),
         )
@@ -173,6 +169,30 @@ class ReplicaManager:
         if state.leader == self.broker_id:
             cache.assign(state.leader_epoch, log.log_end_offset)
         return Partition(topic, index, log, self.broker_id, cache, self._propose_isr)
+
+    def log_config_for(self, topic: str) -> LogConfig:
+        """The topic's LogConfig: its overrides over this broker's (dynamic) settings."""
+        overrides = self.topic_configs.get(topic)
+        if topic == GROUP_METADATA_TOPIC and "cleanup.policy" not in (overrides or {}):
+            # Created before it was created compacted: Kafka's is always compacted, and a
+            # time retention would delete live groups' offsets.
+            overrides = {**(overrides or {}), "cleanup.policy": "compact"}
+        return log_config_from(self.config, overrides)
+
+    def reconfigure_logs(self, topics: set[str] | None) -> None:
+        """Configs changed (IncrementalAlterConfigs committed): every hosted log of
+        ``topics`` (None: all, a broker default changed) takes its new LogConfig, live, as
+        Kafka's log.updateConfig: the next append, roll, retention pass or cleaning uses it."""
+        built: dict[str, LogConfig] = {}
+        for (topic, index), partition in self.partitions.items():
+            if topics is not None and topic not in topics:
+                continue
+            config = built.get(topic)
+            if config is None:
+                config = built[topic] = self.log_config_for(topic)
+            if partition.log.config != config:
+                partition.log.config = config
+                self.logger.info("log_config_updated", topic=topic, partition=index)
 
     def adopt(self, partition: Partition, topic_id: str = "") -> None:
         """Host a replica ``open_replica`` made, with no role until ``host_partition``
@@ -288,7 +308,7 @@ class ReplicaManager:
     def _park(
         self,
         purgatory: Purgatory,
-        op: DelayedFetch | DelayedProduce,
+        op: DelayedFetch | DelayedProduce | DelayedDeleteRecords,
         keys: list[Key],
         session: ConnectionSession | None,
     ) -> dict | PendingResponse:
@@ -515,6 +535,9 @@ class ReplicaManager:
                 known_hw
                 and partition is not None
                 and partition.high_watermark == known_hw.get(key)
+                # (a follower that names no start: as before starts were sent)
+                and fetch.known_start.get(key, partition.log.log_start_offset)
+                >= partition.log.log_start_offset
                 and offset == partition.log.log_end_offset
                 and partition.is_leader
                 and fetch.epochs[key] in (-1, partition.leader_epoch)
@@ -523,6 +546,8 @@ class ReplicaManager:
                 # The follower has all of it, HW included: nothing to answer (see
                 # FetchRequest.known_hw). The fetch still counts as the follower's; if it
                 # moved the HW, the answer carries the new one.
+                if partition.note_follower_start(fetch.replica_id, fetch.known_start.get(key, -1)):
+                    self.produce_purgatory.check_and_complete(key)  # a DeleteRecords waits
                 if counted or not partition.update_follower_fetch_state(
                     fetch.replica_id, offset, self.now_ms()
                 ):
@@ -607,6 +632,10 @@ class ReplicaManager:
                 fetch.replica_id, offset, self.now_ms()
             ):
                 self._hw_increased(key)
+            if fetch.for_follower and partition.note_follower_start(
+                fetch.replica_id, fetch.known_start.get(key, -1)
+            ):
+                self.produce_purgatory.check_and_complete(key)  # a DeleteRecords may wait
         body = {"topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}
         return body, total, stop_now
 
@@ -650,3 +679,13 @@ class ReplicaManager:
 
     def list_offsets(self, body: dict) -> dict:
         return list_offsets(self._lookup, body)
+
+    def delete_records(
+        self, body: dict, session: ConnectionSession | None = None
+    ) -> dict | PendingResponse:
+        """DeleteRecords: answered once the in-sync replicas moved their start too."""
+        answer, waiting = delete_records(self._lookup, body)
+        if not waiting:
+            return answer
+        op = DelayedDeleteRecords(body["timeout_ms"], answer, waiting, self._lookup)
+        return self._park(self.produce_purgatory, op, list(waiting), session)

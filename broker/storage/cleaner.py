@@ -440,7 +440,7 @@ def _copy_streamed(path: Path, position: int, length: int, out: Output, stats: S
         header = unpack_header(head)
         if header.record_count <= 0 or header.last_offset_delta != header.record_count - 1:
             raise CorruptBatch(f"batch at byte {position} of {path}: bad record count")
-        out.index.add(out.written, header.base_offset, length)
+        out.index.add(out.written, header.base_offset, length, header.max_timestamp)
         crc = zlib.crc32(memoryview(head)[CRC_START:])
         out.add_raw(head)
         done = len(head)
@@ -502,7 +502,7 @@ def clean_group(
         out.max_timestamp,
         mtime_ns,
         written,
-        (index.offsets, index.positions, index.since),
+        (index.offsets, index.positions, index.since, index.times),
     )
     return cleaned, stats
 

@@ -207,7 +207,7 @@ class Output:
         return self.flushed + len(self.pending)
 
     def add(self, data: bytes | bytearray | memoryview, header: BatchHeader) -> None:
-        self.index.add(self.written, header.base_offset, len(data))
+        self.index.add(self.written, header.base_offset, len(data), header.max_timestamp)
         self.pending += data
         self.next_offset = header.next_offset
         self.max_timestamp = max(self.max_timestamp, header.max_timestamp)

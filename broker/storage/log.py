@@ -22,9 +22,17 @@ import structlog
 
 from minibroker.broker.storage.log_txn import TransactionalLog
 from minibroker.broker.storage.producer_state import ProducerStateManager
+from minibroker.broker.storage.recompress import PRODUCER, recompressed
 from minibroker.broker.storage.record_validation import validate_records
 from minibroker.broker.storage.results import AppendInfo, ReadResult
-from minibroker.broker.storage.segment import BatchInfo, Segment, scan_segment, walk_to
+from minibroker.broker.storage.segment import (
+    BatchInfo,
+    Segment,
+    first_batch_reaching,
+    scan_segment,
+    walk_to,
+)
+from minibroker.broker.storage.start_offset import read_start_offset, write_start_offset
 from minibroker.broker.storage.swap import discard_pending, recover_swaps
 from minibroker.broker.storage.txn_index import TransactionIndex
 from minibroker.protocol.batch import (
@@ -39,6 +47,7 @@ from minibroker.protocol.batch import (
     TRANSACTIONAL_FLAG,
     CheckedBatches,
     CorruptBatch,
+    batch_rows,
     check_batch,
     patch_base_offset,
     patch_leader_epoch,
@@ -78,6 +87,8 @@ class LogConfig:
     message_timestamp_before_max_ms: int = 2**63 - 1
     message_timestamp_after_max_ms: int = 2**63 - 1
     max_decompressed_bytes: int = 64 * 1024 * 1024  # the broker's message.max.decompressed.bytes
+    # The codec stored batches get (storage/recompress.py); producer: as they came.
+    compression_type: str = "producer"
 
     @property
     def timestamp_before_max_ms(self) -> int:
@@ -214,6 +225,9 @@ class Log(TransactionalLog):
         self.log_start_offset = self.segments[0].base_offset
         for problem in self.txn_index.load(self._bases):
             self.log.warning("txn_index_recovered", problem=problem)
+        checkpoint = read_start_offset(self.dir)  # DeleteRecords inside the first segment
+        if self.log_start_offset < checkpoint <= self.log_end_offset:
+            self.log_start_offset = checkpoint
         self._rebuild_producer_state(scans)
 
     def _rebuild_producer_state(self, scans: dict[int, list[BatchInfo]] | None = None) -> None:
@@ -327,6 +341,11 @@ class Log(TransactionalLog):
         place, write."""
         batches = self._validate(records)
         config = self.config
+        if config.compression_type != PRODUCER:
+            rebuilt = recompressed(records, batches, config.compression_type)
+            if rebuilt is not None:
+                records = rebuilt
+                batches = self._validate(records)
         validate_records(
             records,
             batches,
@@ -601,7 +620,9 @@ class Log(TransactionalLog):
         segment.max_timestamp = max((b.max_timestamp for b in kept), default=-1)
         # The index must not point at bytes that are gone (appends reuse those positions).
         segment.rebuild_index(kept)
-        self.log_start_offset = min(self.log_start_offset, segment.next_offset)
+        if segment.next_offset < self.log_start_offset:  # the checkpoint must not be ahead
+            self.log_start_offset = segment.next_offset
+            write_start_offset(self.dir, segment.next_offset)
         self._dirty_from(segment.next_offset)
         self.log.info("log_truncated", to_offset=segment.next_offset, bytes_removed=removed)
         self._rebuild_producer_state()
@@ -622,6 +643,7 @@ class Log(TransactionalLog):
         self.segments = [segment]
         self._bases = [offset]
         self.log_start_offset = offset
+        write_start_offset(self.dir, offset)
         self._unflushed = 0
         self.producers.reset()
         self.txn_index.reset()
@@ -631,17 +653,52 @@ class Log(TransactionalLog):
     # --- timestamps and retention ---------------------------------------------------------
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        """First batch whose max timestamp >= ``timestamp``: (its base offset, its max timestamp).
+        """The first record at or after ``timestamp``: (its offset, its timestamp), as
+        Kafka's fetchOffsetByTimestamp. None when no record is that late.
 
-        Batch granularity, read from headers only: a consumer seeking by time starts at
-        that batch and skips the earlier records in it by timestamp if it needs to.
+        The first segment whose max timestamp reaches it; in there its time index gives a
+        position every record before which is older; batch headers from there find the
+        first batch that reaches it, and only that batch's records are read (the one
+        batch's worth of per-record work a lookup costs the broker).
         """
         for segment in self.segments:
             if segment.max_timestamp < timestamp:
                 continue  # no batch in here is late enough: skip without any I/O
-            for b in scan_segment(segment, verify=False, gaps=self.config.compact).batches:
-                if b.max_timestamp >= timestamp:
-                    return b.base_offset, b.max_timestamp
+            found = first_batch_reaching(segment, timestamp, self.log_start_offset)
+            if found is None:
+                continue
+            position, size = found
+            batch = segment.pread(size, position)
+            for base, first_ts, rows in batch_rows(batch, min_offset=self.log_start_offset):
+                for offset, row in enumerate(rows, start=base):
+                    if first_ts + row[0] >= timestamp:
+                        return offset, first_ts + row[0]
+        return None
+
+    def max_timestamp_offset(self, upper: int) -> tuple[int, int] | None:
+        """KIP-734's MAX_TIMESTAMP: the first record carrying the largest timestamp among
+        the records below ``upper`` (the HW), as (offset, timestamp); None for an empty log.
+        The segment holding it by its max timestamp, then its headers, then one batch."""
+        best: tuple[int, Segment] | None = None
+        for segment in self.segments:
+            if segment.base_offset >= upper:
+                break
+            if best is None or segment.max_timestamp > best[0]:
+                best = (segment.max_timestamp, segment)
+        if best is None or best[0] < 0:
+            return None
+        top, segment = best
+        found = first_batch_reaching(segment, top, self.log_start_offset)
+        if found is None:
+            return None
+        position, size = found
+        batch = segment.pread(size, position)
+        for base, first_ts, rows in batch_rows(batch, min_offset=self.log_start_offset):
+            for offset, row in enumerate(rows, start=base):
+                if offset >= upper:
+                    return None  # (its record is past the bound: not answered yet)
+                if first_ts + row[0] >= top:
+                    return offset, first_ts + row[0]
         return None
 
     def delete_old_segments(self, high_watermark: int | None = None) -> int:
@@ -673,11 +730,32 @@ class Log(TransactionalLog):
             oldest.delete()
             deleted += 1
         if deleted:
-            self.log_start_offset = self.segments[0].base_offset
+            self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
             self.txn_index.forget_below(self.log_start_offset)
             self.log.info(
                 "retention_deleted", segments=deleted, log_start_offset=self.log_start_offset
             )
+        return deleted
+
+    def delete_records_before(self, offset: int) -> int:
+        """DeleteRecords (Kafka's maybeIncrementLogStartOffset, then deleteOldSegments):
+        the log starts at ``offset`` from now on (checkpointed, so a restart keeps it);
+        segments wholly below it go. Never moves the start back; the caller bounds it by
+        the high watermark. Returns the segments deleted."""
+        if offset > self.log_end_offset:
+            raise OffsetOutOfRange(f"offset {offset} is past the log end {self.log_end_offset}")
+        if offset <= self.log_start_offset:
+            return 0
+        self.log_start_offset = offset
+        write_start_offset(self.dir, offset)
+        deleted = 0
+        while len(self.segments) > 1 and self.segments[1].base_offset <= offset:
+            if not deleted:
+                self._segments_changing()
+            self.segments.pop(0).delete()
+            self._bases.pop(0)
+            deleted += 1
+        self.log.info("log_start_offset_moved", log_start_offset=offset, segments_deleted=deleted)
         return deleted
 
     # --- the log cleaner's swap -------------------------------------------------------------

@@ -25,7 +25,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple
@@ -89,6 +89,7 @@ class Segment:
         "base_offset",
         "bytes_since_index",
         "created_ms",
+        "index_max_before",
         "index_offsets",
         "index_path",
         "index_positions",
@@ -133,6 +134,10 @@ class Segment:
         # position is the start of a batch whose base offset is base_offset + the entry.
         self.index_offsets: list[int] = []
         self.index_positions: list[int] = []
+        # The time index (Kafka's .timeindex, at the offset index's entries, so as sparse):
+        # per entry, an upper bound of every record timestamp before its position; None
+        # when unknown (an index installed without it), and a time lookup scans headers.
+        self.index_max_before: list[int] | None = []
         self._index_pending = bytearray()  # entries not yet in the index file
         self.bytes_since_index = 0
         self.max_timestamp = -1
@@ -222,10 +227,16 @@ class Segment:
                 f"No space left on device (short write: {written} of {len(data)} bytes)",
                 str(self.path),
             )
-        # Index entries only after the bytes they point at are in the file.
+        # Index entries only after the bytes they point at are in the file. Before the
+        # append's first batch everything is below the segment's max; before a later one,
+        # below the larger of it and this append's max (an upper bound is all a lookup needs).
+        times = self.index_max_before
+        later = max(self.max_timestamp, max_ts)
         for relative_offset, position in entries:
             self.index_offsets.append(relative_offset)
             self.index_positions.append(position)
+            if times is not None:
+                times.append(self.max_timestamp if position == size else later)
         self._index_pending += packed
         self.size = size + written
         self.bytes_since_index = since + (written - last)
@@ -306,6 +317,16 @@ class Segment:
         bound = self.index_positions[i + 1] if i + 1 < len(self.index_positions) else self.size
         return start, bound
 
+    def time_lookup(self, timestamp: int) -> int:
+        """A file position at or before the first batch holding a record at or after
+        ``timestamp`` (Kafka's timeIndex.lookup): the last index entry every record before
+        which is older. 0 when the time index is unknown."""
+        times = self.index_max_before
+        if not times:
+            return 0
+        i = bisect_left(times, timestamp) - 1
+        return self.index_positions[i] if i >= 0 else 0
+
     def find_position(self, offset: int) -> int | None:
         """Position of the batch containing ``offset``, or None if this segment lacks it."""
         if offset < self.base_offset or offset >= self.next_offset:
@@ -322,8 +343,8 @@ class Segment:
 
         The file is rewritten only when its bytes differ, so a clean open writes nothing.
         """
-        offsets, positions, since = build_index(batches, self.base_offset, self.interval)
-        self.install_index(offsets, positions, since)
+        offsets, positions, since, times = build_index(batches, self.base_offset, self.interval)
+        self.install_index(offsets, positions, since, times)
         wanted = index_bytes(offsets, positions)
         try:
             with open(self.index_path, "rb") as fh:
@@ -333,10 +354,17 @@ class Segment:
         if current != wanted:
             self._write_index_file()
 
-    def install_index(self, offsets: list[int], positions: list[int], since: int) -> None:
+    def install_index(
+        self,
+        offsets: list[int],
+        positions: list[int],
+        since: int,
+        max_before: list[int] | None = None,
+    ) -> None:
         """Take an index computed elsewhere (the cleaner's worker thread builds its copy's)."""
         self.index_offsets = offsets
         self.index_positions = positions
+        self.index_max_before = max_before
         self.bytes_since_index = since
         self._index_pending.clear()
 
@@ -360,20 +388,21 @@ class Segment:
 
 def build_index(
     batches: list[tuple[int, int, int]] | list[BatchInfo], base_offset: int, interval: int
-) -> tuple[list[int], list[int], int]:
-    """The sparse index of ``(position, base_offset, size, ...)`` batches: relative offsets,
-    positions (an entry every ``interval`` bytes) and the bytes after the last entry."""
+) -> tuple[list[int], list[int], int, list[int] | None]:
+    """The sparse index of ``(position, base_offset, size[, next_offset, max_timestamp])``
+    batches: relative offsets, positions (an entry every ``interval`` bytes), the bytes
+    after the last entry, and the time index (None without timestamps)."""
     index = IndexBuilder(base_offset, interval)
     for b in batches:
-        index.add(b[0], b[1], b[2])
-    return index.offsets, index.positions, index.since
+        index.add(b[0], b[1], b[2], b[4] if len(b) > 4 else None)
+    return index.offsets, index.positions, index.since, index.times
 
 
 class IndexBuilder:
     """A sparse index built batch by batch, so a writer of millions of batches (the
     cleaner) holds its entries only, not a list of every batch."""
 
-    __slots__ = ("base_offset", "interval", "offsets", "positions", "since")
+    __slots__ = ("base_offset", "interval", "max_ts", "offsets", "positions", "since", "times")
 
     def __init__(self, base_offset: int, interval: int) -> None:
         self.base_offset = base_offset
@@ -381,22 +410,37 @@ class IndexBuilder:
         self.offsets: list[int] = []
         self.positions: list[int] = []
         self.since = 0
+        # The time index: the max timestamp before each entry (None once a batch came
+        # without its timestamp: the segment then has no time index).
+        self.times: list[int] | None = []
+        self.max_ts = -1
 
-    def add(self, position: int, base: int, size: int) -> None:
-        """The next batch: ``size`` bytes at ``position``, first offset ``base``."""
+    def add(self, position: int, base: int, size: int, max_ts: int | None = None) -> None:
+        """The next batch: ``size`` bytes at ``position``, first offset ``base``, its max
+        timestamp ``max_ts`` (None: unknown)."""
         if not self.offsets or self.since >= self.interval:
             self.offsets.append(base - self.base_offset)
             self.positions.append(position)
+            if self.times is not None:
+                self.times.append(self.max_ts)
             self.since = 0
         self.since += size
+        if max_ts is None:
+            self.times = None
+        elif max_ts > self.max_ts:
+            self.max_ts = max_ts
 
-    def mark(self) -> tuple[int, int]:
-        return len(self.offsets), self.since
+    def mark(self) -> tuple:
+        return len(self.offsets), self.since, self.max_ts, self.times is not None
 
-    def rollback(self, mark: tuple[int, int]) -> None:
+    def rollback(self, mark: tuple) -> None:
         """Back to ``mark()``: the batches added since are gone."""
         del self.offsets[mark[0] :], self.positions[mark[0] :]
-        self.since = mark[1]
+        self.since, self.max_ts = mark[1], mark[2]
+        if self.times is not None:
+            del self.times[mark[0] :]
+        elif mark[3]:
+            self.times = None  # (unknown stays unknown: a rollback cannot recover it)
 
 
 def index_bytes(offsets: list[int], positions: list[int]) -> bytes:
@@ -492,6 +536,30 @@ def scan_segment(segment: Segment, *, verify: bool, gaps: bool = False) -> ScanR
             max_ts = h[7]
         position += size
     return ScanResult(batches, position, expected, max_ts, problem)
+
+
+def first_batch_reaching(
+    segment: Segment, timestamp: int, min_offset: int
+) -> tuple[int, int] | None:
+    """``(position, size)`` of the first batch whose max timestamp reaches ``timestamp``
+    and whose records reach ``min_offset`` (the log start), reading headers from the time
+    index's position on (Kafka's findOffsetByTimestamp); None if none does."""
+    position = segment.time_lookup(timestamp)
+    file_size = segment.size
+    chunk, chunk_start = b"", 0
+    while position + HEADER_SIZE <= file_size:
+        rel = position - chunk_start
+        if rel + HEADER_SIZE > len(chunk):
+            chunk = segment.pread(min(64 * 1024, file_size - position), position)
+            chunk_start, rel = position, 0
+        h = HEADER.unpack_from(chunk, rel)
+        size = h[1] + LOG_OVERHEAD
+        if size < HEADER_SIZE:
+            return None  # a damaged length: never loop (recovery deals with the file)
+        if h[7] >= timestamp and h[0] + h[5] >= min_offset:
+            return position, size
+        position += size
+    return None
 
 
 def scan_headers(segment: Segment) -> tuple[list[tuple[int, int, int]], int]:

@@ -35,13 +35,19 @@ class KafkaApi:
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
+    DESCRIBE_LOG_DIRS = 35
+    CREATE_PARTITIONS = 37
+    INCREMENTAL_ALTER_CONFIGS = 44
     ELECT_LEADERS = 43
     DESCRIBE_CLIENT_QUOTAS = 48
     ALTER_CLIENT_QUOTAS = 49
     DESCRIBE_CLUSTER = 60
+    DESCRIBE_PRODUCERS = 61
 
 
 # The group APIs are named by the native ApiKey: the native protocol has them under Kafka's
@@ -78,13 +84,21 @@ SPEC_NAMES = {
     ApiKey.TXN_OFFSET_COMMIT: "TxnOffsetCommit",
     ApiKey.DESCRIBE_TRANSACTIONS: "DescribeTransactions",
     ApiKey.LIST_TRANSACTIONS: "ListTransactions",
+    KafkaApi.CREATE_PARTITIONS: "CreatePartitions",
+    KafkaApi.DELETE_RECORDS: "DeleteRecords",
+    KafkaApi.DESCRIBE_LOG_DIRS: "DescribeLogDirs",
+    KafkaApi.DESCRIBE_PRODUCERS: "DescribeProducers",
+    KafkaApi.ALTER_CONFIGS: "AlterConfigs",
+    KafkaApi.INCREMENTAL_ALTER_CONFIGS: "IncrementalAlterConfigs",
+    ApiKey.OFFSET_DELETE: "OffsetDelete",
 }
 
 # (min, max) served. Produce from v3 (v2 batches only), Fetch from v4 (isolation level).
 SUPPORTED: dict[int, tuple[int, int]] = {
     KafkaApi.PRODUCE: (3, 8),
     KafkaApi.FETCH: (4, 11),
-    KafkaApi.LIST_OFFSETS: (1, 5),
+    # v6 is flexible, v7 carries MAX_TIMESTAMP (-3, KIP-734); v8+ (tiered storage) is not.
+    KafkaApi.LIST_OFFSETS: (1, 7),
     KafkaApi.METADATA: (0, 8),
     KafkaApi.API_VERSIONS: (0, 3),
     KafkaApi.CREATE_TOPICS: (0, 4),
@@ -99,7 +113,14 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # librdkafka needs to bump an epoch), v4 knows PRODUCER_FENCED (KIP-588).
     KafkaApi.INIT_PRODUCER_ID: (0, 4),
     KafkaApi.OFFSET_FOR_LEADER_EPOCH: (0, 3),
-    KafkaApi.DESCRIBE_CONFIGS: (0, 3),
+    KafkaApi.DESCRIBE_CONFIGS: (0, 4),
+    KafkaApi.ALTER_CONFIGS: (0, 2),
+    KafkaApi.INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    KafkaApi.DELETE_RECORDS: (0, 2),
+    KafkaApi.DESCRIBE_LOG_DIRS: (0, 4),
+    KafkaApi.DESCRIBE_PRODUCERS: (0, 0),
+    # librdkafka asks CreatePartitions up to v1, kafka-python and the Java admin up to v3.
+    KafkaApi.CREATE_PARTITIONS: (0, 3),
     # Client quotas (KIP-546): every version (v1 is the flexible one).
     KafkaApi.DESCRIBE_CLIENT_QUOTAS: (0, 1),
     KafkaApi.ALTER_CLIENT_QUOTAS: (0, 1),
@@ -129,6 +150,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.TXN_OFFSET_COMMIT: (0, 3),
     ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
     ApiKey.LIST_TRANSACTIONS: (0, 1),
+    ApiKey.OFFSET_DELETE: (0, 0),
 }
 
 _HEAD = struct.Struct(">hhih")  # api_key, api_version, correlation_id, client_id length

@@ -324,7 +324,7 @@ def test_an_unserved_api_is_answered_and_the_connection_kept(cluster):
             (size,) = struct.unpack(">i", stream.read(4))
             return stream.read(size)
 
-        assert ask(21, 0, 1) == struct.pack(">ih", 1, 35)  # DeleteRecords: UNSUPPORTED_VERSION
+        assert ask(57, 0, 1) == struct.pack(">ih", 1, 35)  # UpdateFeatures: UNSUPPORTED_VERSION
         answer = ask(18, 0, 2)  # ApiVersions v0 on the same connection
         assert answer[:6] == struct.pack(">ih", 2, 0)
 

@@ -82,9 +82,9 @@ def test_an_unserved_version_is_answered_not_dropped():
     answer = unsupported_response(caught.value.header)
     body = decode_response(KafkaRequestHeader(KafkaApi.API_VERSIONS, 0, 5, None), answer[4:])
     assert body["error_code"] == ErrorCode.UNSUPPORTED_VERSION and body["api_keys"]
-    delete_records = struct.pack(">hhih", 21, 0, 6, -1) + b"\x00" * 8  # no spec here
+    update_features = struct.pack(">hhih", 57, 0, 6, -1) + b"\x00" * 8  # no spec here
     with pytest.raises(KafkaUnsupported) as caught:
-        decode_request(delete_records)
+        decode_request(update_features)
     assert unsupported_response(caught.value.header)[4:] == struct.pack(">ih", 6, 35)
 
 

@@ -634,14 +634,18 @@ def test_offset_for_timestamp(tmp_path: Path) -> None:
     log.append_as_leader(batch(vals(3), ts=100), 0)  # ts 100..102, offsets 0-2
     log.append_as_leader(batch(vals(2), ts=200), 0)  # ts 200..201, offsets 3-4
     log.append_as_leader(batch(vals(2), ts=150), 0)  # out of order, offsets 5-6
-    assert log.offset_for_timestamp(0) == (0, 102)
-    assert log.offset_for_timestamp(102) == (0, 102)
-    assert log.offset_for_timestamp(103) == (3, 201)
-    assert log.offset_for_timestamp(201) == (3, 201)
+    # Record granularity (Kafka's): the first record at or after the time, in offset order.
+    assert log.offset_for_timestamp(0) == (0, 100)
+    assert log.offset_for_timestamp(101) == (1, 101)
+    assert log.offset_for_timestamp(102) == (2, 102)
+    assert log.offset_for_timestamp(103) == (3, 200)
+    assert log.offset_for_timestamp(150) == (3, 200)
+    assert log.offset_for_timestamp(201) == (4, 201)
     assert log.offset_for_timestamp(202) is None
     log.close()
     log = open_log(tmp_path, segment_bytes=1)
-    assert log.offset_for_timestamp(103) == (3, 201)
+    assert log.offset_for_timestamp(103) == (3, 200)
+    assert log.offset_for_timestamp(201) == (4, 201)
 
 
 # --- hot-path cost ---------------------------------------------------------------------------
