@@ -95,7 +95,7 @@ def add_topics_arguments(topics: argparse.ArgumentParser) -> None:
     delete.add_argument("topics", nargs="+", metavar="TOPIC", help="topics to delete")
     delete.set_defaults(func=_cmd(_topics_delete))
     alter = tsub.add_parser("alter", help="add partitions to a topic (kafka-topics.sh --alter)")
-    alter.add_argument("topic")
+    alter.add_argument("topic", help="the topic to grow")
     alter.add_argument("--partitions", type=int, required=True, help="the new partition count")
     alter.add_argument(
         "--replica-assignment",
