@@ -60,8 +60,6 @@ _NO_MEANING_HERE = {
     "compression.gzip.level": "batches are not compressed",
     "compression.lz4.level": "batches are not compressed",
     "compression.zstd.level": "batches are not compressed",
-    "isolation.level": "no transactions: every record is committed, so read_committed and "
-    "read_uncommitted read the same",
     "security.protocol": "minibroker listens on plaintext loopback",
     "sasl.mechanism": "no SASL (security.protocol is PLAINTEXT)",
 }

@@ -31,21 +31,17 @@ def cluster(tmp_path_factory):
 
 
 def throttled_topic(cluster) -> tuple[str, int, int]:
-    """A topic whose partition 0 has one follower named in follower.replication.throttled
-    .replicas (the configs are set at creation: a leader that happens to be the named
-    broker fetches nothing, so another topic is made naming another broker)."""
-    for throttled in (2, 1, 0):
-        name = f"rq-{throttled}"
-        with SyncAdmin(cluster.bootstrap) as admin:
-            configs = {
-                "min.insync.replicas": "3",
-                "follower.replication.throttled.replicas": f"0:{throttled}",
-            }
-            admin.create_topics([NewTopic(name, 1, 3, configs)])
-        leader = cluster.wait_for_leader(name)
-        if leader != throttled:
-            return name, leader, throttled
-    raise AssertionError("every topic was led by the broker its throttle named")
+    """A topic whose partition 0 is led by broker 0 (a manual assignment: the first live
+    replica leads) and has broker 2 named in follower.replication.throttled.replicas."""
+    name, leader, throttled = "rq", 0, 2
+    with SyncAdmin(cluster.bootstrap) as admin:
+        configs = {
+            "min.insync.replicas": "3",
+            "follower.replication.throttled.replicas": f"0:{throttled}",
+        }
+        admin.create_topics([NewTopic(name, configs=configs, replica_assignments=[[0, 1, 2]])])
+    assert cluster.wait_for_leader(name) == leader
+    return name, leader, throttled
 
 
 def test_a_throttled_follower_leaves_the_isr_and_acks_all_is_refused(cluster):

@@ -125,10 +125,10 @@ def test_every_kafka_key_is_accepted_honoured_or_ignored_with_a_warning(caplog):
     with caplog.at_level("WARNING", logger="minibroker.spark"):
         read = parse_read_options(options, streaming=False)
     assert read.client_config["fetch.max.wait.ms"] == 250
+    assert read.client_config["isolation.level"] == "read_committed"  # ours: honoured
     warned = caplog.text
-    for key in ("security.protocol", "isolation.level", "group.id", "linger.ms", "ssl."):
+    for key in ("security.protocol", "group.id", "linger.ms", "ssl."):
         assert f"kafka.{key}" in warned
-    assert "read the same" in warned  # it says what the setting means here
     assert "only a streaming query commits its progress" in warned  # group.id in a batch read
     caplog.clear()
     with caplog.at_level("WARNING", logger="minibroker.spark"):
@@ -156,7 +156,6 @@ def test_every_kafka_key_is_accepted_honoured_or_ignored_with_a_warning(caplog):
     [
         ("kafka.security.protocol", "SASL_SSL", "no TLS and no SASL"),
         ("kafka.compression.type", "zstd", "not compressed"),
-        ("kafka.isolation.level", "dirty", "read_uncommitted or read_committed"),
         ("kafka.value.deserializer", "x.Y", "DataFrame operations"),
         ("kafka.lingr.ms", "5", "did you mean 'linger.ms'"),
     ],
@@ -164,6 +163,15 @@ def test_every_kafka_key_is_accepted_honoured_or_ignored_with_a_warning(caplog):
 def test_a_kafka_value_that_cannot_be_honoured_fails_saying_so(key, value, message):
     with pytest.raises(OptionError, match=message):
         parse_write_options({"kafka.bootstrap.servers": "h:1", "topic": "t", key: value})
+
+
+def test_the_source_reads_committed_records_only_when_asked():
+    """kafka.isolation.level reaches the source's consumer (transactions are served)."""
+    base = {"kafka.bootstrap.servers": "h:1", "subscribe": "t"}
+    opts = parse_read_options({**base, "kafka.isolation.level": "read_committed"}, streaming=False)
+    assert opts.client_config["isolation.level"] == "read_committed"
+    with pytest.raises(OptionError, match="read_uncommitted or read_committed"):
+        parse_read_options({**base, "kafka.isolation.level": "dirty"}, streaming=False)
 
 
 def test_offsets_by_timestamp_options_parse_and_take_precedence():
