@@ -382,6 +382,82 @@ def test_a_coordinator_killed_mid_commit_is_completed_by_the_next(cluster):
 
 
 @needs_partition_side
+def test_a_data_leader_killed_mid_transaction_commits_whole_or_aborts(cluster):
+    """Half the transaction's records are on the in-sync replicas when a data partition's
+    leader is killed (SIGKILL); the producer writes the other half, which wait for the new
+    leader, and commits. The transaction either commits whole (the markers reach the new
+    leader) or aborts: a read_committed reader, watching throughout, never sees a record
+    outside it, and sees all of it or none of it once it completes."""
+    topic, tid = "eos-leader-kill", "eos-leader-killed"
+    create(cluster.kafka_bootstrap, topic, 3)
+    producer = rd_producer(cluster, tid)
+    producer.init_transactions(60)
+    coordinator = describe(cluster, tid)["broker"]
+    victims = [p for p in range(3) if cluster.leader(topic, p) != coordinator]
+    assert victims, "every partition led by the coordinator's broker"
+    victim = cluster.leader(topic, victims[0])
+    watcher = RdConsumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "group.id": f"watch-{topic}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    watcher.assign([RdTopicPartition(topic, p, 0) for p in range(3)])
+    seen: list[bytes] = []
+
+    def watch(seconds: float) -> None:
+        message = watcher.poll(seconds)
+        if message is not None and message.error() is None:
+            seen.append(message.value())
+
+    whole = [b"before-%d" % i for i in range(30)] + [b"after-%d" % i for i in range(30)]
+    try:
+        producer.begin_transaction()
+        for i in range(30):
+            producer.produce(topic, b"before-%d" % i, partition=i % 3)
+        producer.flush(30)  # acks=all: on every in-sync replica
+        watch(0.2)
+        cluster.kill(victim)
+        killed = time.monotonic()
+        try:
+            for i in range(30):
+                producer.produce(topic, b"after-%d" % i, partition=i % 3)
+            try:
+                producer.commit_transaction(60)
+                committed = True
+            except KafkaException as exc:
+                assert exc.args[0].txn_requires_abort(), exc
+                producer.abort_transaction(60)
+                committed = False
+            final = "CompleteCommit" if committed else "CompleteAbort"
+            deadline = time.monotonic() + 60
+            while (describe(cluster, tid, settled=False) or {}).get("transaction_state") != final:
+                assert time.monotonic() < deadline, f"{tid} never reached {final}"
+                watch(0.05)
+            took = time.monotonic() - killed
+            assert cluster.leader(topic, victims[0]) not in (victim, -1)
+            deadline = time.monotonic() + 20
+            while committed and len(seen) < len(whole) and time.monotonic() < deadline:
+                watch(0.5)
+        finally:
+            cluster.restart(victim)
+    finally:
+        watcher.close()
+    print(f"data leader killed mid-transaction: {final} {took:.2f}s after the kill")
+    assert sorted(seen) == (sorted(whole) if committed else [])
+    assert sorted(read_committed(cluster, topic, 3, 60)) == (sorted(whole) if committed else [])
+    # The producer goes on with the next transaction.
+    producer.begin_transaction()
+    producer.produce(topic, b"next", partition=victims[0])
+    producer.commit_transaction(60)
+    wait_for_state(cluster, tid, "CompleteCommit")
+    expected = (len(whole) if committed else 0) + 1
+    assert b"next" in read_committed(cluster, topic, 3, expected)
+
+
+@needs_partition_side
 def test_kafka_python_commits_aborts_and_is_fenced(cluster):
     from kafka import KafkaProducer
     from kafka.errors import KafkaError as KpError
