@@ -288,6 +288,10 @@ def test_offsets_sent_in_a_transaction_commit_with_it(cluster):
             "bootstrap.servers": cluster.kafka_bootstrap,
             "group.id": "copier",
             "enable.auto.commit": False,
+            # librdkafka's default, read_committed, asks OffsetFetch with require_stable:
+            # while the transaction is open that answer waits for it (KIP-447; the test
+            # below). read_uncommitted sees that nothing is committed yet.
+            "isolation.level": "read_uncommitted",
         }
     )
     try:
@@ -300,6 +304,57 @@ def test_offsets_sent_in_a_transaction_commit_with_it(cluster):
         producer.commit_transaction(30)
         wait_for_state(cluster, "eos-copier", "CompleteCommit")  # every marker written
         assert consumer.committed([RdTopicPartition("eos-in", 0)], 10)[0].offset == 42
+    finally:
+        consumer.close()
+
+
+def offset_fetch_v7(cluster, group: str, topic: str, require_stable: bool) -> tuple[int, int]:
+    """OffsetFetch v7 (flexible, require_stable) on the Kafka listener of the group's
+    coordinator: ``(committed_offset, error_code)`` of ``topic``-0."""
+    for address in kafka_listeners(cluster):
+        answer = kafka_call(
+            address,
+            ApiKey.OFFSET_FETCH,
+            7,
+            {
+                "group_id": group,
+                "topics": [{"name": topic, "partition_indexes": [0]}],
+                "require_stable": require_stable,
+            },
+        )
+        if answer["error_code"] == 0:
+            (partition,) = answer["topics"][0]["partitions"]
+            return partition["committed_offset"], partition["error_code"]
+    raise AssertionError(f"no coordinator answered for {group}")
+
+
+@needs_partition_side
+def test_require_stable_offset_fetch_is_unstable_while_a_transaction_holds_offsets(cluster):
+    """KIP-447: OffsetFetch v7 with require_stable answers UNSTABLE_OFFSET_COMMIT for a
+    partition whose offsets an open transaction holds; the committed offset once it
+    commits. Without require_stable the previous offset is answered meanwhile."""
+    create(cluster.kafka_bootstrap, "eos-stable-in")
+    producer = rd_producer(cluster, "eos-stable")
+    producer.init_transactions(60)
+    consumer = RdConsumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "group.id": "stable-group",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.commit(offsets=[RdTopicPartition("eos-stable-in", 0, 3)], asynchronous=False)
+        assert offset_fetch_v7(cluster, "stable-group", "eos-stable-in", True) == (3, 0)
+        producer.begin_transaction()
+        offsets = [RdTopicPartition("eos-stable-in", 0, 17)]
+        producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 30)
+        unstable = RdKafkaError.UNSTABLE_OFFSET_COMMIT
+        assert offset_fetch_v7(cluster, "stable-group", "eos-stable-in", True) == (-1, unstable)
+        assert offset_fetch_v7(cluster, "stable-group", "eos-stable-in", False) == (3, 0)
+        producer.commit_transaction(30)
+        wait_for_state(cluster, "eos-stable", "CompleteCommit")
+        assert offset_fetch_v7(cluster, "stable-group", "eos-stable-in", True) == (17, 0)
     finally:
         consumer.close()
 

@@ -88,3 +88,44 @@ async def test_aborted_offsets_never_hide_committed_ones_after_compaction_and_re
     assert fresh.fetch_offsets() == {("t", 0): 5}
     assert fresh.groups.manager.groups["g"].pending_txn_offsets == {}
     fresh.rm.close()
+
+
+def offset_fetch(h: Harness, require_stable: bool, topics=None) -> dict:
+    answer = h.call(
+        p.ApiKey.OFFSET_FETCH,
+        {"group_id": "g", "topics": topics, "require_stable": require_stable},
+    )
+    return {
+        (t["name"], q["partition"]): (q["committed_offset"], E(q["error_code"]))
+        for t in answer["topics"]
+        for q in t["partitions"]
+    }
+
+
+async def test_require_stable_answers_unstable_offset_commit_while_offsets_are_pending(
+    tmp_path, nursery
+):
+    h = harness(tmp_path, nursery)
+    await h.load()
+    _, pid, epoch = h.init()
+    offsets_txn(h, pid, epoch, 5, commit=True)
+    await settle()
+    asked = [{"name": "t", "partition_indexes": [0, 1]}]
+    assert offset_fetch(h, True, asked) == {("t", 0): (5, E.NONE), ("t", 1): (-1, E.NONE)}
+    # An open transaction holds offsets for t-0: unstable, t-1 is not concerned.
+    h.call(
+        p.ApiKey.ADD_OFFSETS_TO_TXN,
+        {"transactional_id": "tx", "producer_id": pid, "producer_epoch": epoch, "group_id": "g"},
+    )
+    assert txn_commit(h, pid, epoch, {("t", 0): 8}) == {0}
+    assert offset_fetch(h, True, asked) == {
+        ("t", 0): (-1, E.UNSTABLE_OFFSET_COMMIT),
+        ("t", 1): (-1, E.NONE),
+    }
+    assert offset_fetch(h, True) == {("t", 0): (-1, E.UNSTABLE_OFFSET_COMMIT)}
+    # Without require_stable the committed offset is answered, as before KIP-447.
+    assert offset_fetch(h, False, asked)[("t", 0)] == (5, E.NONE)
+    assert h.end(pid, epoch, commit=True) is E.NONE
+    await settle()
+    assert offset_fetch(h, True, asked)[("t", 0)] == (8, E.NONE)
+    h.rm.close()
