@@ -19,6 +19,7 @@ group errors as data (protocol.connection's rule) while a refusal still raises.
 from __future__ import annotations
 
 from minibroker.protocol.schema import (
+    BOOL,
     BYTES,
     INT16,
     INT32,
@@ -211,7 +212,10 @@ OFFSET_FETCH_REQ = struct(
         "group_id": GROUP_ID,
         # None: every partition the group has committed.
         "topics": nullable(array(struct({"name": _TOPIC, "partition_indexes": array(_PARTITION)}))),
-    }
+    },
+    # KIP-447: a partition with offsets of an undecided transaction answers
+    # UNSTABLE_OFFSET_COMMIT (retriable) instead of the offset it may be about to replace.
+    {"require_stable": (BOOL, False)},
 )
 
 

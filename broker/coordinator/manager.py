@@ -24,7 +24,7 @@ from minibroker.broker.replication.coordinator_log import (
     partition_for,
 )
 from minibroker.broker.replication.replica_manager import ReplicaManager
-from minibroker.protocol.batch import increment_sequence
+from minibroker.protocol.batch import TRANSACTIONAL_FLAG, increment_sequence
 from minibroker.protocol.errors import ErrorCode
 
 # What a failed append of group records means to the client (Kafka's GroupMetadataManager
@@ -105,6 +105,10 @@ class GroupMetadataManager(CoordinatorPartitions):
         (producer_id, producer_epoch) makes it a transaction's batch (TxnOffsetCommit)."""
         if producer:
             producer["base_sequence"] = self._next_sequence(partition, **producer)
+            # Transactional in the header, as Kafka's are: the partition then holds its LSO
+            # and indexes the abort, so the cleaner drops aborted offsets instead of letting
+            # them shadow the group's committed ones.
+            producer["attributes"] = TRANSACTIONAL_FLAG
         super().append(
             partition,
             batch(entries, self.now_ms_wall(), **producer),

@@ -161,16 +161,26 @@ def fetch_offsets(coordinator: GroupCoordinator, body: dict) -> dict:
         pairs = sorted(offsets)
     else:
         pairs = [(t["name"], p) for t in wanted for p in t["partition_indexes"]]
+    # KIP-447 (Kafka's getOffsets with requireStable): a partition an open transaction
+    # has offsets for is unstable; the consumer retries rather than start from an offset
+    # the commit is about to move.
+    unstable: set[tuple[str, int]] = set()
+    if body.get("require_stable") and group is not None:
+        for pending in group.pending_txn_offsets.values():
+            unstable.update(pending)
     topics: dict[str, list] = {}
     for tp in pairs:
-        commit = offsets.get(tp, _NO_OFFSET)
+        if tp in unstable:
+            commit, code = _NO_OFFSET, ErrorCode.UNSTABLE_OFFSET_COMMIT
+        else:
+            commit, code = offsets.get(tp, _NO_OFFSET), ErrorCode.NONE
         topics.setdefault(tp[0], []).append(
             {
                 "partition": tp[1],
                 "committed_offset": commit.offset,
                 "committed_leader_epoch": commit.leader_epoch,
                 "metadata": commit.metadata,
-                "error_code": 0,
+                "error_code": int(code),
             }
         )
     return {

@@ -213,6 +213,7 @@ class GroupApis:
             "topics": None
             if topics is None
             else [{"name": t["name"], "partition_indexes": t["partition_indexes"]} for t in topics],
+            "require_stable": bool(body.get("require_stable", False)),  # v7+
         }
         result = self._native(header, ApiKey.OFFSET_FETCH, native, session)
 

@@ -137,7 +137,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.HEARTBEAT: (0, 3),
     ApiKey.LEAVE_GROUP: (0, 3),
     ApiKey.OFFSET_COMMIT: (0, 7),
-    ApiKey.OFFSET_FETCH: (0, 5),
+    # OffsetFetch to v7 (flexible from v6): v7's require_stable (KIP-447).
+    ApiKey.OFFSET_FETCH: (0, 7),
     ApiKey.LIST_GROUPS: (0, 2),
     ApiKey.DESCRIBE_GROUPS: (0, 4),
     ApiKey.DELETE_GROUPS: (0, 1),

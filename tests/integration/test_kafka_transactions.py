@@ -288,6 +288,10 @@ def test_offsets_sent_in_a_transaction_commit_with_it(cluster):
             "bootstrap.servers": cluster.kafka_bootstrap,
             "group.id": "copier",
             "enable.auto.commit": False,
+            # librdkafka's default, read_committed, asks OffsetFetch with require_stable:
+            # while the transaction is open that answer waits for it (KIP-447; the test
+            # below). read_uncommitted sees that nothing is committed yet.
+            "isolation.level": "read_uncommitted",
         }
     )
     try:
@@ -300,6 +304,57 @@ def test_offsets_sent_in_a_transaction_commit_with_it(cluster):
         producer.commit_transaction(30)
         wait_for_state(cluster, "eos-copier", "CompleteCommit")  # every marker written
         assert consumer.committed([RdTopicPartition("eos-in", 0)], 10)[0].offset == 42
+    finally:
+        consumer.close()
+
+
+def offset_fetch_v7(cluster, group: str, topic: str, require_stable: bool) -> tuple[int, int]:
+    """OffsetFetch v7 (flexible, require_stable) on the Kafka listener of the group's
+    coordinator: ``(committed_offset, error_code)`` of ``topic``-0."""
+    for address in kafka_listeners(cluster):
+        answer = kafka_call(
+            address,
+            ApiKey.OFFSET_FETCH,
+            7,
+            {
+                "group_id": group,
+                "topics": [{"name": topic, "partition_indexes": [0]}],
+                "require_stable": require_stable,
+            },
+        )
+        if answer["error_code"] == 0:
+            (partition,) = answer["topics"][0]["partitions"]
+            return partition["committed_offset"], partition["error_code"]
+    raise AssertionError(f"no coordinator answered for {group}")
+
+
+@needs_partition_side
+def test_require_stable_offset_fetch_is_unstable_while_a_transaction_holds_offsets(cluster):
+    """KIP-447: OffsetFetch v7 with require_stable answers UNSTABLE_OFFSET_COMMIT for a
+    partition whose offsets an open transaction holds; the committed offset once it
+    commits. Without require_stable the previous offset is answered meanwhile."""
+    create(cluster.kafka_bootstrap, "eos-stable-in")
+    producer = rd_producer(cluster, "eos-stable")
+    producer.init_transactions(60)
+    consumer = RdConsumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "group.id": "stable-group",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.commit(offsets=[RdTopicPartition("eos-stable-in", 0, 3)], asynchronous=False)
+        assert offset_fetch_v7(cluster, "stable-group", "eos-stable-in", True) == (3, 0)
+        producer.begin_transaction()
+        offsets = [RdTopicPartition("eos-stable-in", 0, 17)]
+        producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 30)
+        unstable = RdKafkaError.UNSTABLE_OFFSET_COMMIT
+        assert offset_fetch_v7(cluster, "stable-group", "eos-stable-in", True) == (-1, unstable)
+        assert offset_fetch_v7(cluster, "stable-group", "eos-stable-in", False) == (3, 0)
+        producer.commit_transaction(30)
+        wait_for_state(cluster, "eos-stable", "CompleteCommit")
+        assert offset_fetch_v7(cluster, "stable-group", "eos-stable-in", True) == (17, 0)
     finally:
         consumer.close()
 
@@ -379,6 +434,82 @@ def test_a_coordinator_killed_mid_commit_is_completed_by_the_next(cluster):
     print(f"coordinator failover mid-commit completed {took:.2f}s after the kill")
     got = read_committed(cluster, "eos-failover", 2, 20)
     assert sorted(got) == sorted(b"whole-%d" % i for i in range(20))
+
+
+@needs_partition_side
+def test_a_data_leader_killed_mid_transaction_commits_whole_or_aborts(cluster):
+    """Half the transaction's records are on the in-sync replicas when a data partition's
+    leader is killed (SIGKILL); the producer writes the other half, which wait for the new
+    leader, and commits. The transaction either commits whole (the markers reach the new
+    leader) or aborts: a read_committed reader, watching throughout, never sees a record
+    outside it, and sees all of it or none of it once it completes."""
+    topic, tid = "eos-leader-kill", "eos-leader-killed"
+    create(cluster.kafka_bootstrap, topic, 3)
+    producer = rd_producer(cluster, tid)
+    producer.init_transactions(60)
+    coordinator = describe(cluster, tid)["broker"]
+    victims = [p for p in range(3) if cluster.leader(topic, p) != coordinator]
+    assert victims, "every partition led by the coordinator's broker"
+    victim = cluster.leader(topic, victims[0])
+    watcher = RdConsumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "group.id": f"watch-{topic}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    watcher.assign([RdTopicPartition(topic, p, 0) for p in range(3)])
+    seen: list[bytes] = []
+
+    def watch(seconds: float) -> None:
+        message = watcher.poll(seconds)
+        if message is not None and message.error() is None:
+            seen.append(message.value())
+
+    whole = [b"before-%d" % i for i in range(30)] + [b"after-%d" % i for i in range(30)]
+    try:
+        producer.begin_transaction()
+        for i in range(30):
+            producer.produce(topic, b"before-%d" % i, partition=i % 3)
+        producer.flush(30)  # acks=all: on every in-sync replica
+        watch(0.2)
+        cluster.kill(victim)
+        killed = time.monotonic()
+        try:
+            for i in range(30):
+                producer.produce(topic, b"after-%d" % i, partition=i % 3)
+            try:
+                producer.commit_transaction(60)
+                committed = True
+            except KafkaException as exc:
+                assert exc.args[0].txn_requires_abort(), exc
+                producer.abort_transaction(60)
+                committed = False
+            final = "CompleteCommit" if committed else "CompleteAbort"
+            deadline = time.monotonic() + 60
+            while (describe(cluster, tid, settled=False) or {}).get("transaction_state") != final:
+                assert time.monotonic() < deadline, f"{tid} never reached {final}"
+                watch(0.05)
+            took = time.monotonic() - killed
+            assert cluster.leader(topic, victims[0]) not in (victim, -1)
+            deadline = time.monotonic() + 20
+            while committed and len(seen) < len(whole) and time.monotonic() < deadline:
+                watch(0.5)
+        finally:
+            cluster.restart(victim)
+    finally:
+        watcher.close()
+    print(f"data leader killed mid-transaction: {final} {took:.2f}s after the kill")
+    assert sorted(seen) == (sorted(whole) if committed else [])
+    assert sorted(read_committed(cluster, topic, 3, 60)) == (sorted(whole) if committed else [])
+    # The producer goes on with the next transaction.
+    producer.begin_transaction()
+    producer.produce(topic, b"next", partition=victims[0])
+    producer.commit_transaction(60)
+    wait_for_state(cluster, tid, "CompleteCommit")
+    expected = (len(whole) if committed else 0) + 1
+    assert b"next" in read_committed(cluster, topic, 3, expected)
 
 
 @needs_partition_side
