@@ -35,6 +35,8 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time, __getattr_
         TopicPartition,
     )
     from minibroker.client.sync import SyncAdmin, SyncConsumer, SyncDeliveryHandle, SyncProducer
+    from minibroker.client.transactions import ConsumerGroupMetadata
+    from minibroker.client.txn_state import IllegalTransactionState, TransactionAborted
 
 # Re-exported lazily (PEP 562), as minibroker.broker's are: importing one light module
 # (``minibroker.client.config`` for a default in a --help text, ``client.records``) must
@@ -70,6 +72,9 @@ _PUBLIC = {
     "SyncConsumer": "minibroker.client.sync",
     "SyncDeliveryHandle": "minibroker.client.sync",
     "SyncProducer": "minibroker.client.sync",
+    "ConsumerGroupMetadata": "minibroker.client.transactions",
+    "IllegalTransactionState": "minibroker.client.txn_state",
+    "TransactionAborted": "minibroker.client.txn_state",
 }
 
 __all__ = [
@@ -83,8 +88,10 @@ __all__ = [
     "ConfigEntry",
     "ConfigResource",
     "Consumer",
+    "ConsumerGroupMetadata",
     "ConsumerRecord",
     "DeliveryHandle",
+    "IllegalTransactionState",
     "NewPartitions",
     "NewTopic",
     "OffsetAndTimestamp",
@@ -99,6 +106,7 @@ __all__ = [
     "SyncProducer",
     "TopicDescription",
     "TopicPartition",
+    "TransactionAborted",
     "errors",
     "key_partition",
     "load_config",

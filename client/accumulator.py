@@ -99,10 +99,11 @@ class ProducerBatch:
     def sealed(self) -> bool:
         return self.payload is not None
 
-    def seal(self, producer: tuple[int, int, int] | None = None) -> bytes:
+    def seal(self, producer: tuple[int, int, int] | None = None, attributes: int = 0) -> bytes:
         """Encode once (one msgpack call); retries resend the same bytes.
 
-        ``producer``: (producer_id, epoch, base_sequence) of an idempotent producer.
+        ``producer``: (producer_id, epoch, base_sequence) of an idempotent producer;
+        ``attributes``: TRANSACTIONAL_FLAG for a transactional one's.
         """
         if self.payload is None:
             self.count = len(self.records)
@@ -116,6 +117,7 @@ class ProducerBatch:
                     producer_id=producer[0],
                     producer_epoch=producer[1],
                     base_sequence=producer[2],
+                    attributes=attributes,
                 )
                 self.base_sequence = producer[2]
             self.records = []

@@ -197,6 +197,20 @@ SETTINGS: dict[str, Setting] = {
         "Retries never store a record twice nor reorder (needs acks=all, retries > 0, "
         "max.in.flight.requests.per.connection <= 5; Kafka 3.x's default).",
     ),
+    "transactional.id": Setting(
+        _string,
+        "",
+        _P,
+        "Makes the producer transactional (init_transactions, begin/commit/abort_transaction); "
+        "implies enable.idempotence. A second producer with the same id fences the first.",
+    ),
+    "transaction.timeout.ms": Setting(
+        _int(1, _INT32_MAX),
+        60000,
+        _P,
+        "Longest a transaction may stay open before its coordinator aborts it (at most the "
+        "broker's transaction.max.timeout.ms).",
+    ),
     "max.in.flight.requests.per.connection": Setting(
         _int(1), 5, _P, "Unanswered produce requests per broker."
     ),
@@ -322,12 +336,19 @@ _IDEMPOTENCE_NEEDS = (
 
 def _check_consistency(role: str, values: dict[str, Any], given: set[str]) -> None:
     if role == "producer":
+        transactional = bool(values["transactional.id"])
+        if transactional and not values["enable.idempotence"]:
+            raise ValueError(
+                "config 'transactional.id': a transactional producer needs "
+                "enable.idempotence=true (Kafka's rule)"
+            )
         for key, ok, needed in _IDEMPOTENCE_NEEDS:
             if ok(values[key]):
                 continue
-            if "enable.idempotence" in given and values["enable.idempotence"]:
+            if transactional or ("enable.idempotence" in given and values["enable.idempotence"]):
+                why = "a transactional producer" if transactional else "the idempotent producer"
                 raise ValueError(
-                    f"config '{key}': must set {needed} to use the idempotent producer "
+                    f"config '{key}': must set {needed} to use {why} "
                     "(or set enable.idempotence=false)"
                 )
             # Kafka 3.2+: idempotence on by default only, so a conflicting setting turns it off.

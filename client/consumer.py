@@ -28,6 +28,7 @@ from minibroker.client.offsets import (
     refine_by_time,
 )
 from minibroker.client.records import ConsumerRecord, TopicPartition
+from minibroker.client.transactions import ConsumerGroupMetadata
 from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey
 from minibroker.protocol.errors import KafkaError, OffsetOutOfRange
 
@@ -375,11 +376,14 @@ class Consumer(ClusterClient):
             raise ValueError("this consumer has no group.id: pass group_id= to use a group")
         return self._group
 
-    def group_metadata(self) -> tuple[str, int, str]:
-        """Kafka's groupMetadata(): (group id, generation, member id) as this member holds
-        them now; generation -1 and no member id while it is not in a generation."""
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """Kafka's groupMetadata(): group id, generation, member id and group instance id as
+        this member holds them now (generation -1 and no member id while it is not in a
+        generation); a transactional producer's send_offsets_to_transaction takes it."""
         group = self._member()
-        return group.group_id, group.generation, group.member_id
+        return ConsumerGroupMetadata(
+            group.group_id, group.generation, group.member_id, group.instance_id
+        )
 
     def subscribe(self, topics: Iterable[str], listener: RebalanceListener | None = None) -> None:
         """Consume ``topics`` as a member of the group: its rebalances assign the partitions

@@ -40,6 +40,7 @@ from minibroker.client.assignors import (
     is_cooperative,
 )
 from minibroker.client.cluster import Cluster
+from minibroker.client.coordinator import COORDINATOR_ERRORS, GROUP, CoordinatorRoute
 from minibroker.client.records import TopicPartition
 from minibroker.protocol import ApiKey, api_name
 from minibroker.protocol.errors import (
@@ -50,14 +51,6 @@ from minibroker.protocol.errors import (
     error_class,
 )
 
-# Find the coordinator again and retry.
-COORDINATOR_ERRORS = frozenset(
-    {
-        ErrorCode.COORDINATOR_NOT_AVAILABLE,
-        ErrorCode.NOT_COORDINATOR,
-        ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-    }
-)
 # This member's id or generation is no longer the group's: join afresh.
 MEMBERSHIP_ERRORS = frozenset(
     {ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION, ErrorCode.REBALANCE_IN_PROGRESS}
@@ -71,17 +64,15 @@ class CommitFailed(KafkaError):
     code = ErrorCode.REBALANCE_IN_PROGRESS
 
 
-class GroupMembership:
+class GroupMembership(CoordinatorRoute):
     """One member of one group, over a client's Cluster."""
 
     def __init__(self, cluster: Cluster, config: Mapping[str, Any], log: Callable[..., None]):
-        self.cluster = cluster
-        self.config = config
+        super().__init__(cluster, config["group.id"], GROUP, config)
         self.group_id: str = config["group.id"]
         self.instance_id: str | None = config.get("group.instance.id") or None
         self.fatal: KafkaError | None = None  # raised by the next poll (fenced)
         self.log = log
-        self.coordinator: int | None = None
         self.member_id = ""
         self.generation = -1
         self.protocol: str | None = None
@@ -99,45 +90,7 @@ class GroupMembership:
         self.assigned_counts: dict[str, int] | None = None
         self.backoff = config["retry.backoff.ms"] / 1000
 
-    # --- coordinator ------------------------------------------------------------------------
-
-    async def _find_coordinator(self) -> int:
-        while self.coordinator is None:
-            body = await self.cluster.any_request(ApiKey.FIND_COORDINATOR, {"key": self.group_id})
-            code = ErrorCode.parse(body["error_code"])
-            if code is ErrorCode.NONE:
-                if body["node_id"] not in self.cluster.brokers:
-                    await self.cluster.refresh(())
-                self.coordinator = body["node_id"]
-            elif code.retriable:
-                await trio.sleep(self.backoff)
-            else:
-                raise error_class(code)(body.get("error_message") or "")
-        return self.coordinator
-
-    async def call(self, api_key: int, body: dict) -> dict:
-        """A request to the coordinator; coordinator moves and network errors are retried
-        (up to request.timeout.ms) against whichever broker coordinates the group now."""
-        deadline = time.monotonic() + self.config["request.timeout.ms"] / 1000
-        while True:
-            try:
-                node = await self._find_coordinator()
-                version = (await self.cluster.connection(node)).versions.get(api_key, 0)
-                answer = await self.cluster.request(
-                    node, api_key, self._in_version(api_key, version, body), version=version
-                )
-            except KafkaError as exc:
-                if not exc.retriable or time.monotonic() > deadline:
-                    raise
-                self.coordinator = None
-                await trio.sleep(self.backoff)
-                continue
-            code = ErrorCode.parse(answer.get("error_code", 0))
-            if code in COORDINATOR_ERRORS and time.monotonic() <= deadline:
-                self.coordinator = None
-                await trio.sleep(self.backoff)
-                continue
-            return answer
+    # --- coordinator (CoordinatorRoute: find it, follow it when it moves) -----------------
 
     def _in_version(self, api_key: int, version: int, body: dict) -> dict:
         """``body`` as ``version`` of ``api_key`` has it: version 0 of the group APIs

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +33,8 @@ from minibroker.client.records import (
     to_bytes,
 )
 from minibroker.client.sender import Sender
+from minibroker.client.transactions import ConsumerGroupMetadata, TransactionManager
+from minibroker.client.txn_state import TransactionAborted, TransactionState, TxnState
 from minibroker.protocol.errors import MessageTooLarge, RequestTimedOut
 
 _time_ns = time.time_ns
@@ -56,6 +59,12 @@ class Producer(ClusterClient):
     cut only by batch.size, :meth:`close_batches` and flush (linger.ms does not apply),
     null-key records are spread from a start derived from the id, and a batch given up
     on fails what follows instead of bumping the epoch.
+
+    ``transactional.id`` makes it Kafka's transactional producer: ``init_transactions()``
+    once, then ``begin_transaction()``, sends (and ``send_offsets_to_transaction``), and
+    ``commit_transaction()`` or ``abort_transaction()``. An error from commit other than
+    a fatal one (ProducerFenced and the other codes in client/txn_state.py FATAL; the
+    state is then FATAL_ERROR) means: call ``abort_transaction()`` and start over.
     """
 
     ROLE = "producer"
@@ -84,11 +93,26 @@ class Producer(ClusterClient):
         self._buffer_memory: int = self.config["buffer.memory"]
         self._max_block_s: float = self.config["max.block.ms"] / 1000
         self._sender: Sender | None = None
+        self._txn: TransactionState | None = None
+        self._txn_manager: TransactionManager | None = None
+        # What the transactional producer did (ids, retries), for the caller's logging.
+        self.transaction_events: deque[tuple[str, dict]] = deque(maxlen=1000)
+        if self.config["transactional.id"]:
+            if identity is not None:
+                raise ValueError("a fixed producer identity cannot be transactional")
+            self._txn = TransactionState(self.config["transactional.id"])
+            # Checked per record only when transactional: the plain path stays as it was.
+            self._append = self._append_in_txn
 
     # --- lifecycle ------------------------------------------------------------------------
 
     async def _started(self, nursery: trio.Nursery) -> None:
         self._sender = Sender(self.config, self._cluster, self._acc, self._identity)
+        if self._txn is not None:
+            self._txn_manager = TransactionManager(
+                self.config, self._cluster, self._sender.idempotence, self._txn, self._txn_event
+            )
+            self._sender.use_transactions(self._txn, self._txn_manager)
         await nursery.start(self._sender.run)
 
     async def __aexit__(self, *exc_info: Any) -> None:
@@ -190,6 +214,10 @@ class Producer(ClusterClient):
             self._sender.wake()
         return DeliveryHandle(batch, index), created
 
+    def _append_in_txn(self, fields: RecordFields) -> tuple[DeliveryHandle, bool]:
+        self._txn.check_send()
+        return Producer._append(self, fields)
+
     def _place(
         self,
         topic: str,
@@ -244,3 +272,80 @@ class Producer(ClusterClient):
     def partitions_for(self, topic: str) -> int | None:
         """Partition count from the metadata this producer has (None: not known yet)."""
         return self._cluster.partition_count(topic) if self._cluster else None
+
+    # --- transactions (Kafka's transactional producer API) ---------------------------------------
+
+    def _txn_event(self, event: str, **fields: Any) -> None:
+        self.transaction_events.append((event, fields))
+
+    def _transactional(self) -> tuple[TransactionState, TransactionManager]:
+        self._open()
+        if self._txn is None:
+            raise ValueError("this producer has no transactional.id: set it to use transactions")
+        return self._txn, self._txn_manager
+
+    @property
+    def transaction_state(self) -> str | None:
+        """Kafka's TransactionManager state (READY, IN_TRANSACTION, ABORTABLE_ERROR, ...);
+        None for a producer without transactional.id."""
+        return None if self._txn is None else self._txn.state.value
+
+    async def init_transactions(self) -> None:
+        """Get this transactional.id's producer id and a new epoch: the coordinator fences
+        every earlier producer with the same id and aborts what it left open. Call once,
+        before the first transaction (again after a RequestTimedOut to resume)."""
+        state, manager = self._transactional()
+        if state.state is not TxnState.INITIALIZING:
+            state.transition(TxnState.INITIALIZING)
+        await manager.init_producer_id()
+        state.transition(TxnState.READY)
+
+    def begin_transaction(self) -> None:
+        """Open a transaction (locally: the coordinator hears of it with its first
+        partition or offsets)."""
+        state, _ = self._transactional()
+        state.begin()
+
+    async def send_offsets_to_transaction(
+        self,
+        offsets: Mapping[tuple[str, int], int],
+        group_metadata: ConsumerGroupMetadata | tuple | str,
+    ) -> None:
+        """Commit ``offsets`` (the next offset to consume, per partition) for the consumer's
+        group together with this transaction: a read_committed application's
+        consume-transform-produce step happens exactly once. ``group_metadata`` is the
+        consumer's ``group_metadata()`` (a bare group id skips KIP-447's member fencing)."""
+        state, manager = self._transactional()
+        state.in_transaction("send offsets")
+        if isinstance(group_metadata, str):
+            group = ConsumerGroupMetadata(group_metadata)
+        else:
+            group = ConsumerGroupMetadata(*group_metadata)
+        await manager.send_offsets(offsets, group)
+
+    async def commit_transaction(self) -> None:
+        """Flush the transaction's records, then commit it: read_committed consumers see
+        all of it, and the offsets sent with it become the group's. Raises the error that
+        made it abortable (then call abort_transaction()), or a fatal one."""
+        state, manager = self._transactional()
+        state.begin_commit()
+        await self._sender.flush()
+        state.raise_if_failed()
+        await manager.end_txn(commit=True)
+        state.transition(TxnState.READY)
+
+    async def abort_transaction(self) -> None:
+        """Drop the open transaction: records not sent yet fail with TransactionAborted,
+        the rest are written but aborted (read_committed consumers skip them), offsets
+        sent with it are discarded. The producer is READY for the next one."""
+        state, manager = self._transactional()
+        state.begin_abort()
+        self._sender.abort_undrained(TransactionAborted("the transaction was aborted"))
+        await self._sender.flush()
+        await manager.end_txn(commit=False)
+        if self._sender.idempotence.bump_needed:
+            # A batch was given up on after it took a sequence: a new epoch restarts the
+            # sequences (KIP-360's InitProducerId with the current id and epoch).
+            state.transition(TxnState.INITIALIZING)
+            await manager.init_producer_id(bump=True)
+        state.transition(TxnState.READY)

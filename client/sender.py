@@ -9,6 +9,12 @@ metadata refresh, until ``retries`` or ``delivery.timeout.ms`` runs out.
 With ``enable.idempotence`` (client/idempotence.py) nothing is sent before the producer
 has an id; a batch keeps its sequence across retries, and a retried batch goes out only
 when no other batch of its partition is in flight, so retries never reorder.
+
+With ``transactional.id`` (client/transactions.py) the id comes from init_transactions,
+batches carry the transactional bit, a partition's batches wait until the coordinator
+has added it to the open transaction, and a batch given up on makes the transaction
+abortable instead of bumping the epoch here (the abort does that). None of it costs a
+non-transactional producer anything per record.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from minibroker.client.accumulator import (
 from minibroker.client.cluster import Cluster
 from minibroker.client.idempotence import FixedIdentity, IdempotenceState
 from minibroker.client.records import RecordMetadata
+from minibroker.client.txn_state import TransactionAborted, TransactionState, TxnState
 from minibroker.protocol import ApiKey
+from minibroker.protocol.batch import TRANSACTIONAL_FLAG
 from minibroker.protocol.errors import (
     ErrorCode,
     KafkaError,
@@ -76,6 +84,10 @@ class Sender:
         self.in_flight: dict[int, int] = defaultdict(int)
         self.in_flight_batches: set[ProducerBatch] = set()
         self.idempotence = IdempotenceState(identity) if config["enable.idempotence"] else None
+        # A transactional producer's state (set by the Producer with its manager).
+        self.txn: TransactionState | None = None
+        self.txn_manager: Any = None
+        self._attributes = 0
         self._in_flight_by_partition: dict[tuple[str, int], int] = defaultdict(int)
         self._init_running = False
         self._resolving = False
@@ -131,6 +143,8 @@ class Sender:
                 for batch in self.acc.expired(now):
                     self._fail(batch, self._expiry_error(batch))
                 ready, next_ms = self.acc.ready(now)
+                if ready and self.txn is not None:
+                    ready = self._txn_ready(ready)
                 if ready and self.idempotence is not None and not self._producer_id_ready():
                     # Before a bump only batches whose fate is unknown may go, as they are.
                     batches = self.acc.batches
@@ -170,6 +184,10 @@ class Sender:
         """May sequenced batches go out now? Bumps the epoch or asks for an id first."""
         idem = self.idempotence
         self._resolving = False
+        if self.txn is not None:
+            # init_transactions gives the id; a hole made the transaction abortable and
+            # its abort bumps the epoch: nothing of this epoch goes out meanwhile.
+            return idem.has_producer_id and not idem.bump_needed
         if idem.bump_needed and idem.fixed:
             # No new epoch to move to: nothing after the hole may go out. The writer
             # fails and its rerun sends everything again from sequence 0.
@@ -234,7 +252,48 @@ class Sender:
             batch.seal()
         else:
             sequence = idem.take_sequence(key, len(batch.records))
-            batch.seal((idem.producer_id, idem.epoch, sequence))
+            batch.seal((idem.producer_id, idem.epoch, sequence), self._attributes)
+
+    # --- transactions -----------------------------------------------------------------------
+
+    def use_transactions(self, state: TransactionState, manager: Any) -> None:
+        """Make this sender transactional (the Producer calls it before it runs)."""
+        self.txn = state
+        self.txn_manager = manager
+        self._attributes = TRANSACTIONAL_FLAG
+
+    def _txn_ready(self, ready: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The ready partitions already in the open transaction. The others wait for
+        AddPartitionsToTxn, asked here (one request at a time, for every partition that
+        lacks it); after an abortable or fatal error nothing more is sent, and what
+        waits fails with that error (Kafka's abortUndrainedBatches)."""
+        state = self.txn
+        if state.failed or state.state is TxnState.ABORTING_TRANSACTION:
+            reason = state.error if state.failed else TransactionAborted("aborted before sent")
+            for batch in self.acc.drain_all():
+                self._fail(batch, reason)
+            return []
+        added = state.partitions
+        if all(key in added for key in ready):
+            return ready
+        manager = self.txn_manager
+        if not manager.adding:
+            manager.adding = True
+            self._nursery.start_soon(self._add_partitions)
+        return [key for key in ready if key in added]
+
+    async def _add_partitions(self) -> None:
+        try:
+            await self.txn_manager.add_partitions(
+                lambda: [k for k, dq in self.acc.batches.items() if dq]
+            )
+        finally:
+            self.wake()
+
+    def abort_undrained(self, reason: BaseException) -> None:
+        """Fail every batch not yet sent (an abort: they are not in any transaction)."""
+        for batch in self.acc.drain_all():
+            self._fail(batch, reason)
 
     def _earlier_pending(self, batch: ProducerBatch) -> bool:
         """Is a batch of the same partition with a lower sequence in flight or queued?"""
@@ -369,6 +428,9 @@ class Sender:
     def _out_of_order(self, batch: ProducerBatch, error: KafkaError) -> None:
         """Behind a batch being retried: wait for it. The oldest pending one: the leader
         has no state leading here (it was not written), so bump the epoch and resend."""
+        if self.txn is not None:
+            self._fail(batch, error)  # the transaction is abortable; its abort bumps
+            return
         if not self._earlier_pending(batch):
             self.idempotence.request_bump()
         self._retry_or_fail(batch, error, retriable=True)
@@ -383,6 +445,8 @@ class Sender:
             # Its sequence may never reach the leader: a hole every later batch would be
             # refused for. A new epoch starts the sequences over.
             self.idempotence.request_bump()
+        if self.txn is not None:
+            self.txn.record_failed(error)
         self.acc.release(batch)
         batch.fail(error)
         self._space_freed()

@@ -205,6 +205,16 @@ class SyncProducer(_SyncBase):
     close_batches = blocking(Producer.close_batches)
     wait_for_partitions = blocking(Producer.wait_for_partitions)
     partitions_for = blocking(Producer.partitions_for)
+    init_transactions = blocking(Producer.init_transactions)
+    begin_transaction = blocking(Producer.begin_transaction)
+    send_offsets_to_transaction = blocking(Producer.send_offsets_to_transaction)
+    commit_transaction = blocking(Producer.commit_transaction)
+    abort_transaction = blocking(Producer.abort_transaction)
+
+    @property
+    def transaction_state(self) -> str | None:
+        """The transactional producer's state (see Producer.transaction_state)."""
+        return self._loop.client.transaction_state
 
     def send_many(self, topic: str, records: Iterable[Any]) -> list[SyncDeliveryHandle]:
         """Queue many records in one thread hop. Each item is a value, or a dict of

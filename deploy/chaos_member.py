@@ -43,7 +43,7 @@ class Log:
         self.out, self.consumer, self.name = out, consumer, name
 
     def __call__(self, event: str, **fields: Any) -> None:
-        _, generation, member_id = self.consumer.group_metadata()
+        _, generation, member_id, _ = self.consumer.group_metadata()
         line = {"t": time.time(), "m": self.name, "ev": event, "gen": generation}
         self.out.write(json.dumps({**line, "mid": member_id, **fields}) + "\n")
         self.out.flush()

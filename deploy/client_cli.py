@@ -557,7 +557,7 @@ async def _say_why_the_first_assignment_waits(consumer: Consumer, group: str) ->
 
     await trio.sleep(FIRST_ASSIGNMENT_NOTICE_S)
     while True:
-        _, generation, member_id = consumer.group_metadata()
+        _, generation, member_id, _ = consumer.group_metadata()
         if generation >= 0:
             return  # assigned: nothing to explain
         if member_id:
