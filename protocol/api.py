@@ -538,6 +538,7 @@ FAULT_ACTIONS = (
     "delay-replication",
     "drop-replication",
     "delay-api",
+    "delay-request",
     "fail-api",
     "isolate",
     "clear",
