@@ -113,14 +113,26 @@ class GroupMembership:
 
     async def call(self, api_key: int, body: dict) -> dict:
         """A request to the coordinator; coordinator moves and network errors are retried
-        (up to request.timeout.ms) against whichever broker coordinates the group now."""
-        deadline = time.monotonic() + self.config["request.timeout.ms"] / 1000
+        (up to request.timeout.ms) against whichever broker coordinates the group now.
+
+        A JoinGroup waits at the coordinator until every member rejoined, up to the
+        rebalance timeout (max.poll.interval.ms), so it is given that plus 5 s when that
+        is longer than request.timeout.ms (Kafka's JOIN_GROUP_TIMEOUT_LAPSE): timed out
+        sooner, it would be sent again and again while the group waits for a slow member."""
+        timeout = self.config["request.timeout.ms"] / 1000
+        if api_key == ApiKey.JOIN_GROUP:
+            timeout = max(timeout, self.config["max.poll.interval.ms"] / 1000 + 5)
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 node = await self._find_coordinator()
                 version = (await self.cluster.connection(node)).versions.get(api_key, 0)
                 answer = await self.cluster.request(
-                    node, api_key, self._in_version(api_key, version, body), version=version
+                    node,
+                    api_key,
+                    self._in_version(api_key, version, body),
+                    version=version,
+                    timeout=timeout,
                 )
             except KafkaError as exc:
                 if not exc.retriable or time.monotonic() > deadline:
