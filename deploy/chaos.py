@@ -42,6 +42,7 @@ from minibroker.deploy.nemesis import (
     COORDINATOR,
     FAULT_KINDS,
     GROUP_FAULT_KINDS,
+    SLOW_GROUP_REQUEST_MS,
     UNDO,
     Fault,
     plan_nemesis,
@@ -269,6 +270,14 @@ class ChaosRun:
                 error_code=int(ErrorCode.NOT_COORDINATOR),
                 count=-1,
             )
+            return
+        if kind == "slow-heartbeats":
+            for api in (ApiKey.HEARTBEAT, ApiKey.SYNC_GROUP):
+                await self._admin.faults(
+                    broker, "delay-request", api_key=int(api), delay_ms=SLOW_GROUP_REQUEST_MS
+                )
+            if self.groups is not None:  # the rebalances the held heartbeats must straddle
+                await self.groups.bounce()
             return
         if kind == "heal":
             _, errors = await isolation.clear(self._admin, broker)

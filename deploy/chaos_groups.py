@@ -81,6 +81,9 @@ class GroupWorkload:
         self.history = GroupHistory(members, settle_bound_s=SETTLE_BOUND_S)
         self.schedule = plan_member_faults(seed, duration_s, members)
         self.procs: list[subprocess.Popen] = []
+        self.rng = random.Random(f"bounce-{seed}")
+        self.busy: set[int] = set()  # members being bounced
+        self._at: Callable[[float], float] | None = None  # a run offset as trio time
 
     async def start(self, admin: Admin, timeout_s: float = 60) -> None:
         """Start every member and wait (bounded) for the group to be Stable with all of
@@ -105,8 +108,12 @@ class GroupWorkload:
         """Pause/resume or kill/restart members on schedule (``at``: a run offset as trio
         time)."""
         counts = self.history.nemesis
+        self._at = at
         for f in self.schedule:
             await trio.sleep_until(at(f.start_s))
+            if f.member in self.busy:
+                self.log(f"nemesis: {f.kind} member m{f.member} skipped: it is being bounced")
+                continue
             self.log(f"nemesis: {f.kind} member m{f.member}")
             proc = self.procs[f.member]
             proc.send_signal(signal.SIGSTOP if f.kind == "pause" else signal.SIGKILL)
@@ -119,6 +126,29 @@ class GroupWorkload:
                 await trio.to_thread.run_sync(proc.wait)
                 self.log(f"nemesis: restart member m{f.member}")
                 self.procs[f.member] = self._spawn(f.member)
+
+    async def bounce(self) -> None:
+        """A member leaves (SIGTERM: it sends LeaveGroup) and a new process takes its place:
+        two rebalances among the members that stay, at once and when the newcomer joins.
+        Only a member the member nemesis is not faulting (a paused one would not leave)."""
+        now, at = trio.current_time(), self._at
+        faulted = {f.member for f in self.schedule if at and at(f.start_s) <= now <= at(f.end_s)}
+        free = [i for i in range(self.history.members) if i not in faulted | self.busy]
+        if not free:
+            self.log("nemesis: bounce skipped: every member is faulted")
+            return
+        i = self.rng.choice(free)
+        self.busy.add(i)
+        try:
+            self.log(f"nemesis: bounce member m{i} (leave, then a new process joins)")
+            proc = self.procs[i]
+            proc.send_signal(signal.SIGTERM)
+            await trio.to_thread.run_sync(proc.wait)
+            self.procs[i] = self._spawn(i)
+            counts = self.history.nemesis
+            counts["bounce_member"] = counts.get("bounce_member", 0) + 1
+        finally:
+            self.busy.discard(i)
 
     async def sample_commits(self, admin: Admin, stop: trio.Event) -> None:
         while not stop.is_set():

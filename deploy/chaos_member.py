@@ -3,9 +3,11 @@
 
 ``python -m minibroker.deploy.chaos_member BOOTSTRAP GROUP TOPIC NAME LOG``
 
-It subscribes, and after every poll that returned records commits the positions it
-reached (enable.auto.commit=false), so what it consumed beyond its last successful commit
-is exactly its uncommitted window. Everything it does goes to LOG as JSON lines, stamped
+It subscribes, and after every poll that returned records "processes" them (sleeps up to
+PROCESS_MAX_S, as an application does its work between polls: a rebalance signalled
+meanwhile waits for the next poll while the heartbeat thread goes on, as in Kafka) and
+commits the positions it reached (enable.auto.commit=false), so what it consumed beyond
+its last successful commit is exactly its uncommitted window. Everything it does goes to LOG as JSON lines, stamped
 with wall-clock time (shared by every process on the machine) and the generation it held:
 ``assigned``/``revoked``/``lost`` (from its rebalance listener), ``consumed``,
 ``committed``/``commit_failed``, and the client's own group events (``client``: joined,
@@ -15,6 +17,7 @@ a stale answer ignored, ...). SIGTERM: it closes (leaves the group) and exits 0.
 from __future__ import annotations
 
 import json
+import random
 import signal
 import sys
 import time
@@ -29,13 +32,21 @@ from minibroker.protocol.errors import KafkaError
 # with group.min.session.timeout.ms low enough for them, see chaos.GROUP_BROKER_CONFIG).
 MEMBER = {
     "session.timeout.ms": 4000,
-    "heartbeat.interval.ms": 300,
+    # (short, so that a member busy with a batch has sent another heartbeat by the time
+    # it polls and joins, after the answer that asked it to rejoin: see PROCESS_MAX_S)
+    "heartbeat.interval.ms": 100,
     "max.poll.interval.ms": 8000,  # also the rebalance timeout the member asks for
     "request.timeout.ms": 3000,
     "enable.auto.commit": False,
     "auto.offset.reset": "earliest",
     "fetch.max.wait.ms": 200,
+    # Enough per poll that PROCESS_MAX_S per batch keeps up with the producers.
+    "max.poll.records": 10000,
 }
+# Longer than heartbeat.interval.ms: a heartbeat goes out between the answer that asked
+# for a rebalance and the poll that joins, as with any application that works a while
+# on each batch (the stale-answer interleaving of issue 35 needs one in flight).
+PROCESS_MAX_S = 0.5
 
 
 class Log:
@@ -67,6 +78,7 @@ class Listener:
 
 async def run(bootstrap: str, group: str, topic: str, name: str, out: TextIO) -> None:
     stop = trio.Event()
+    rng = random.Random()
     async with trio.open_nursery() as nursery:
 
         async def on_sigterm() -> None:
@@ -95,6 +107,7 @@ async def run(bootstrap: str, group: str, topic: str, name: str, out: TextIO) ->
                 if not records:
                     continue
                 log("consumed", recs=[[r.partition, r.offset, r.value.decode()] for r in records])
+                await trio.sleep(rng.uniform(0, PROCESS_MAX_S))
                 reached: dict[tuple[str, int], int] = {}
                 for r in records:
                     reached[(topic, r.partition)] = r.offset + 1
