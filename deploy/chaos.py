@@ -85,6 +85,8 @@ PRODUCER = {
 # a 40 s run); pipelined, several thousand, also under a CPU hog.
 IN_FLIGHT = 256
 RESOLVE_TIMEOUT_S = 10.0
+# slow-heartbeats: a member bounced this often (the newcomer takes ~1 s to start and join)
+BOUNCE_EVERY_S = 2.5
 
 
 class ChaosRun:
@@ -105,10 +107,15 @@ class ChaosRun:
         idempotence: bool = True,
         workload: str = "producers",
         members: int = 3,
+        confluent_members: int = 0,
     ) -> None:
         groups = workload == "groups"
         config = {**BROKER_CONFIG, **(GROUP_BROKER_CONFIG if groups else {})}
-        self.state = ClusterState(data_dir, free_port_range(brokers), brokers, config)
+        # confluent-kafka members talk to the Kafka listeners
+        kafka_base = free_port_range(brokers) if groups and confluent_members else 0
+        self.state = ClusterState(
+            data_dir, free_port_range(brokers), brokers, config, kafka_base_port=kafka_base
+        )
         self.seed = seed
         self.duration_s = duration_s
         self.partitions = partitions
@@ -125,7 +132,7 @@ class ChaosRun:
         self.groups = (
             GroupWorkload(
                 data_dir, self.state.bootstrap, TOPIC, partitions, members, seed, duration_s,
-                self._log,
+                self._log, confluent_members, self.state.kafka_bootstrap,
             )
             if groups
             else None
@@ -215,6 +222,14 @@ class ChaosRun:
                 counts["controller"] = counts.get("controller", 0) + 1
             if f.broker == COORDINATOR:
                 counts["coordinator"] = counts.get("coordinator", 0) + 1
+            if f.kind == "slow-heartbeats" and self.groups is not None:
+                # The rebalances the held heartbeats must straddle: a member leaves and a new
+                # one joins, again every BOUNCE_EVERY_S while the fault lasts.
+                with trio.move_on_at(self._trio_at(f.end_s - BOUNCE_EVERY_S)):
+                    while True:
+                        with trio.CancelScope(shield=True):  # never left half bounced
+                            await self.groups.bounce()
+                        await trio.sleep(BOUNCE_EVERY_S)
             await trio.sleep_until(self._trio_at(f.end_s))
             undo = UNDO[f.kind]
             self._log(f"nemesis: {undo} broker {broker}")
@@ -276,8 +291,6 @@ class ChaosRun:
                 await self._admin.faults(
                     broker, "delay-request", api_key=int(api), delay_ms=SLOW_GROUP_REQUEST_MS
                 )
-            if self.groups is not None:  # the rebalances the held heartbeats must straddle
-                await self.groups.bounce()
             return
         if kind == "heal":
             _, errors = await isolation.clear(self._admin, broker)

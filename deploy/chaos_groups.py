@@ -33,6 +33,7 @@ GROUP_BROKER_CONFIG = {
     "group.min.session.timeout.ms": "1000",
     "group.initial.rebalance.delay.ms": "0",
 }
+BUNDLED, CONFLUENT = "bundled", "confluent-kafka"  # the members' clients
 SETTLE_BOUND_S = (MEMBER["session.timeout.ms"] + MEMBER["max.poll.interval.ms"]) / 1000
 DRAIN_TIMEOUT_S = 60.0
 
@@ -74,11 +75,19 @@ class GroupWorkload:
         seed: int,
         duration_s: float,
         log: Callable[[str], None],
+        confluent: int = 0,
+        kafka_bootstrap: str = "",
     ) -> None:
+        """The last ``confluent`` of the ``members`` are confluent-kafka consumers
+        (chaos_member_rdkafka.py) on the Kafka listeners at ``kafka_bootstrap``."""
         self.dir = data_dir / "members"
         self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
+        self.kafka_bootstrap = kafka_bootstrap
         self.log = log
         self.history = GroupHistory(members, settle_bound_s=SETTLE_BOUND_S)
+        self.history.clients = {
+            f"m{i}": CONFLUENT if i >= members - confluent else BUNDLED for i in range(members)
+        }
         self.schedule = plan_member_faults(seed, duration_s, members)
         self.procs: list[subprocess.Popen] = []
         self.rng = random.Random(f"bounce-{seed}")
@@ -99,7 +108,11 @@ class GroupWorkload:
 
     def _spawn(self, i: int) -> subprocess.Popen:
         name = f"m{i}"
-        args = [sys.executable, "-m", "minibroker.deploy.chaos_member", self.bootstrap]
+        if self.history.clients[name] == CONFLUENT:
+            args = [sys.executable, "-m", "minibroker.deploy.chaos_member_rdkafka"]
+            args.append(self.kafka_bootstrap)
+        else:
+            args = [sys.executable, "-m", "minibroker.deploy.chaos_member", self.bootstrap]
         args += [GROUP, self.topic, name, str(self.dir / f"{name}.jsonl")]
         with open(self.dir / f"{name}.out", "a") as out:
             return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)

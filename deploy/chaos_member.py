@@ -21,6 +21,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import trio
@@ -50,11 +51,14 @@ PROCESS_MAX_S = 0.5
 
 
 class Log:
-    def __init__(self, out: TextIO, consumer: Consumer, name: str) -> None:
-        self.out, self.consumer, self.name = out, consumer, name
+    """A member's log line, stamped with the (generation, member id) ``held`` says the
+    member's client holds right now (chaos_member_rdkafka.py writes the same lines)."""
+
+    def __init__(self, out: TextIO, held: Callable[[], tuple[int, str]], name: str) -> None:
+        self.out, self.held, self.name = out, held, name
 
     def __call__(self, event: str, **fields: Any) -> None:
-        _, generation, member_id = self.consumer.group_metadata()
+        generation, member_id = self.held()
         line = {"t": time.time(), "m": self.name, "ev": event, "gen": generation}
         self.out.write(json.dumps({**line, "mid": member_id, **fields}) + "\n")
         self.out.flush()
@@ -90,7 +94,7 @@ async def run(bootstrap: str, group: str, topic: str, name: str, out: TextIO) ->
         nursery.start_soon(on_sigterm)
         consumer = Consumer(bootstrap, group_id=group, **MEMBER)
         async with consumer:
-            log = Log(out, consumer, name)
+            log = Log(out, lambda: consumer.group_metadata()[1:], name)
             consumer.subscribe([topic], Listener(log))
             log("started")
             while not stop.is_set():
