@@ -32,7 +32,12 @@ import trio
 from minibroker.client import Admin, Consumer, NewTopic, Producer
 from minibroker.deploy import isolation
 from minibroker.deploy.chaos_check import History, Send
-from minibroker.deploy.chaos_groups import GROUP, GROUP_BROKER_CONFIG, GroupWorkload
+from minibroker.deploy.chaos_groups import (
+    GROUP,
+    GROUP_BROKER_CONFIG,
+    REJOIN_AFTER_S,
+    GroupWorkload,
+)
 from minibroker.deploy.cluster import ClusterState
 from minibroker.deploy.cluster_ops import acks_all_write
 from minibroker.deploy.launcher import free_port_range
@@ -85,8 +90,8 @@ PRODUCER = {
 # a 40 s run); pipelined, several thousand, also under a CPU hog.
 IN_FLIGHT = 256
 RESOLVE_TIMEOUT_S = 10.0
-# slow-heartbeats: a member bounced this often (the newcomer takes ~1 s to start and join)
-BOUNCE_EVERY_S = 2.5
+# slow-heartbeats: how long a bounce takes (the leave, its rebalance, the newcomer's start)
+BOUNCE_S = REJOIN_AFTER_S + 0.5
 
 
 class ChaosRun:
@@ -223,13 +228,15 @@ class ChaosRun:
             if f.broker == COORDINATOR:
                 counts["coordinator"] = counts.get("coordinator", 0) + 1
             if f.kind == "slow-heartbeats" and self.groups is not None:
-                # The rebalances the held heartbeats must straddle: a member leaves and a new
-                # one joins, again every BOUNCE_EVERY_S while the fault lasts.
-                with trio.move_on_at(self._trio_at(f.end_s - BOUNCE_EVERY_S)):
+                # The rebalances the held heartbeats must straddle: a member leaves, a new
+                # one joins once that rebalance is over; again while the fault lasts. (A
+                # bounce is never cut short: the fault may outlast its plan a little.)
+                with trio.CancelScope(shield=True):
+                    await self.groups.bounce()
+                with trio.move_on_at(self._trio_at(f.end_s - BOUNCE_S)):
                     while True:
-                        with trio.CancelScope(shield=True):  # never left half bounced
+                        with trio.CancelScope(shield=True):
                             await self.groups.bounce()
-                        await trio.sleep(BOUNCE_EVERY_S)
             await trio.sleep_until(self._trio_at(f.end_s))
             undo = UNDO[f.kind]
             self._log(f"nemesis: {undo} broker {broker}")

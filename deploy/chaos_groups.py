@@ -36,6 +36,9 @@ GROUP_BROKER_CONFIG = {
 BUNDLED, CONFLUENT = "bundled", "confluent-kafka"  # the members' clients
 SETTLE_BOUND_S = (MEMBER["session.timeout.ms"] + MEMBER["max.poll.interval.ms"]) / 1000
 DRAIN_TIMEOUT_S = 60.0
+# A bounced member's successor starts this long after it left: after the rebalance its
+# leave began (two slow-heartbeats hold times and the members' rejoin) is over.
+REJOIN_AFTER_S = 4.0
 
 
 MEMBER_FAULTS = ("pause", "kill")
@@ -141,9 +144,10 @@ class GroupWorkload:
                 self.procs[f.member] = self._spawn(f.member)
 
     async def bounce(self) -> None:
-        """A member leaves (SIGTERM: it sends LeaveGroup) and a new process takes its place:
-        two rebalances among the members that stay, at once and when the newcomer joins.
-        Only a member the member nemesis is not faulting (a paused one would not leave)."""
+        """A member leaves (SIGTERM: it sends LeaveGroup) and, REJOIN_AFTER_S later, a new
+        process takes its place: two rebalances, one after the other (a newcomer joining
+        while the first is completing would start it over). Only a member the member
+        nemesis is not faulting (a paused one would not leave)."""
         now, at = trio.current_time(), self._at
         faulted = {f.member for f in self.schedule if at and at(f.start_s) <= now <= at(f.end_s)}
         free = [i for i in range(self.history.members) if i not in faulted | self.busy]
@@ -157,6 +161,8 @@ class GroupWorkload:
             proc = self.procs[i]
             proc.send_signal(signal.SIGTERM)
             await trio.to_thread.run_sync(proc.wait)
+            await trio.sleep(REJOIN_AFTER_S)
+            self.log(f"nemesis: a new process for member m{i} joins")
             self.procs[i] = self._spawn(i)
             counts = self.history.nemesis
             counts["bounce_member"] = counts.get("bounce_member", 0) + 1

@@ -20,8 +20,8 @@ FAULT_KINDS = ("pause", "kill", "isolate")
 # Heartbeat NOT_COORDINATOR (as while its group moves), so members' heartbeats sit in
 # their retry loop, still carrying the generation they were sent for, while rebalances
 # go on. slow-heartbeats: the coordinator holds every Heartbeat and SyncGroup request
-# SLOW_GROUP_REQUEST_MS before handling it (faults delay-request) while members leave
-# and new ones join (rebalances, see chaos.BOUNCE_EVERY_S): a heartbeat a member sent for generation N, just
+# SLOW_GROUP_REQUEST_MS before handling it (faults delay-request) while a member leaves
+# and, once that rebalance is over, a new one joins (chaos_groups.REJOIN_AFTER_S): a heartbeat a member sent for generation N, just
 # before its own join, is judged after that join completed N+1 (ILLEGAL_GENERATION) and
 # answered while the member still waits for its SyncGroup (issue 35's interleaving, made
 # on purpose).
@@ -38,7 +38,7 @@ UNDO = {
 # anyone; longer than members take to rejoin once told to (their batches' work, up to
 # 0.5 s), so a heartbeat sent just before a join is judged after it completed, and
 # answered while SyncGroup, held as long, has not been.
-SLOW_GROUP_REQUEST_MS = 2000
+SLOW_GROUP_REQUEST_MS = 1500
 CONTROLLER = -1  # a planned victim resolved, when its fault starts, to the active controller
 COORDINATOR = -2  # ... to the broker coordinating the consumer group (group workload)
 # Any voter can take over as controller, so the nemesis targets the active controller by
