@@ -232,11 +232,9 @@ class ChaosRun:
                 # one joins once that rebalance is over; again while the fault lasts. (A
                 # bounce is never cut short: the fault may outlast its plan a little.)
                 with trio.CancelScope(shield=True):
-                    await self.groups.bounce()
-                with trio.move_on_at(self._trio_at(f.end_s - BOUNCE_S)):
-                    while True:
-                        with trio.CancelScope(shield=True):
-                            await self.groups.bounce()
+                    bounced = await self.groups.bounce()
+                    while bounced and trio.current_time() < self._trio_at(f.end_s - BOUNCE_S):
+                        bounced = await self.groups.bounce()
             await trio.sleep_until(self._trio_at(f.end_s))
             undo = UNDO[f.kind]
             self._log(f"nemesis: {undo} broker {broker}")

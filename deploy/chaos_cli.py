@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"the nemesis' faults, comma-separated (default {','.join(FAULT_KINDS)}; with "
         "--workload groups also fail-heartbeats: the group coordinator answers heartbeats "
         "NOT_COORDINATOR; and slow-heartbeats: it holds Heartbeat and SyncGroup requests "
-        "1.5 s while a member leaves and a new one joins)",
+        "1.5 s while a member leaves and later a new one joins)",
     )
     target = p.add_mutually_exclusive_group()
     target.add_argument(

@@ -143,17 +143,17 @@ class GroupWorkload:
                 self.log(f"nemesis: restart member m{f.member}")
                 self.procs[f.member] = self._spawn(f.member)
 
-    async def bounce(self) -> None:
+    async def bounce(self) -> bool:
         """A member leaves (SIGTERM: it sends LeaveGroup) and, REJOIN_AFTER_S later, a new
         process takes its place: two rebalances, one after the other (a newcomer joining
         while the first is completing would start it over). Only a member the member
-        nemesis is not faulting (a paused one would not leave)."""
+        nemesis is not faulting (a paused one would not leave). False: none was free."""
         now, at = trio.current_time(), self._at
         faulted = {f.member for f in self.schedule if at and at(f.start_s) <= now <= at(f.end_s)}
         free = [i for i in range(self.history.members) if i not in faulted | self.busy]
         if not free:
             self.log("nemesis: bounce skipped: every member is faulted")
-            return
+            return False
         i = self.rng.choice(free)
         self.busy.add(i)
         try:
@@ -168,6 +168,7 @@ class GroupWorkload:
             counts["bounce_member"] = counts.get("bounce_member", 0) + 1
         finally:
             self.busy.discard(i)
+        return True
 
     async def sample_commits(self, admin: Admin, stop: trio.Event) -> None:
         while not stop.is_set():
