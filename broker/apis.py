@@ -105,6 +105,11 @@ def answer_in_asked_version(api_key: int, handler: Handler) -> Handler:
     return answer
 
 
+def _unanswered(header: RequestHeader, body: Any) -> bool:
+    """A produce with acks=0 gets no answer: nothing to hold back."""
+    return header.api_key == ApiKey.PRODUCE and body["acks"] == 0
+
+
 def _auto_creatable(name: str) -> bool:
     """auto.create.topics.enable creates only what may exist and is nobody's own: not an
     illegal name, nor an internal topic (created by its owner with its own settings: the
@@ -355,11 +360,21 @@ class RequestHandler:
                 return self.deferral.delayed(
                     delay, self.handlers[header.api_key](header, body, session)
                 )
+            delay = faults.api_delay(header.api_key, "delay-request")
+            if delay and not _unanswered(header, body):
+                return self.deferral.handled_after(
+                    delay, lambda: self._dispatch(header, body, session)
+                )
+        return self._dispatch(header, body, session)
+
+    def _dispatch(
+        self, header: RequestHeader, body: Any, session: ConnectionSession
+    ) -> dict | PendingResponse | None:
         handler = self.handlers[header.api_key]
         if (
             header.api_key in WAIT_FOR_METADATA
             and not self.cache.ready.is_set()
-            and not (header.api_key == ApiKey.PRODUCE and body["acks"] == 0)  # no answer to hold
+            and not _unanswered(header, body)  # no answer to hold
         ):
             return self.deferral.after_catch_up(lambda: handler(header, body, session))
         return handler(header, body, session)

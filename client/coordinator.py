@@ -78,7 +78,11 @@ class CoordinatorRoute:
                 node = await self._find_coordinator()
                 version = (await self.cluster.connection(node)).versions.get(api_key, 0)
                 answer = await self.cluster.request(
-                    node, api_key, self._in_version(api_key, version, body), version=version
+                    node,
+                    api_key,
+                    self._in_version(api_key, version, body),
+                    version=version,
+                    timeout=timeout,
                 )
             except KafkaError as exc:
                 if not exc.retriable or time.monotonic() > deadline:

@@ -92,6 +92,18 @@ class GroupMembership(CoordinatorRoute):
 
     # --- coordinator (CoordinatorRoute: find it, follow it when it moves) -----------------
 
+    async def call(self, api_key: int, body: dict, timeout: float | None = None) -> dict:
+        """A JoinGroup waits at the coordinator until every member rejoined, up to the
+        rebalance timeout (max.poll.interval.ms), so it is given that plus 5 s when that
+        is longer than request.timeout.ms (Kafka's JOIN_GROUP_TIMEOUT_LAPSE): timed out
+        sooner, it would be sent again and again while the group waits for a slow member."""
+        if api_key == ApiKey.JOIN_GROUP and timeout is None:
+            timeout = max(
+                self.config["request.timeout.ms"] / 1000,
+                self.config["max.poll.interval.ms"] / 1000 + 5,
+            )
+        return await super().call(api_key, body, timeout)
+
     def _in_version(self, api_key: int, version: int, body: dict) -> dict:
         """``body`` as ``version`` of ``api_key`` has it: version 0 of the group APIs
         predates static membership (no group_instance_id), so a static member cannot use

@@ -32,7 +32,12 @@ import trio
 from minibroker.client import Admin, Consumer, NewTopic, Producer
 from minibroker.deploy import isolation
 from minibroker.deploy.chaos_check import History, Send
-from minibroker.deploy.chaos_groups import GROUP, GROUP_BROKER_CONFIG, GroupWorkload
+from minibroker.deploy.chaos_groups import (
+    GROUP,
+    GROUP_BROKER_CONFIG,
+    REJOIN_AFTER_S,
+    GroupWorkload,
+)
 from minibroker.deploy.cluster import ClusterState
 from minibroker.deploy.cluster_ops import acks_all_write
 from minibroker.deploy.launcher import free_port_range
@@ -42,6 +47,7 @@ from minibroker.deploy.nemesis import (
     COORDINATOR,
     FAULT_KINDS,
     GROUP_FAULT_KINDS,
+    SLOW_GROUP_REQUEST_MS,
     UNDO,
     Fault,
     plan_nemesis,
@@ -84,6 +90,8 @@ PRODUCER = {
 # a 40 s run); pipelined, several thousand, also under a CPU hog.
 IN_FLIGHT = 256
 RESOLVE_TIMEOUT_S = 10.0
+# slow-heartbeats: how long a bounce takes (the leave, its rebalance, the newcomer's start)
+BOUNCE_S = REJOIN_AFTER_S + 0.5
 
 
 class ChaosRun:
@@ -104,10 +112,15 @@ class ChaosRun:
         idempotence: bool = True,
         workload: str = "producers",
         members: int = 3,
+        confluent_members: int = 0,
     ) -> None:
         groups = workload == "groups"
         config = {**BROKER_CONFIG, **(GROUP_BROKER_CONFIG if groups else {})}
-        self.state = ClusterState(data_dir, free_port_range(brokers), brokers, config)
+        # confluent-kafka members talk to the Kafka listeners
+        kafka_base = free_port_range(brokers) if groups and confluent_members else 0
+        self.state = ClusterState(
+            data_dir, free_port_range(brokers), brokers, config, kafka_base_port=kafka_base
+        )
         self.seed = seed
         self.duration_s = duration_s
         self.partitions = partitions
@@ -124,7 +137,7 @@ class ChaosRun:
         self.groups = (
             GroupWorkload(
                 data_dir, self.state.bootstrap, TOPIC, partitions, members, seed, duration_s,
-                self._log,
+                self._log, confluent_members, self.state.kafka_bootstrap,
             )
             if groups
             else None
@@ -214,6 +227,14 @@ class ChaosRun:
                 counts["controller"] = counts.get("controller", 0) + 1
             if f.broker == COORDINATOR:
                 counts["coordinator"] = counts.get("coordinator", 0) + 1
+            if f.kind == "slow-heartbeats" and self.groups is not None:
+                # The rebalances the held heartbeats must straddle: a member leaves, a new
+                # one joins once that rebalance is over; again while the fault lasts. (A
+                # bounce is never cut short: the fault may outlast its plan a little.)
+                with trio.CancelScope(shield=True):
+                    bounced = await self.groups.bounce()
+                    while bounced and trio.current_time() < self._trio_at(f.end_s - BOUNCE_S):
+                        bounced = await self.groups.bounce()
             await trio.sleep_until(self._trio_at(f.end_s))
             undo = UNDO[f.kind]
             self._log(f"nemesis: {undo} broker {broker}")
@@ -269,6 +290,12 @@ class ChaosRun:
                 error_code=int(ErrorCode.NOT_COORDINATOR),
                 count=-1,
             )
+            return
+        if kind == "slow-heartbeats":
+            for api in (ApiKey.HEARTBEAT, ApiKey.SYNC_GROUP):
+                await self._admin.faults(
+                    broker, "delay-request", api_key=int(api), delay_ms=SLOW_GROUP_REQUEST_MS
+                )
             return
         if kind == "heal":
             _, errors = await isolation.clear(self._admin, broker)

@@ -1,5 +1,6 @@
 """`minibroker chaos --duration S [--brokers 3] [--seed N] [--data-dir DIR] [--faults ...]
-[--spare-controller | --target-controller] [--workload groups [--members N]]` and `minibroker chaos --check-history FILE`.
+[--spare-controller | --target-controller] [--workload groups [--members N]
+[--confluent-members K]]` and `minibroker chaos --check-history FILE`.
 
 Prints what it does as it goes, then the checker's findings (each violation under the
 name of the rule that fired), then one JSON line of counts. The history is written to
@@ -11,6 +12,7 @@ again. Exit 0: no violation; 1: a violation; 2: the run itself could not be done
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shutil
 import sys
@@ -33,7 +35,7 @@ def fault_kinds(value: str) -> tuple[str, ...]:
     if not kinds or unknown:
         raise argparse.ArgumentTypeError(
             f"expected some of {','.join(FAULT_KINDS)} (with --workload groups also "
-            f"fail-heartbeats), got {value!r}"
+            f"fail-heartbeats, slow-heartbeats), got {value!r}"
         )
     return kinds
 
@@ -54,7 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=FAULT_KINDS,
         help=f"the nemesis' faults, comma-separated (default {','.join(FAULT_KINDS)}; with "
         "--workload groups also fail-heartbeats: the group coordinator answers heartbeats "
-        "NOT_COORDINATOR)",
+        "NOT_COORDINATOR; and slow-heartbeats: it holds Heartbeat and SyncGroup requests "
+        "1.5 s while a member leaves and later a new one joins)",
     )
     target = p.add_mutually_exclusive_group()
     target.add_argument(
@@ -85,6 +88,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--members", type=int, default=3, help="group members (default 3)")
     p.add_argument(
+        "--confluent-members",
+        type=int,
+        default=1,
+        help="how many of the members are confluent-kafka consumers on the Kafka listener "
+        "(default 1; the rest use the bundled client)",
+    )
+    p.add_argument(
         "--plant",
         choices=PLANTS,
         help="doctor the history with one violation before checking (tests the checker)",
@@ -107,8 +117,20 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if "fail-heartbeats" in args.faults and args.workload != "groups":
-        print("error: --faults fail-heartbeats needs --workload groups", file=sys.stderr)
+    for kind in ("fail-heartbeats", "slow-heartbeats"):
+        if kind in args.faults and args.workload != "groups":
+            print(f"error: --faults {kind} needs --workload groups", file=sys.stderr)
+            return 2
+    if not 0 <= args.confluent_members <= args.members:
+        print("error: --confluent-members must be between 0 and --members", file=sys.stderr)
+        return 2
+    confluent = args.confluent_members if args.workload == "groups" else 0
+    if confluent and importlib.util.find_spec("confluent_kafka") is None:
+        print(
+            "error: confluent-kafka members need the confluent-kafka package (pip install "
+            "'minibroker[test]'), or --confluent-members 0",
+            file=sys.stderr,
+        )
         return 2
     temporary = args.data_dir is None
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="minibroker-chaos-"))
@@ -128,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         idempotence=args.idempotence,
         workload=args.workload,
         members=args.members,
+        confluent_members=confluent,
     )
     targets = (
         "any broker, the active controller included"
@@ -198,7 +221,7 @@ def report(verdict: Verdict, data_dir: Path | None = None) -> None:
             f"redelivered), {c['group_generations']} generations, {c['group_commits']} commits "
             f"({c['group_commit_failures']} refused), {c['group_stale_answers_ignored']} stale "
             f"answers ignored, settled {c['group_settle_s']}s after the heal; member nemesis "
-            f"{c['group_nemesis']}"
+            f"{c['group_nemesis']}; consumed by client {c['group_consumed_by']}"
         )
     print("verdict:", "no violation" if verdict.ok else "VIOLATIONS FOUND")
 

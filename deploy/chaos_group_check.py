@@ -35,6 +35,7 @@ class GroupHistory:
     settle_bound_s: float = 0.0  # session.timeout.ms + rebalance timeout
     drained: bool = False  # committed reached the end offsets everywhere
     nemesis: dict[str, int] = field(default_factory=dict)  # member faults by kind
+    clients: dict[str, str] = field(default_factory=dict)  # member name -> its client
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -45,6 +46,7 @@ class GroupHistory:
             "settle_bound_s": self.settle_bound_s,
             "drained": self.drained,
             "nemesis": self.nemesis,
+            "clients": self.clients,
         }
 
     @classmethod
@@ -52,6 +54,7 @@ class GroupHistory:
         g = cls(doc["members"], doc["events"], [tuple(c) for c in doc["committed"]])
         g.settle_s, g.settle_bound_s = doc["settle_s"], doc["settle_bound_s"]
         g.drained, g.nemesis = doc["drained"], doc["nemesis"]
+        g.clients = doc.get("clients", {})  # (histories from before confluent-kafka members)
         return g
 
 
@@ -92,6 +95,15 @@ def counts(group: GroupHistory) -> dict[str, Any]:
         ),
         "group_settle_s": group.settle_s,
         "group_nemesis": dict(group.nemesis),
+        # records consumed per client kind: every kind took part
+        "group_consumed_by": {
+            kind: sum(
+                len(e["recs"])
+                for e in group.events
+                if e["ev"] == "consumed" and group.clients.get(e["m"]) == kind
+            )
+            for kind in sorted(set(group.clients.values()))
+        },
     }
 
 

@@ -33,8 +33,12 @@ GROUP_BROKER_CONFIG = {
     "group.min.session.timeout.ms": "1000",
     "group.initial.rebalance.delay.ms": "0",
 }
+BUNDLED, CONFLUENT = "bundled", "confluent-kafka"  # the members' clients
 SETTLE_BOUND_S = (MEMBER["session.timeout.ms"] + MEMBER["max.poll.interval.ms"]) / 1000
 DRAIN_TIMEOUT_S = 60.0
+# A bounced member's successor starts this long after it left: after the rebalance its
+# leave began (two slow-heartbeats hold times and the members' rejoin) is over.
+REJOIN_AFTER_S = 4.0
 
 
 MEMBER_FAULTS = ("pause", "kill")
@@ -74,13 +78,24 @@ class GroupWorkload:
         seed: int,
         duration_s: float,
         log: Callable[[str], None],
+        confluent: int = 0,
+        kafka_bootstrap: str = "",
     ) -> None:
+        """The last ``confluent`` of the ``members`` are confluent-kafka consumers
+        (chaos_member_rdkafka.py) on the Kafka listeners at ``kafka_bootstrap``."""
         self.dir = data_dir / "members"
         self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
+        self.kafka_bootstrap = kafka_bootstrap
         self.log = log
         self.history = GroupHistory(members, settle_bound_s=SETTLE_BOUND_S)
+        self.history.clients = {
+            f"m{i}": CONFLUENT if i >= members - confluent else BUNDLED for i in range(members)
+        }
         self.schedule = plan_member_faults(seed, duration_s, members)
         self.procs: list[subprocess.Popen] = []
+        self.rng = random.Random(f"bounce-{seed}")
+        self.busy: set[int] = set()  # members being bounced
+        self._at: Callable[[float], float] | None = None  # a run offset as trio time
 
     async def start(self, admin: Admin, timeout_s: float = 60) -> None:
         """Start every member and wait (bounded) for the group to be Stable with all of
@@ -96,7 +111,11 @@ class GroupWorkload:
 
     def _spawn(self, i: int) -> subprocess.Popen:
         name = f"m{i}"
-        args = [sys.executable, "-m", "minibroker.deploy.chaos_member", self.bootstrap]
+        if self.history.clients[name] == CONFLUENT:
+            args = [sys.executable, "-m", "minibroker.deploy.chaos_member_rdkafka"]
+            args.append(self.kafka_bootstrap)
+        else:
+            args = [sys.executable, "-m", "minibroker.deploy.chaos_member", self.bootstrap]
         args += [GROUP, self.topic, name, str(self.dir / f"{name}.jsonl")]
         with open(self.dir / f"{name}.out", "a") as out:
             return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
@@ -105,8 +124,12 @@ class GroupWorkload:
         """Pause/resume or kill/restart members on schedule (``at``: a run offset as trio
         time)."""
         counts = self.history.nemesis
+        self._at = at
         for f in self.schedule:
             await trio.sleep_until(at(f.start_s))
+            if f.member in self.busy:
+                self.log(f"nemesis: {f.kind} member m{f.member} skipped: it is being bounced")
+                continue
             self.log(f"nemesis: {f.kind} member m{f.member}")
             proc = self.procs[f.member]
             proc.send_signal(signal.SIGSTOP if f.kind == "pause" else signal.SIGKILL)
@@ -119,6 +142,33 @@ class GroupWorkload:
                 await trio.to_thread.run_sync(proc.wait)
                 self.log(f"nemesis: restart member m{f.member}")
                 self.procs[f.member] = self._spawn(f.member)
+
+    async def bounce(self) -> bool:
+        """A member leaves (SIGTERM: it sends LeaveGroup) and, REJOIN_AFTER_S later, a new
+        process takes its place: two rebalances, one after the other (a newcomer joining
+        while the first is completing would start it over). Only a member the member
+        nemesis is not faulting (a paused one would not leave). False: none was free."""
+        now, at = trio.current_time(), self._at
+        faulted = {f.member for f in self.schedule if at and at(f.start_s) <= now <= at(f.end_s)}
+        free = [i for i in range(self.history.members) if i not in faulted | self.busy]
+        if not free:
+            self.log("nemesis: bounce skipped: every member is faulted")
+            return False
+        i = self.rng.choice(free)
+        self.busy.add(i)
+        try:
+            self.log(f"nemesis: bounce member m{i} (leave, then a new process joins)")
+            proc = self.procs[i]
+            proc.send_signal(signal.SIGTERM)
+            await trio.to_thread.run_sync(proc.wait)
+            await trio.sleep(REJOIN_AFTER_S)
+            self.log(f"nemesis: a new process for member m{i} joins")
+            self.procs[i] = self._spawn(i)
+            counts = self.history.nemesis
+            counts["bounce_member"] = counts.get("bounce_member", 0) + 1
+        finally:
+            self.busy.discard(i)
+        return True
 
     async def sample_commits(self, admin: Admin, stop: trio.Event) -> None:
         while not stop.is_set():

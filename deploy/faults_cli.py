@@ -1,4 +1,4 @@
-"""`minibroker faults delay-replication|drop-replication|delay-api|fail-api|isolate|clear`.
+"""`minibroker faults delay-replication|drop-replication|delay-api|delay-request|fail-api|isolate|clear`.
 
 Faults act on one broker, which must run with ``faults.enable=true`` (e.g.
 ``minibroker cluster up --set faults.enable=true``); ``isolate`` (a network partition)
@@ -87,6 +87,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a = common(ops.add_parser("delay-api", help="delay this broker's responses of one API"))
     a.add_argument("--api", type=api_key, required=True, help="e.g. produce, fetch, metadata")
     a.add_argument("--delay-ms", type=int, required=True, help="how long each response waits")
+    r = common(
+        ops.add_parser(
+            "delay-request",
+            help="hold one API's requests before handling them (the answer reflects the "
+            "broker's state when it is handled)",
+        )
+    )
+    r.add_argument("--api", type=api_key, required=True, help="e.g. heartbeat, sync-group")
+    r.add_argument(
+        "--delay-ms", type=int, required=True, help="how long each request waits to be handled"
+    )
     f = common(ops.add_parser("fail-api", help="answer one API with an error code"))
     f.add_argument("--api", type=api_key, required=True, help="e.g. produce, fetch, metadata")
     f.add_argument("--error", type=error_code, required=True, help="e.g. REQUEST_TIMED_OUT")

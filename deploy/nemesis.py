@@ -16,11 +16,29 @@ from dataclasses import dataclass
 
 PROCESS_FAULTS = ("pause", "kill")
 FAULT_KINDS = ("pause", "kill", "isolate")
-# The group workload adds one: the group's coordinator answers every Heartbeat
-# NOT_COORDINATOR (as while its group moves), so members' heartbeats sit in their retry
-# loop, still carrying the generation they were sent for, while rebalances go on.
-GROUP_FAULT_KINDS = (*FAULT_KINDS, "fail-heartbeats")
-UNDO = {"pause": "resume", "kill": "restart", "isolate": "heal", "fail-heartbeats": "heal"}
+# The group workload adds two. fail-heartbeats: the group's coordinator answers every
+# Heartbeat NOT_COORDINATOR (as while its group moves), so members' heartbeats sit in
+# their retry loop, still carrying the generation they were sent for, while rebalances
+# go on. slow-heartbeats: the coordinator holds every Heartbeat and SyncGroup request
+# SLOW_GROUP_REQUEST_MS before handling it (faults delay-request) while a member leaves
+# and, once that rebalance is over, a new one joins (chaos_groups.REJOIN_AFTER_S): a heartbeat a member sent for generation N, just
+# before its own join, is judged after that join completed N+1 (ILLEGAL_GENERATION) and
+# answered while the member still waits for its SyncGroup (issue 35's interleaving, made
+# on purpose).
+GROUP_FAULT_KINDS = (*FAULT_KINDS, "fail-heartbeats", "slow-heartbeats")
+UNDO = {
+    "pause": "resume",
+    "kill": "restart",
+    "isolate": "heal",
+    "fail-heartbeats": "heal",
+    "slow-heartbeats": "heal",
+}
+# Under request.timeout.ms (3 s) and heartbeat.interval.ms + this under session.timeout.ms
+# (4 s) of the chaos members, so the delay alone neither times requests out nor expires
+# anyone; longer than members take to rejoin once told to (their batches' work, up to
+# 0.5 s), so a heartbeat sent just before a join is judged after it completed, and
+# answered while SyncGroup, held as long, has not been.
+SLOW_GROUP_REQUEST_MS = 1500
 CONTROLLER = -1  # a planned victim resolved, when its fault starts, to the active controller
 COORDINATOR = -2  # ... to the broker coordinating the consumer group (group workload)
 # Any voter can take over as controller, so the nemesis targets the active controller by
@@ -45,7 +63,7 @@ def plan_nemesis(
     brokers: int | None = None,
 ) -> list[Fault]:
     """A reproducible schedule: one fault at a time, each 1-3.5 s (fail-heartbeats up to
-    7.5 s), gaps of 0.5-2 s.
+    7.5 s, slow-heartbeats 3-8.5 s), gaps of 0.5-2 s.
 
     ``brokers`` (the cluster size) lets a third of the isolates cut the victim off from a
     random part of the others only; the rest cut it off from all of them.
@@ -62,6 +80,10 @@ def plan_nemesis(
             # refused commit and rejoin while a heartbeat of their old membership still
             # waits in its retry loop (issue 35's interleaving).
             end = min(end + rng.uniform(0.0, 4.0), duration_s)
+        elif kind == "slow-heartbeats":
+            victim = COORDINATOR
+            # Long enough for the leave's rebalance and the newcomer's.
+            end = min(end + rng.uniform(2.0, 5.0), duration_s)
         peers = None
         partial = kind == "isolate" and victim >= 0 and (brokers or 0) >= 3
         if partial and rng.random() < 1 / 3:

@@ -689,6 +689,7 @@ FAULT_ACTIONS = (
     "delay-replication",
     "drop-replication",
     "delay-api",
+    "delay-request",
     "fail-api",
     "isolate",
     "clear",

@@ -1,5 +1,5 @@
 """Answers given later than their request is handled: held for the metadata catch-up,
-or held back on purpose (fault delay-api). Each is a PendingResponse the connection
+or held back on purpose (faults delay-api and delay-request). Each is a PendingResponse the connection
 answers when it is set, so the network layer treats them like any parked request."""
 
 from __future__ import annotations
@@ -37,6 +37,19 @@ class RequestDeferral:
         async def later() -> None:
             with trio.move_on_after(CATCH_UP_WAIT_S):
                 await self.caught_up.wait()
+            await _relay(handle(), pending)
+
+        self.tasks.start_soon(later)
+        return pending
+
+    def handled_after(self, delay_ms: int, handle: Callable[[], Answer]) -> PendingResponse:
+        """Handle a request only ``delay_ms`` from now (fault delay-request): it is judged
+        against the state then, as one that spent that long on a slow link. (Never for a
+        request that gets no answer: nothing would ever set this one.)"""
+        pending = PendingResponse()
+
+        async def later() -> None:
+            await trio.sleep(delay_ms / 1000)
             await _relay(handle(), pending)
 
         self.tasks.start_soon(later)

@@ -2,8 +2,11 @@
 
 Faults act on *this* broker: as a follower it can delay or drop its replica
 fetches (so its leader sees it lag, shrink the ISR, time out acks=all); as a server
-it can delay the responses of one API, or answer the next N requests of an API
-with an error code; ``isolate`` makes it drop, unanswered, every request from the
+it can delay the responses of one API (``delay-api``: handled at once, answered
+late), hold one API's requests before handling them (``delay-request``: a slow link
+in, so the answer reflects the broker's state when the request finally lands, e.g. a
+Heartbeat judged against a generation that moved on while it was held), or answer the
+next N requests of an API with an error code; ``isolate`` makes it drop, unanswered, every request from the
 named peer brokers (one side of a network partition: the CLI isolates both sides).
 ``clear`` restores normal service.
 
@@ -70,9 +73,9 @@ class FaultInjector:
                 raise FaultError("isolate needs the ids of the brokers to cut off (brokers)")
             if self_id in fault.brokers:
                 raise FaultError(f"broker {self_id} cannot be isolated from itself")
-        if action in ("delay-replication", "delay-api") and fault.delay_ms <= 0:
+        if action in ("delay-replication", "delay-api", "delay-request") and fault.delay_ms <= 0:
             raise FaultError(f"{action} needs delay_ms > 0")
-        if action in ("delay-api", "fail-api") and fault.api_key < 0:
+        if action in ("delay-api", "delay-request", "fail-api") and fault.api_key < 0:
             raise FaultError(f"{action} needs an api_key")
         if action == "fail-api" and (
             fault.error_code == 0 or ErrorCode.parse(fault.error_code) != fault.error_code
@@ -139,11 +142,13 @@ class FaultInjector:
                     drop = True
         return delay, drop
 
-    def api_delay(self, api_key: int) -> int:
+    def api_delay(self, api_key: int, action: str = "delay-api") -> int:
+        """How long to hold this API's answers (``delay-api``) or, with ``action=
+        "delay-request"``, its requests before they are handled."""
         if not self.faults:
             return 0
         return max(
-            (f.delay_ms for f in self.faults if f.action == "delay-api" and f.api_key == api_key),
+            (f.delay_ms for f in self.faults if f.action == action and f.api_key == api_key),
             default=0,
         )
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import trio
 
-from minibroker.client import Admin, NewTopic, Producer
-from minibroker.protocol import ApiKey
+from minibroker.client import Admin, NewTopic, Producer, TopicPartition
+from minibroker.protocol import LATEST_TIMESTAMP, ApiKey
 from minibroker.protocol.errors import ErrorCode, InvalidRequest, NotEnoughReplicas, RequestTimedOut
 
 from .cluster_helpers import isr_of, wait_for
@@ -94,6 +95,32 @@ async def test_api_delay_and_api_failure(broker_factory):
         await producer.send("api", b"retried")
     async with Admin(proc.address) as admin:
         assert await admin.faults(0, "clear") == []
+
+
+async def test_delay_request_handles_the_request_late_delay_api_only_answers_late(broker_factory):
+    # A ListOffsets held 1.5 s before it is handled sees a record produced meanwhile;
+    # one handled at once and answered 1.5 s late (delay-api) does not.
+    proc = broker_factory({"faults.enable": True})
+    async with Admin(proc.address) as admin, Producer(proc.address, acks=1) as producer:
+        await admin.create_topics([NewTopic("late", 1, 1)])
+        await producer.send("late", b"first")
+        latest = {("late", 0): LATEST_TIMESTAMP}
+        # (the end offset when asked: 1, then 2; the held request sees the one produced)
+        for action, end in (("delay-request", 2), ("delay-api", 2)):
+            await admin.faults(0, action, api_key=int(ApiKey.LIST_OFFSETS), delay_ms=1500)
+            async with trio.open_nursery() as nursery:
+                found = {}
+
+                async def ask(found=found):
+                    found.update(await admin.list_offsets(latest))
+
+                nursery.start_soon(ask)
+                await trio.sleep(0.3)  # the request is at the broker, held or handled
+                await producer.send("late", b"while it was held")
+            assert found[TopicPartition("late", 0)].offset == end, action
+            await admin.faults(0, "clear")
+        with pytest.raises(InvalidRequest, match="delay-request needs an api_key"):
+            await admin.faults(0, "delay-request", delay_ms=10)
 
 
 async def test_faults_are_refused_unless_enabled(broker):

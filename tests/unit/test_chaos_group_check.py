@@ -4,15 +4,23 @@ caught by the rule meant to catch it; the members' pause schedule is seeded."""
 
 from __future__ import annotations
 
+import struct
 from itertools import pairwise
 
 import pytest
 
+from minibroker.deploy.chaos import BOUNCE_S
 from minibroker.deploy.chaos_check import PLANTS, check, load_history, plant, save_history
 from minibroker.deploy.chaos_group_check import PLANTS as GROUP_PLANTS
 from minibroker.deploy.chaos_group_check import GroupHistory
 from minibroker.deploy.chaos_groups import plan_member_faults
-from minibroker.deploy.nemesis import CONTROLLER, COORDINATOR, victims_for
+from minibroker.deploy.nemesis import (
+    CONTROLLER,
+    COORDINATOR,
+    GROUP_FAULT_KINDS,
+    plan_nemesis,
+    victims_for,
+)
 
 from .test_chaos_checker import RULE_OF, clean_history
 
@@ -153,3 +161,53 @@ def test_a_zombie_reading_past_a_newer_commit_is_its_own_window_but_an_owner_is_
     events.append(event(7.2, "m1", "consumed", 2, recs=[[0, 2, "p0-4"]]))
     [line] = check(history).violations["duplicate_outside_window"]
     assert "consumed again by m1 in generation 2" in line and "in generation 2 at 6.600" in line
+
+
+def test_heartbeat_faults_aim_at_the_coordinator_long_enough_for_rebalances():
+    plans = [
+        plan_nemesis(s, 60, [0, 1, 2, COORDINATOR], GROUP_FAULT_KINDS, brokers=3) for s in range(20)
+    ]
+    slow = [f for plan in plans for f in plan if f.kind == "slow-heartbeats"]
+    failing = [f for plan in plans for f in plan if f.kind == "fail-heartbeats"]
+    assert len(slow) > 20 and len(failing) > 20
+    assert {f.broker for f in slow + failing} == {COORDINATOR}
+    # A slow coordinator lasts 3-8.5 s: one bounce (BOUNCE_S) at least, two in the longest
+    # (the first is never cut short).
+    assert all(3.0 <= f.end_s - f.start_s <= 8.5 or f.end_s == 60 for f in slow)
+    assert max(f.end_s - f.start_s for f in slow) > BOUNCE_S
+
+
+def test_counts_say_how_much_each_kind_of_client_consumed():
+    history = history_with_group()
+    history.group.clients = {"m0": "bundled", "m1": "confluent-kafka"}
+    counts = check(history).counts
+    assert counts["group_consumed_by"] == {"bundled": 5, "confluent-kafka": 2}
+
+
+def test_the_generation_is_read_from_librdkafka_s_group_metadata():
+    pytest.importorskip("confluent_kafka")
+    from minibroker.deploy.chaos_member_rdkafka import generation
+
+    class Stub:  # what consumer_group_metadata() hands out: CGMDv2:, native int32, ids
+        def __init__(self, raw: bytes) -> None:
+            self.raw = raw
+
+        def consumer_group_metadata(self) -> bytes:
+            return self.raw
+
+    assert generation(Stub(b"CGMDv2:" + struct.pack("=i", 7) + b"g\x00m-1\x00\x00")) == 7
+    assert generation(Stub(b"CGMDv2:\xff\xff\xff\xffg\x00\x00\x01")) == -1
+    with pytest.raises(ValueError, match="unexpected consumer group metadata"):
+        generation(Stub(b"CGMDv9:...."))
+
+
+def test_the_generation_parse_matches_a_real_confluent_kafka_consumer():
+    # Not joined: librdkafka's own bytes say generation -1.
+    ck = pytest.importorskip("confluent_kafka")
+    from minibroker.deploy.chaos_member_rdkafka import generation
+
+    consumer = ck.Consumer({"group.id": "g", "bootstrap.servers": "127.0.0.1:9"})
+    try:
+        assert generation(consumer) == -1
+    finally:
+        consumer.close()

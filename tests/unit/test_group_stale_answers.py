@@ -60,7 +60,9 @@ class Transport:
     async def connection(self, node: int) -> Connection:
         return Connection()
 
-    async def request(self, node: int, api_key: int, body: dict, version: int = 0) -> dict:
+    async def request(
+        self, node: int, api_key: int, body: dict, version: int = 0, timeout: float = 0
+    ) -> dict:
         request = Request(api_key, body)
         await self._send.send(request)
         return await request.wait()
