@@ -249,30 +249,29 @@ class Broker:
             self.replica_manager.storage_failed,
         )
 
+    def _coordinator_basis(self) -> dict[str, Any]:
+        """What both coordinators stand on: the broker's log, replication, timer and view."""
+        return {
+            "broker_id": self.broker_id,
+            "config": self.config,
+            "logger": self.log,
+            "replica_manager": self.replica_manager,
+            "timer": self.timer,
+            "tasks": self.tasks,
+            "metadata": lambda: self.cache.metadata,
+        }
+
     def _coordinator(self) -> CoordinatorService:
         """Consumer groups: its purgatories share the timer; __consumer_offsets on first use."""
         return CoordinatorService(
-            self.broker_id,
-            self.config,
-            self.log,
-            replica_manager=self.replica_manager,
-            timer=self.timer,
-            tasks=self.tasks,
-            metadata=lambda: self.cache.metadata,
-            create_offsets_topic=self._create_offsets_topic,
+            **self._coordinator_basis(), create_offsets_topic=self._create_offsets_topic
         )
 
     def _transactions(self) -> TransactionService:
         """Transaction coordinator: its timeouts share the timer; __transaction_state on first
         use; new producer ids from the controller's blocks; markers over peer links."""
         return TransactionService(
-            self.broker_id,
-            self.config,
-            self.log,
-            replica_manager=self.replica_manager,
-            timer=self.timer,
-            tasks=self.tasks,
-            metadata=lambda: self.cache.metadata,
+            **self._coordinator_basis(),
             create_topic=self._create_internal_topic,
             new_producer_id=lambda: self.producer_ids.init_producer_id({}),
             send_markers=PeerMarkerSender(self.broker_id, self.credentials, self.cache),

@@ -88,7 +88,6 @@ class GroupMembership(CoordinatorRoute):
         # assignmentSnapshot): when the metadata shows others (CreatePartitions), it rejoins
         # so the new partitions get members. None on the other members.
         self.assigned_counts: dict[str, int] | None = None
-        self.backoff = config["retry.backoff.ms"] / 1000
 
     # --- coordinator (CoordinatorRoute: find it, follow it when it moves) -----------------
 

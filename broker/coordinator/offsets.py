@@ -30,7 +30,7 @@ from minibroker.protocol.errors import ErrorCode
 _NO_OFFSET = Offset(-1, "", -1)  # what OffsetFetch answers for a partition never committed
 
 
-def _partition_errors(topics: list[dict], code: Callable[[str, int], ErrorCode]) -> list[dict]:
+def partition_errors(topics: list[dict], code: Callable[[str, int], ErrorCode]) -> list[dict]:
     return [
         {
             "name": t["name"],
@@ -80,7 +80,7 @@ def commit_offsets(
     }
     if unknown and len(unknown) == sum(len(t["partitions"]) for t in topics):
         return {
-            "topics": _partition_errors(topics, lambda t, p: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+            "topics": partition_errors(topics, lambda t, p: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
             "throttle_time_ms": 0,
         }
     error = coordinator.group_error(group_id)
@@ -91,7 +91,7 @@ def commit_offsets(
         )
     if error is not ErrorCode.NONE:
         return {
-            "topics": _partition_errors(
+            "topics": partition_errors(
                 topics,
                 lambda t, p: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if (t, p) in unknown else error,
             ),
@@ -103,6 +103,21 @@ def commit_offsets(
         )
     elif group.has(body["member_id"]):
         coordinator.complete_and_schedule_heartbeat(group, group.get(body["member_id"]))
+    return store_commits(coordinator, group, topics, unknown, group.offsets.update)
+
+
+def store_commits(
+    coordinator: GroupCoordinator,
+    group: GroupMetadata,
+    topics: list[dict],
+    unknown: set[tuple[str, int]],
+    settle: Callable[[dict[tuple[str, int], Offset]], None],
+    **append_options: int,
+) -> dict | PendingResponse:
+    """The write half of OffsetCommit and TxnOffsetCommit: each partition's offset is
+    checked (``offset.metadata.max.bytes``), the accepted ones are appended acks=all to the
+    group's partition, and only once they are stored does ``settle`` take them (into the
+    committed offsets, or a transaction's pending ones) and each partition get its answer."""
     limit = coordinator.config["offset.metadata.max.bytes"]
     now = coordinator.manager.now_ms_wall()
     accepted: dict[tuple[str, int], Offset] = {}
@@ -122,10 +137,10 @@ def commit_offsets(
 
     def answer(stored: ErrorCode) -> None:
         if stored is ErrorCode.NONE and not group.is_in(DEAD):
-            group.offsets.update(accepted)
+            settle(accepted)
         response.set(
             {
-                "topics": _partition_errors(
+                "topics": partition_errors(
                     topics,
                     lambda t, p: (
                         ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -143,9 +158,10 @@ def commit_offsets(
         answer(ErrorCode.NONE)
     else:
         entries = [
-            (offset_key(group_id, t, p), offset_value(value)) for (t, p), value in accepted.items()
+            (offset_key(group.group_id, t, p), offset_value(value))
+            for (t, p), value in accepted.items()
         ]
-        coordinator.manager.append(group.partition, entries, answer)
+        coordinator.manager.append(group.partition, entries, answer, **append_options)
     return response.body if response.body is not None else response
 
 

@@ -16,28 +16,14 @@ from collections.abc import Callable
 
 from minibroker.broker.coordinator.coordinator import DEAD, GroupCoordinator
 from minibroker.broker.coordinator.group import GroupMetadata
-from minibroker.broker.coordinator.records import OFFSETS_TOPIC, Offset, offset_key, offset_value
+from minibroker.broker.coordinator.offsets import partition_errors, store_commits
+from minibroker.broker.coordinator.records import OFFSETS_TOPIC, Offset
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.protocol.errors import ErrorCode
 
 
 def _results(topics: list[dict], code: Callable[[str, int], ErrorCode]) -> dict:
-    return {
-        "topics": [
-            {
-                "name": t["name"],
-                "partitions": [
-                    {
-                        "partition": p["partition"],
-                        "error_code": int(code(t["name"], p["partition"])),
-                    }
-                    for p in t["partitions"]
-                ],
-            }
-            for t in topics
-        ],
-        "throttle_time_ms": 0,
-    }
+    return {"topics": partition_errors(topics, code), "throttle_time_ms": 0}
 
 
 def _member_error(group: GroupMetadata, body: dict) -> ErrorCode:
@@ -75,52 +61,20 @@ def txn_commit_offsets(
         group = coordinator.groups[group_id] = GroupMetadata(
             group_id, coordinator.manager.partition_for(group_id), coordinator.now_ms()
         )
-    limit = coordinator.config["offset.metadata.max.bytes"]
-    now = coordinator.manager.now_ms_wall()
-    accepted: dict[tuple[str, int], Offset] = {}
-    too_large: set[tuple[str, int]] = set()
-    for t in topics:
-        for p in t["partitions"]:
-            tp = (t["name"], p["partition"])
-            metadata = p["committed_metadata"]
-            if tp in unknown:
-                continue
-            if metadata is not None and len(metadata.encode()) > limit:
-                too_large.add(tp)
-            else:
-                epoch = p.get("committed_leader_epoch", -1)
-                accepted[tp] = Offset(p["committed_offset"], metadata, now, epoch)
     producer_id = body["producer_id"]
-    response = PendingResponse()
 
-    def answer(stored: ErrorCode) -> None:
-        if stored is ErrorCode.NONE and not group.is_in(DEAD):
-            group.pending_txn_offsets.setdefault(producer_id, {}).update(accepted)
-        response.set(
-            _results(
-                topics,
-                lambda t, p: (
-                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                    if (t, p) in unknown
-                    else ErrorCode.OFFSET_METADATA_TOO_LARGE
-                    if (t, p) in too_large
-                    else stored
-                ),
-            )
-        )
+    def settle(accepted: dict[tuple[str, int], Offset]) -> None:
+        group.pending_txn_offsets.setdefault(producer_id, {}).update(accepted)
 
-    if not accepted:
-        answer(ErrorCode.NONE)
-    else:
-        entries = [(offset_key(group_id, t, p), offset_value(o)) for (t, p), o in accepted.items()]
-        coordinator.manager.append(
-            group.partition,
-            entries,
-            answer,
-            producer_id=producer_id,
-            producer_epoch=body["producer_epoch"],
-        )
-    return response.body if response.body is not None else response
+    return store_commits(
+        coordinator,
+        group,
+        topics,
+        unknown,
+        settle,
+        producer_id=producer_id,
+        producer_epoch=body["producer_epoch"],
+    )
 
 
 def complete_txn(

@@ -29,6 +29,27 @@ def _code(answer: dict) -> int:
     return answer.get("error_code", 0)
 
 
+def native_commits(topics: list[dict]) -> list[dict]:
+    """OffsetCommit's and TxnOffsetCommit's topics in the native API's shape."""
+    return [
+        {
+            "name": t["name"],
+            "partitions": [
+                {
+                    "partition": p["partition_index"],
+                    "committed_offset": p["committed_offset"],
+                    # OffsetCommit v6+ / TxnOffsetCommit v2+ (-1 before: unknown), kept for
+                    # OffsetFetch v5+ (KIP-320)
+                    "committed_leader_epoch": p.get("committed_leader_epoch", -1),
+                    "committed_metadata": p["committed_metadata"],
+                }
+                for p in t["partitions"]
+            ],
+        }
+        for t in topics
+    ]
+
+
 class GroupApis:
     """Mixed into KafkaRequestHandler (``_native``, ``cache``)."""
 
@@ -166,22 +187,7 @@ class GroupApis:
             "generation_id": body.get("generation_id_or_member_epoch", -1),
             "member_id": body.get("member_id", ""),
             "group_instance_id": body.get("group_instance_id"),
-            "topics": [
-                {
-                    "name": t["name"],
-                    "partitions": [
-                        {
-                            "partition": p["partition_index"],
-                            "committed_offset": p["committed_offset"],
-                            # v6+ (-1 before: unknown), kept for OffsetFetch v5+ (KIP-320)
-                            "committed_leader_epoch": p.get("committed_leader_epoch", -1),
-                            "committed_metadata": p["committed_metadata"],
-                        }
-                        for p in t["partitions"]
-                    ],
-                }
-                for t in body["topics"]
-            ],
+            "topics": native_commits(body["topics"]),
         }
         result = self._native(header, ApiKey.OFFSET_COMMIT, native, session)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from minibroker.broker.kafka.groups import native_commits
 from minibroker.broker.network.pending import then
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import ErrorCode
@@ -141,21 +142,7 @@ class TransactionApis:
             "generation_id": body.get("generation_id", -1),
             "member_id": body.get("member_id", ""),
             "group_instance_id": body.get("group_instance_id"),
-            "topics": [
-                {
-                    "name": t["name"],
-                    "partitions": [
-                        {
-                            "partition": p["partition_index"],
-                            "committed_offset": p["committed_offset"],
-                            "committed_leader_epoch": p.get("committed_leader_epoch", -1),
-                            "committed_metadata": p["committed_metadata"],
-                        }
-                        for p in t["partitions"]
-                    ],
-                }
-                for t in body["topics"]
-            ],
+            "topics": native_commits(body["topics"]),
         }
         result = self._native(header, ApiKey.TXN_OFFSET_COMMIT, native, session)
         return then(
