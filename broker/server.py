@@ -485,6 +485,7 @@ class Broker:
                 },
             },
             "poller": self.poller,
+            "timer": {"thread_cpu_s": round(self.timer.thread_cpu_s(), 4)},
             "purgatory": {
                 "produce": rm.produce_purgatory.stats(),
                 "fetch": rm.fetch_purgatory.stats(),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from itertools import repeat, starmap
-from time import monotonic_ns
+from time import clock_gettime, monotonic_ns, pthread_getcpuclockid
 
 from minibroker.broker.common.clock import Clock, ManualClock, MonotonicClock
 from minibroker.broker.purgatory.bucket import TimerTask, unlink_all
@@ -117,6 +117,14 @@ class SystemTimer:
     def size(self) -> int:
         """Live tasks: linked, or handed over and not yet linked, minus removes in flight."""
         return max(0, self._engine.size + len(self._adds) - len(self._removes))
+
+    def thread_cpu_s(self) -> float:
+        """CPU seconds the timer thread has used: what the timer costs, apart from the loop
+        (stats; bench quotas --sockets reads its share of a core)."""
+        ident = self._thread.ident
+        if ident is None or not self._thread.is_alive():
+            return 0.0
+        return clock_gettime(pthread_getcpuclockid(ident))
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Stop the thread; pending tasks are not run."""

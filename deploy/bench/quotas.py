@@ -10,6 +10,9 @@ and p99, and the CPU share of the timer thread and of the loop thread (psutil's
 per-thread times). It measures the timer path the broker uses; the network side of a
 mute (one epoll modification each way) is not in it.
 
+Socket part (``--sockets N``, quotas_sockets.py): N real connections throttled by a
+broker process, end to end.
+
 Rate part (the manual clock, no I/O): a client sending flat out and waiting out every
 throttle, for quotas of 1 KB/s to 100 MB/s with requests of a 20th of a window's worth,
 through ClientQuotaManager with the broker's window settings; reported: the rate
@@ -36,7 +39,9 @@ from minibroker.broker.quota import (
     QuotaConfigs,
     QuotaEntity,
 )
+from minibroker.deploy.bench import quotas_sockets
 from minibroker.deploy.bench.common import report
+from minibroker.deploy.bench.load import add_broker_under_test_argument
 
 RATES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000, 100_000_000)
 
@@ -47,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-ms", type=int, default=50, help="shortest throttle (50)")
     p.add_argument("--max-ms", type=int, default=1000, help="longest throttle (1000)")
     p.add_argument("--windows", type=int, default=11, help="quota.window.num (11)")
+    quotas_sockets.add_arguments(p)
+    add_broker_under_test_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     if args.connections < 1 or args.duration <= 0 or not 1 <= args.min_ms <= args.max_ms:
         raise ValueError("--connections >= 1, --duration > 0 and 1 <= --min-ms <= --max-ms")
-    return {"timer": trio.run(_timer, args), "rates": _rates(args.windows)}
+    figures = {"timer": trio.run(_timer, args), "rates": _rates(args.windows)}
+    if args.sockets > 0:
+        figures["sockets"] = quotas_sockets.measure(args)
+    return figures
 
 
 def _thread_cpu(thread_id: int) -> float:
