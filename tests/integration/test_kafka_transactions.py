@@ -3,9 +3,8 @@
 use, InitProducerId with a transactional id, zombie fencing, ListTransactions and
 DescribeTransactions on the Kafka listener, and faults injected into the transaction APIs.
 
-The end-to-end tests that need the partition side too (transactional produce batches,
-markers written by WriteTxnMarkers, read_committed) run once the broker has it; until then
-they are skipped, saying so.
+The end-to-end tests run the partition side too: transactional produce batches, markers
+written by WriteTxnMarkers, read_committed.
 """
 
 from __future__ import annotations
@@ -28,21 +27,6 @@ from minibroker.protocol import ApiKey
 from minibroker.protocol.kafka import KafkaRequestHeader, decode_response, encode_request
 
 pytestmark = pytest.mark.integration
-
-
-def _partition_side_served() -> bool:
-    """The broker writes transactional batches and markers (the partition side, built
-    beside the coordinator): a stock client's transactional batch is no longer refused."""
-    from minibroker.broker.storage import record_validation
-
-    with open(record_validation.__file__) as source:
-        return "transactional and control batches are not served" not in source.read()
-
-
-needs_partition_side = pytest.mark.skipif(
-    not _partition_side_served(),
-    reason="transactional produce and WriteTxnMarkers are the partition side's (txnlog)",
-)
 
 
 @pytest.fixture(scope="module")
@@ -253,7 +237,6 @@ def wait_for_state(cluster, transactional_id: str, state: str) -> None:
         time.sleep(0.05)
 
 
-@needs_partition_side
 def test_commit_is_visible_abort_is_not(cluster):
     create(cluster.kafka_bootstrap, "eos-out", 3)
     producer = rd_producer(cluster, "eos-writer")
@@ -277,7 +260,6 @@ def test_commit_is_visible_abort_is_not(cluster):
     )
 
 
-@needs_partition_side
 def test_offsets_sent_in_a_transaction_commit_with_it(cluster):
     create(cluster.kafka_bootstrap, "eos-in")
     create(cluster.kafka_bootstrap, "eos-copy")
@@ -328,7 +310,6 @@ def offset_fetch_v7(cluster, group: str, topic: str, require_stable: bool) -> tu
     raise AssertionError(f"no coordinator answered for {group}")
 
 
-@needs_partition_side
 def test_require_stable_offset_fetch_is_unstable_while_a_transaction_holds_offsets(cluster):
     """KIP-447: OffsetFetch v7 with require_stable answers UNSTABLE_OFFSET_COMMIT for a
     partition whose offsets an open transaction holds; the committed offset once it
@@ -359,7 +340,6 @@ def test_require_stable_offset_fetch_is_unstable_while_a_transaction_holds_offse
         consumer.close()
 
 
-@needs_partition_side
 def test_transaction_timeout_aborts_an_abandoned_transaction(cluster):
     create(cluster.kafka_bootstrap, "eos-abandoned")
     producer = rd_producer(cluster, "eos-abandoner", **{"transaction.timeout.ms": 2000})
@@ -376,7 +356,6 @@ def test_transaction_timeout_aborts_an_abandoned_transaction(cluster):
     assert read_committed(cluster, "eos-abandoned", 1, 1) == []
 
 
-@needs_partition_side
 def test_a_failing_marker_write_holds_the_commit_until_the_fault_is_lifted(cluster):
     create(cluster.kafka_bootstrap, "eos-marker")
     leader = cluster.leader("eos-marker")
@@ -404,7 +383,6 @@ def test_a_failing_marker_write_holds_the_commit_until_the_fault_is_lifted(clust
     assert read_committed(cluster, "eos-marker", 1, 1) == [b"held"]
 
 
-@needs_partition_side
 def test_a_coordinator_killed_mid_commit_is_completed_by_the_next(cluster):
     """The commit is decided (PrepareCommit written, EndTxn answered) while the data
     partition's leader refuses the marker; the coordinator's broker is killed; the new
@@ -436,7 +414,6 @@ def test_a_coordinator_killed_mid_commit_is_completed_by_the_next(cluster):
     assert sorted(got) == sorted(b"whole-%d" % i for i in range(20))
 
 
-@needs_partition_side
 def test_a_data_leader_killed_mid_transaction_commits_whole_or_aborts(cluster):
     """Half the transaction's records are on the in-sync replicas when a data partition's
     leader is killed (SIGKILL); the producer writes the other half, which wait for the new
@@ -512,7 +489,6 @@ def test_a_data_leader_killed_mid_transaction_commits_whole_or_aborts(cluster):
     assert b"next" in read_committed(cluster, topic, 3, expected)
 
 
-@needs_partition_side
 def test_kafka_python_commits_aborts_and_is_fenced(cluster):
     from kafka import KafkaProducer
     from kafka.errors import KafkaError as KpError
@@ -547,7 +523,6 @@ def test_kafka_python_commits_aborts_and_is_fenced(cluster):
     assert read_committed(cluster, "kp-eos", 1, 2) == [b"kept"]
 
 
-@needs_partition_side
 def test_aiokafka_consume_transform_produce(cluster):
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
