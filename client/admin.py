@@ -9,7 +9,7 @@ from typing import Any
 
 import trio
 
-from minibroker.client import broker_admin, config_admin, group_admin, quota_admin
+from minibroker.client import broker_admin, config_admin, group_admin, quota_admin, txn_admin
 from minibroker.client.background import ClusterClient
 from minibroker.client.cluster import BrokerInfo, Cluster, PartitionInfo
 from minibroker.client.config_admin import AlterConfigOp, ConfigEntry, ConfigResource
@@ -21,6 +21,7 @@ from minibroker.client.offsets import (
     lookup_retries,
 )
 from minibroker.client.records import TopicPartition
+from minibroker.client.txn_admin import TransactionDescription, TransactionListing
 from minibroker.protocol import ApiKey
 from minibroker.protocol.api import ELECTION_PREFERRED, ELECTION_UNCLEAN
 from minibroker.protocol.errors import (
@@ -41,6 +42,8 @@ __all__ = [
     "NewTopic",
     "PartitionInfo",
     "TopicDescription",
+    "TransactionDescription",
+    "TransactionListing",
 ]
 
 
@@ -510,3 +513,24 @@ class Admin(ClusterClient):
         """Set committed offsets of an empty group (the group must have no members)."""
         wanted = {TopicPartition(*tp): o for tp, o in offsets.items()}
         await group_admin.alter_group_offsets(self._open(), group_id, wanted, self.config)
+
+    # --- transactions (client/txn_admin.py) -------------------------------------------------
+
+    async def list_transactions(
+        self,
+        state_filters: Iterable[str] = (),
+        producer_id_filters: Iterable[int] = (),
+        duration_filter_ms: int = -1,
+    ) -> list[TransactionListing]:
+        """Kafka's listTransactions: every broker's transactional ids, filtered by state
+        (``txn_admin.TRANSACTION_STATES``), producer id and time open (-1: any)."""
+        return await txn_admin.list_transactions(
+            self._open(), self.config, state_filters, producer_id_filters, duration_filter_ms
+        )
+
+    async def describe_transactions(
+        self, transactional_ids: Iterable[str]
+    ) -> dict[str, TransactionDescription]:
+        """Kafka's describeTransactions, from each id's coordinator (an unknown id raises
+        TransactionalIdNotFound)."""
+        return await txn_admin.describe_transactions(self._open(), self.config, transactional_ids)

@@ -288,4 +288,6 @@ class SyncAdmin(_SyncBase):
     elect_leaders = blocking(Admin.elect_leaders)
     alter_client_quotas = blocking(Admin.alter_client_quotas)
     describe_client_quotas = blocking(Admin.describe_client_quotas)
+    list_transactions = blocking(Admin.list_transactions)
+    describe_transactions = blocking(Admin.describe_transactions)
     metrics = blocking(Admin.metrics)

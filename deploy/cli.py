@@ -47,6 +47,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "add_arguments",
         "list, describe, delete consumer groups",
     ),
+    "transactions": (
+        "minibroker.deploy.transactions_cli",
+        "add_arguments",
+        "list and describe transactions (kafka-transactions.sh)",
+    ),
     "configs": (
         "minibroker.deploy.configs_cli",
         "add_arguments",

@@ -8,6 +8,7 @@ from typing import Any
 from minibroker.client import Admin
 from minibroker.client.records import TopicPartition
 from minibroker.deploy.client_cli import CliError, _cmd, _common, _settings
+from minibroker.deploy.tables import print_table
 from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from minibroker.protocol.errors import GroupIdNotFound
 
@@ -108,10 +109,7 @@ async def _describe(args: argparse.Namespace) -> int:
         "client_id",
         "group_instance_id",
     )
-    table = [header] + [tuple("-" if r[k] is None else str(r[k]) for k in keys) for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    print_table(header, [[r[k] for k in keys] for r in rows])
     return 0
 
 
