@@ -9,7 +9,7 @@ from typing import Any
 
 import trio
 
-from minibroker.client import broker_admin, config_admin, group_admin, quota_admin
+from minibroker.client import broker_admin, config_admin, group_admin, quota_admin, txn_admin
 from minibroker.client.background import ClusterClient
 from minibroker.client.cluster import BrokerInfo, Cluster, PartitionInfo
 from minibroker.client.config_admin import AlterConfigOp, ConfigEntry, ConfigResource
@@ -21,6 +21,7 @@ from minibroker.client.offsets import (
     lookup_retries,
 )
 from minibroker.client.records import TopicPartition
+from minibroker.client.txn_admin import TransactionDescription
 from minibroker.protocol import ApiKey
 from minibroker.protocol.api import ELECTION_PREFERRED, ELECTION_UNCLEAN
 from minibroker.protocol.errors import (
@@ -477,6 +478,14 @@ class Admin(ClusterClient):
             self._controller_request, changes, validate_only=validate_only, replace=True,
             timeout_ms=timeout_ms, raise_errors=raise_errors,
         )  # fmt: skip
+
+    # --- transactions (client/txn_admin.py) ----------------------------------------------------
+
+    async def describe_transactions(
+        self, transactional_ids: Iterable[str]
+    ) -> dict[str, TransactionDescription]:
+        """Each id's state, producer, partitions and coordinator, from its coordinator."""
+        return await txn_admin.describe_transactions(self._open(), transactional_ids, self.config)
 
     # --- consumer groups (client/group_admin.py) ----------------------------------------------
 
