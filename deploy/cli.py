@@ -135,6 +135,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "minibroker.deploy.bench.quotas",
         "10k throttled connections on the shared timer; Kafka's rate held to the quota",
     ),
+    "transactions": (
+        "minibroker.deploy.bench.transactions",
+        "exactly-once with confluent-kafka: transactional vs idempotent, read_committed, commits",
+    ),
     "startup": (
         "minibroker.deploy.bench.startup",
         "cluster cold start, its phases, and the pytest fixture's setup/teardown",

@@ -55,7 +55,7 @@ SIDES = ("baseline", "working")
 NOT_FIGURES = frozenset({"params"})
 # Benches of stock Kafka clients: their cluster gets Kafka listeners and they are
 # pointed at them.
-KAFKA_BENCHES = frozenset({"kafka-clients"})
+KAFKA_BENCHES = frozenset({"kafka-clients", "transactions"})
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

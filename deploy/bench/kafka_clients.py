@@ -135,19 +135,14 @@ def paced(
 
 
 def _confluent(args: argparse.Namespace, topic: str) -> dict[str, Any]:
-    from confluent_kafka import Consumer, Producer, TopicPartition
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka import Producer
 
     mock = args.client == "mock"
     conf: dict[str, Any] = (
         {"test.mock.num.brokers": 3} if mock else {"bootstrap.servers": args.bootstrap}
     )
     if not mock:
-        admin = AdminClient(conf)  # kept: the futures die with their client
-        brokers = len(admin.list_topics(timeout=10).brokers)
-        futures = admin.create_topics([NewTopic(topic, 3, min(3, brokers))])
-        for future in futures.values():
-            future.result(30)
+        create_rdkafka_topic(args.bootstrap, topic, 3)
     producer_conf = {**conf, **PRODUCER_DEFAULTS, **dict(args.producer_property)}
     value = b"x" * args.size
     out: dict[str, Any] = {}
@@ -199,19 +194,44 @@ def _confluent(args: argparse.Namespace, topic: str) -> dict[str, Any]:
     if args.no_consume or mock:
         return out
     consumer_conf = {**conf, **CONSUMER_DEFAULTS, **dict(args.consumer_property)}
-    consumer = Consumer({**consumer_conf, "group.id": "unused", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])
     expected = args.records * (2 if args.rate_of_max else 1)
+    got, elapsed = rdkafka_consume(consumer_conf, topic, 3, expected)
+    out["consume_records_per_s"] = round(got / elapsed)
+    return out
+
+
+def create_rdkafka_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Create ``topic`` with confluent-kafka's AdminClient, replication factor min(3, brokers)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept: the futures die with it
+    brokers = len(admin.list_topics(timeout=10).brokers)
+    futures = admin.create_topics([NewTopic(topic, partitions, min(3, brokers))])
+    for future in futures.values():
+        future.result(30)
+
+
+def rdkafka_consume(
+    conf: dict[str, Any], topic: str, partitions: int, expected: int, timeout: float = 120
+) -> tuple[int, float]:
+    """Read ``topic`` from the start (assign, no group) with a confluent-kafka consumer of
+    ``conf`` until ``expected`` records came or ``timeout`` s passed with none coming:
+    (records, seconds). Control records (transaction markers) are never counted:
+    librdkafka does not hand them out."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**conf, "group.id": "unused", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     got = 0
     start = time.perf_counter()
     while got < expected:
         messages = consumer.consume(10000, 1)
-        if not messages and time.perf_counter() - start > 120:
+        if not messages and time.perf_counter() - start > timeout:
             break
         got += sum(1 for m in messages if m.error() is None)
-    out["consume_records_per_s"] = round(got / (time.perf_counter() - start))
+    elapsed = time.perf_counter() - start
     consumer.close()
-    return out
+    return got, elapsed
 
 
 def _kafka_python(args: argparse.Namespace, topic: str) -> dict[str, Any]:
