@@ -12,7 +12,8 @@ from minibroker.client.errors import ProducerFenced
 from minibroker.client.records import TopicPartition
 from minibroker.deploy import exit_codes
 from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
-from minibroker.protocol.errors import ErrorCode, TransactionalIdNotFound
+from minibroker.protocol import ApiKey
+from minibroker.protocol.errors import ErrorCode, RequestTimedOut, TransactionalIdNotFound
 from tests.waiting import wait_until
 
 from .test_cli_client import cli, one_error_line
@@ -322,3 +323,75 @@ def test_admin_and_cli_list_and_describe_transactions(cluster):
                 producer.close()
             except Exception:
                 pass
+
+
+# --- faults on the transactional APIs (`minibroker faults`, the Admin faults call) ---------
+
+
+def test_an_end_txn_delayed_past_max_block_ms_times_the_commit_out_and_it_resumes(cluster):
+    bootstrap = cluster.bootstrap
+    with SyncAdmin(bootstrap) as admin:
+        admin.create_topics([NewTopic("tx-slow-end", 1, 3)])
+    producer = SyncProducer(bootstrap, **{"transactional.id": "tx-slow-end", "max.block.ms": 1500})
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("tx-slow-end", b"late", partition=0)
+        for broker in range(cluster.brokers):  # as a user would: the faults command
+            shown = cli("faults", "delay-api", "--broker", str(broker), "--api", "end-txn",
+                        "--delay-ms", "4000", "--bootstrap", bootstrap)  # fmt: skip
+            assert shown.returncode == 0, shown.stderr
+        try:
+            started = time.monotonic()
+            with pytest.raises(RequestTimedOut) as raised:
+                producer.commit_transaction()
+            assert time.monotonic() - started < 4  # max.block.ms, not the broker's delay
+            assert "END_TXN" in str(raised.value) and "tx-slow-end" in str(raised.value)
+            assert producer.transaction_state == "COMMITTING_TRANSACTION"
+        finally:
+            cluster.clear_faults()
+        producer.commit_transaction()  # resumed: the coordinator has decided it already
+        assert producer.transaction_state == "READY"
+    finally:
+        producer.close()
+    assert _read_to_end(bootstrap, "tx-slow-end", "read_committed") == [b"late"]
+
+
+def test_a_failing_marker_write_holds_the_commit_until_the_fault_is_lifted(cluster):
+    bootstrap = cluster.bootstrap
+    topic = "tx-held-marker"
+    with SyncAdmin(bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 1, 3)])
+        leader = cluster.leader(topic)
+        with SyncProducer(bootstrap, **{"transactional.id": "tx-held"}) as producer:
+            producer.init_transactions()
+            producer.begin_transaction()
+            producer.send(topic, b"before", partition=0)
+            producer.commit_transaction()
+            wait_until(lambda: state_of(admin, "tx-held") == "CompleteCommit", 30, "the first")
+            admin.faults(
+                leader,
+                "fail-api",
+                api_key=int(ApiKey.WRITE_TXN_MARKERS),
+                error_code=int(ErrorCode.NOT_ENOUGH_REPLICAS),
+                count=-1,
+            )
+            try:  # the marker sender retries NOT_ENOUGH_REPLICAS until the fault is lifted
+                producer.begin_transaction()
+                producer.send(topic, b"held", partition=0)
+                producer.commit_transaction()  # answered once PrepareCommit is written
+                wait_until(
+                    lambda: any(
+                        cluster.stats(b)["transactions"]["marker_retries"]
+                        for b in range(cluster.brokers)
+                    ),
+                    30,
+                    "the marker sender's retries",
+                )
+                assert state_of(admin, "tx-held") == "PrepareCommit"
+                assert _read_to_end(bootstrap, topic, "read_committed") == [b"before"]
+                assert _read_to_end(bootstrap, topic, "read_uncommitted") == [b"before", b"held"]
+            finally:
+                cluster.clear_faults()
+            wait_until(lambda: state_of(admin, "tx-held") == "CompleteCommit", 30, "the commit")
+    assert _read_to_end(bootstrap, topic, "read_committed") == [b"before", b"held"]
