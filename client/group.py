@@ -41,6 +41,7 @@ from minibroker.client.assignors import (
 )
 from minibroker.client.cluster import Cluster
 from minibroker.client.coordinator import COORDINATOR_ERRORS, GROUP, CoordinatorRoute
+from minibroker.client.fetcher import isolation_level
 from minibroker.client.records import TopicPartition
 from minibroker.protocol import ApiKey, api_name
 from minibroker.protocol.errors import (
@@ -393,7 +394,7 @@ class GroupMembership(CoordinatorRoute):
             "group_id": self.group_id,
             "topics": [{"name": t, "partition_indexes": ps} for t, ps in wanted.items()],
         }
-        if self.config.get("isolation.level") == "read_committed":
+        if isolation_level(self.config):
             body["require_stable"] = True
         if timeout is None:
             timeout = self.config["request.timeout.ms"] / 1000
