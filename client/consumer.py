@@ -606,7 +606,9 @@ class _Join:
                 held = set() if group.lost else owned()  # lost: all of it comes anew
                 added = [tp for tp in self.assigned if tp not in held]
                 if added:
-                    self.committed = await group.committed(added)
+                    # Under read_committed, offsets a transaction holds are waited for
+                    # as long as it takes, as Kafka's poll asks again each time.
+                    self.committed = await group.committed(added, timeout=math.inf)
             except Exception as exc:  # handed to the poll that waits for it
                 self.error = exc
             self.done.set()

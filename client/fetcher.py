@@ -10,6 +10,7 @@ dropped.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from itertools import count
 from typing import Any
 
@@ -97,9 +98,15 @@ def fetch_body(states: list[PartitionState], config: dict[str, Any]) -> dict:
         "max_wait_ms": config["fetch.max.wait.ms"],
         "min_bytes": config["fetch.min.bytes"],
         "max_bytes": config["fetch.max.bytes"],
-        "isolation_level": 1 if config.get("isolation.level") == "read_committed" else 0,
+        "isolation_level": isolation_level(config),
         "topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()],
     }
+
+
+def isolation_level(config: Mapping[str, Any]) -> int:
+    """The wire's isolation_level of a client's ``isolation.level`` (1: read_committed),
+    which its Fetch and ListOffsets both carry, as Kafka's consumer sends them."""
+    return 1 if config.get("isolation.level") == "read_committed" else 0
 
 
 def to_consumer_records(

@@ -41,12 +41,14 @@ from minibroker.client.assignors import (
 )
 from minibroker.client.cluster import Cluster
 from minibroker.client.coordinator import COORDINATOR_ERRORS, GROUP, CoordinatorRoute
+from minibroker.client.fetcher import isolation_level
 from minibroker.client.records import TopicPartition
 from minibroker.protocol import ApiKey, api_name
 from minibroker.protocol.errors import (
     ErrorCode,
     KafkaError,
     RebalanceInProgress,
+    UnstableOffsetCommit,
     UnsupportedVersion,
     error_class,
 )
@@ -373,23 +375,50 @@ class GroupMembership(CoordinatorRoute):
             if code is not ErrorCode.NONE:
                 raise error_class(code)(f"commit of {topic}-{partition}")
 
-    async def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        """Committed offsets (-1: none) of ``partitions``."""
+    async def committed(
+        self, partitions: Iterable[TopicPartition], timeout: float | None = None
+    ) -> dict[TopicPartition, int]:
+        """Committed offsets (-1: none) of ``partitions``.
+
+        Under ``isolation.level=read_committed`` the fetch asks ``require_stable``, as
+        Kafka's consumer does (KIP-447): a partition whose offsets an undecided transaction
+        holds answers UNSTABLE_OFFSET_COMMIT rather than the offset the transaction may be
+        about to replace, and the fetch is asked again every retry.backoff.ms until the
+        transaction ends, for up to ``timeout`` s (default request.timeout.ms; then
+        UnstableOffsetCommit, retriable)."""
         wanted: dict[str, list[int]] = {}
         for tp in partitions:
             wanted.setdefault(tp.topic, []).append(tp.partition)
-        answer = await self.call(
-            ApiKey.OFFSET_FETCH,
-            {
-                "group_id": self.group_id,
-                "topics": [{"name": t, "partition_indexes": ps} for t, ps in wanted.items()],
-            },
-        )
-        code = ErrorCode.parse(answer["error_code"])
-        if code is not ErrorCode.NONE:
-            raise error_class(code)(f"fetching the offsets of group {self.group_id}")
-        return {
-            TopicPartition(t["name"], p["partition"]): p["committed_offset"]
-            for t in answer["topics"]
-            for p in t["partitions"]
+        body = {
+            "group_id": self.group_id,
+            "topics": [{"name": t, "partition_indexes": ps} for t, ps in wanted.items()],
         }
+        if isolation_level(self.config):
+            body["require_stable"] = True
+        if timeout is None:
+            timeout = self.config["request.timeout.ms"] / 1000
+        deadline = trio.current_time() + timeout  # trio's clock: the tests' manual one
+        while True:
+            answer = await self.call(ApiKey.OFFSET_FETCH, body)
+            code = ErrorCode.parse(answer["error_code"])
+            if code is not ErrorCode.NONE:
+                raise error_class(code)(f"fetching the offsets of group {self.group_id}")
+            unstable = [
+                f"{t['name']}-{p['partition']}"
+                for t in answer["topics"]
+                for p in t["partitions"]
+                if p["error_code"] == ErrorCode.UNSTABLE_OFFSET_COMMIT
+            ]
+            if not unstable:
+                return {
+                    TopicPartition(t["name"], p["partition"]): p["committed_offset"]
+                    for t in answer["topics"]
+                    for p in t["partitions"]
+                }
+            if trio.current_time() + self.backoff > deadline:
+                raise UnstableOffsetCommit(
+                    f"the offsets of {', '.join(unstable)} in group {self.group_id} are held by "
+                    "a transaction not decided yet; ask again once it commits or aborts"
+                )
+            self.log("offsets_unstable", group=self.group_id, partitions=unstable)
+            await trio.sleep(self.backoff)

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import trio
 
 from minibroker.client.cluster import Cluster
+from minibroker.client.fetcher import isolation_level
 from minibroker.client.records import TopicPartition
 from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey, read_records
 from minibroker.protocol.errors import KafkaError, LeaderNotAvailable, error_class
@@ -34,12 +35,15 @@ class OffsetAndTimestamp(NamedTuple):
     timestamp: int
 
 
-def lookup_retries(config: Mapping[str, Any]) -> dict[str, float]:
-    """``list_offsets``'s retry settings for a client: ``retry.backoff.ms`` apart, for up
-    to ``request.timeout.ms``, so a lookup waits out a leader's failover."""
+def lookup_retries(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``list_offsets``'s settings for a client: retries ``retry.backoff.ms`` apart, for up
+    to ``request.timeout.ms``, so a lookup waits out a leader's failover; and its
+    isolation level (a read_committed consumer's "latest" is the last stable offset, as
+    Kafka's endOffsets and auto.offset.reset=latest give it)."""
     return {
         "backoff": config["retry.backoff.ms"] / 1000,
         "patience": config["request.timeout.ms"] / 1000,
+        "isolation_level": isolation_level(config),
     }
 
 
@@ -50,6 +54,7 @@ async def list_offsets(
     attempts: int = 5,
     backoff: float = 0.1,
     patience: float = 0.0,
+    isolation_level: int = 0,
 ) -> dict[TopicPartition, OffsetAndTimestamp]:
     """``{tp: timestamp}`` -> ``{tp: (offset, timestamp)}``; -2 earliest, -1 latest, else by time.
 
@@ -80,7 +85,7 @@ async def list_offsets(
             else:
                 by_node[leader].append(tp)
         for node, tps in by_node.items():
-            error = await _ask(cluster, node, tps, todo, results) or error
+            error = await _ask(cluster, node, tps, todo, results, isolation_level) or error
         if not todo:
             return results
     assert error is not None
@@ -100,11 +105,14 @@ async def _ask(
     tps: list[TopicPartition],
     todo: dict[TopicPartition, int],
     results: dict[TopicPartition, OffsetAndTimestamp],
+    isolation_level: int,
 ) -> KafkaError | None:
     by_topic: dict[str, list[dict]] = defaultdict(list)
     for tp in tps:
         by_topic[tp.topic].append({"partition": tp.partition, "timestamp": todo[tp]})
-    body = {"topics": [{"name": t, "partitions": p} for t, p in by_topic.items()]}
+    body: dict[str, Any] = {"topics": [{"name": t, "partitions": p} for t, p in by_topic.items()]}
+    if isolation_level:  # (left out otherwise: a broker from before transactions knows none)
+        body["isolation_level"] = isolation_level
     try:
         response = await cluster.request(node, ApiKey.LIST_OFFSETS, body)
     except KafkaError as exc:

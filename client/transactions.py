@@ -89,14 +89,15 @@ class TransactionManager:
         abortable per txn_state.FATAL). ``body`` may be a function: asked each time."""
         route = route or self.route
         deadline = time.monotonic() + self.max_block
+        failed: KafkaError | None = None  # the last retriable failure, for the timeout's message
         while True:
             left = deadline - time.monotonic()
             try:
                 answer = await route.call(api_key, body() if callable(body) else body, max(left, 0))
             except KafkaError as exc:
-                if not exc.retriable or time.monotonic() >= deadline:
+                if not exc.retriable:
                     raise
-                answer = None
+                answer, failed = None, exc
             if answer is not None:
                 found = [ErrorCode.parse(c) for c in codes(answer) if c]
                 if not found:
@@ -111,11 +112,14 @@ class TransactionManager:
                     route.coordinator = None
                 self.log("txn_retry", api=ApiKey(api_key).name, error=found[0].name)
             if time.monotonic() + self.backoff >= deadline:
+                # Named after the call and the id, whatever timed out underneath (a
+                # coordinator that never answered, or kept answering "retry").
                 raise RequestTimedOut(
                     f"{ApiKey(api_key).name} for transactional.id {self.transactional_id} did "
-                    f"not complete within max.block.ms ({int(self.max_block * 1000)}); call "
-                    "the method again to resume"
-                )
+                    f"not complete within max.block.ms ({int(self.max_block * 1000)})"
+                    + (f" ({failed})" if failed is not None else "")
+                    + "; call the method again to resume"
+                ) from failed
             await trio.sleep(self.backoff)
 
     async def _guarded(self, request: Any) -> Any:

@@ -8,7 +8,6 @@ coordinator (FindCoordinator key_type 1, then DescribeTransactions), as Kafka's 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,42 +110,46 @@ async def describe_transactions(
     """Each id's transaction, from its coordinator. An id the coordinator does not know
     raises TransactionalIdNotFound (Kafka's TRANSACTIONAL_ID_NOT_FOUND); a coordinator that
     moved or is loading is found and asked again until request.timeout.ms."""
-    out: dict[str, TransactionDescription] = {}
-    for transactional_id in transactional_ids:
-        route = CoordinatorRoute(cluster, transactional_id, TRANSACTION, config)
-        body = {"transactional_ids": [transactional_id]}
+    return {t: await _describe(cluster, config, t) for t in transactional_ids}
 
-        async def ask(route: CoordinatorRoute = route, body: dict = body) -> dict:
-            answer = await route.call(ApiKey.DESCRIBE_TRANSACTIONS, body)
-            entry = answer["transaction_states"][0]
-            if ErrorCode.parse(entry["error_code"]) in COORDINATOR_ERRORS:
-                route.coordinator = None  # moved, or loading: find it again
-            return {**entry, "node": route.coordinator}
 
-        s = await _until_loaded(config, ask)
-        code = ErrorCode.parse(s["error_code"])
-        if code is not ErrorCode.NONE:
-            raise error_class(code)(f"transactional.id '{transactional_id}'")
-        out[transactional_id] = TransactionDescription(
-            transactional_id,
-            s["node"],
-            s["transaction_state"],
-            s["producer_id"],
-            s["producer_epoch"],
-            s["transaction_timeout_ms"],
-            None if s["transaction_start_time_ms"] < 0 else s["transaction_start_time_ms"],
-            [TopicPartition(t["name"], p) for t in s["topics"] for p in t["partitions"]],
-        )
-    return out
+async def _describe(
+    cluster: Cluster, config: Mapping[str, Any], transactional_id: str
+) -> TransactionDescription:
+    route = CoordinatorRoute(cluster, transactional_id, TRANSACTION, config)
+    body = {"transactional_ids": [transactional_id]}
+
+    async def ask() -> dict:
+        answer = await route.call(ApiKey.DESCRIBE_TRANSACTIONS, body)
+        entry = answer["transaction_states"][0]
+        if ErrorCode.parse(entry["error_code"]) in COORDINATOR_ERRORS:
+            route.coordinator = None  # moved, or loading: find it again
+        return entry
+
+    s = await _until_loaded(config, ask)
+    code = ErrorCode.parse(s["error_code"])
+    if code is not ErrorCode.NONE:
+        raise error_class(code)(f"transactional.id '{transactional_id}'")
+    assert route.coordinator is not None  # it answered
+    return TransactionDescription(
+        transactional_id,
+        route.coordinator,
+        s["transaction_state"],
+        s["producer_id"],
+        s["producer_epoch"],
+        s["transaction_timeout_ms"],
+        None if s["transaction_start_time_ms"] < 0 else s["transaction_start_time_ms"],
+        [TopicPartition(t["name"], p) for t in s["topics"] for p in t["partitions"]],
+    )
 
 
 async def _until_loaded(config: Mapping[str, Any], ask: Callable[[], Awaitable[dict]]) -> dict:
     """``await ask()`` again after retry.backoff.ms while its answer is a coordinator
     error (loading, moved), for up to request.timeout.ms; then the last answer."""
-    deadline = time.monotonic() + config["request.timeout.ms"] / 1000
+    deadline = trio.current_time() + config["request.timeout.ms"] / 1000
     while True:
         answer = await ask()
         code = ErrorCode.parse(answer["error_code"])
-        if code not in COORDINATOR_ERRORS or time.monotonic() >= deadline:
+        if code not in COORDINATOR_ERRORS or trio.current_time() >= deadline:
             return answer
         await trio.sleep(config["retry.backoff.ms"] / 1000)

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from minibroker.protocol.batch import (
     KAFKA_FLAG,
+    TRANSACTIONAL_FLAG,
     CheckedBatches,
     CorruptBatch,
     decode_rows,
     iter_batches,
+    producer_fields,
     unwrap_kafka_batch,
     wrap_kafka_batch,
 )
@@ -92,8 +94,16 @@ def _reencode(records: bytes, pos: int, header) -> bytes:
     # decode_rows checks the record count; offsets run from the batch's base offset.
     first_ts = header.first_timestamp
     rows = decode_rows(records, pos, header)
+    # The producer's identity and the transactional bit go along: a stock read_committed
+    # consumer skips an aborted transaction by its producer id and that bit (Kafka's
+    # aborted_transactions name producers, not batches).
+    pid, epoch, sequence = producer_fields(records, pos, header) or (-1, -1, -1)
     return kafka_records.encode_batch(
         [(first_ts + r[0], r[1], r[2], r[3] if len(r) == 4 else ()) for r in rows],
         base_offset=header.base_offset,
         leader_epoch=header.leader_epoch,
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=sequence,
+        attributes=header.attributes & TRANSACTIONAL_FLAG,
     )

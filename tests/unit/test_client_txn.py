@@ -1,6 +1,6 @@
 """The bundled consumer and transactions: control records are never handed out, a
 read_committed consumer drops aborted transactions as Kafka's does, and its fetch offset
-and position move past both (client/fetcher.py)."""
+and position move past both (client/fetcher.py); its "latest" offset is the LSO."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from minibroker.broker.storage import Log, LogConfig
 from minibroker.client.config import load_config
 from minibroker.client.fetcher import PartitionState, apply_partition_result, decode_fetched
+from minibroker.client.offsets import LATEST_TIMESTAMP, list_offsets, lookup_retries
 from minibroker.client.records import TopicPartition
 from minibroker.protocol import encode_batch
 from minibroker.protocol.batch import TRANSACTIONAL_FLAG
@@ -72,3 +73,31 @@ def test_isolation_level_is_a_consumer_setting() -> None:
     assert config["isolation.level"] == "read_committed"
     with pytest.raises(ValueError, match=r"isolation\.level"):
         load_config("consumer", {"isolation.level": "serializable"})
+
+
+class _OneLeader:
+    """A cluster whose broker 0 leads everything and answers ListOffsets with offset 7."""
+
+    def __init__(self) -> None:
+        self.asked: list[dict] = []
+
+    def leader(self, topic: str, partition: int) -> int:
+        return 0
+
+    async def refresh(self, topics=()) -> dict:
+        return {}
+
+    async def request(self, node: int, api_key: int, body: dict, **_: object) -> dict:
+        self.asked.append(body)
+        partition = {"partition": 0, "error_code": 0, "offset": 7, "timestamp": -1}
+        return {"topics": [{"name": "t", "partitions": [partition]}]}
+
+
+@pytest.mark.parametrize(("isolation", "sent"), [("read_committed", 1), ("read_uncommitted", None)])
+async def test_a_read_committed_consumers_latest_offset_is_asked_as_the_lso(isolation, sent):
+    """Kafka's endOffsets and auto.offset.reset=latest under read_committed: the LSO."""
+    cluster = _OneLeader()
+    config = load_config("consumer", {"isolation.level": isolation})
+    wanted = {TopicPartition("t", 0): LATEST_TIMESTAMP}
+    await list_offsets(cluster, wanted, **lookup_retries(config))  # type: ignore[arg-type]
+    assert cluster.asked[0].get("isolation_level") == sent

@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
 from minibroker.protocol import ProtocolError, check_batch, decode_records, encode_batch
-from minibroker.protocol.batch import KAFKA_FLAG, iter_batches, patch_base_offset, unpack_header
+from minibroker.protocol.batch import (
+    KAFKA_FLAG,
+    TRANSACTIONAL_FLAG,
+    iter_batches,
+    patch_base_offset,
+    unpack_header,
+)
 from minibroker.protocol.errors import ErrorCode
 from minibroker.protocol.kafka import (
     SUPPORTED,
@@ -151,6 +157,20 @@ def test_our_clients_batch_is_served_to_kafka_clients_record_for_record():
     assert [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in rows] == [
         (5 + i, *row) for i, row in enumerate(ROWS)
     ] + [(8, *ROWS[0])]
+
+
+@pytest.mark.parametrize("attributes", [0, TRANSACTIONAL_FLAG])
+def test_our_producers_identity_and_transaction_bit_reach_kafka_clients(attributes):
+    """A stock read_committed consumer skips an aborted transaction by producer id and the
+    transactional bit: a re-encoded batch must keep both (and the epoch and sequence)."""
+    ours = bytearray(encode_batch(ROWS, producer_id=77, producer_epoch=3, base_sequence=9,
+                                  attributes=attributes))  # fmt: skip
+    served = to_kafka(bytes(ours))
+    header = kr.unpack_header(served)
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (77, 3, 9)
+    assert header.attributes & kr.TRANSACTIONAL_FLAG == attributes
+    plain = kr.unpack_header(to_kafka(bytes(encode_batch(ROWS))))
+    assert (plain.producer_id, plain.attributes & kr.TRANSACTIONAL_FLAG) == (-1, 0)
 
 
 @settings(max_examples=400, deadline=None)
