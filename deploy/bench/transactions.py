@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--brokers", type=int, default=3, help="brokers of the bench's own cluster")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (figures: medians)")
-    p.add_argument("--records", type=int, default=20_000, help="records produced per round")
+    p.add_argument("--records", type=int, default=100_000, help="records produced per round")
     p.add_argument("--txn-size", type=int, default=1000, help="records per transaction")
     p.add_argument("--size", type=int, default=100, help="value bytes (default 100)")
     p.add_argument("--commits", type=int, default=200, help="1-record commits timed in all")
