@@ -444,6 +444,14 @@ DEFS: dict[str, ConfigDef] = {
         "being written (the timeout itself is a timer task per transaction).",
         1,
     ),
+    "add.partitions.to.txn.retry.backoff.max.ms": ConfigDef(
+        int,
+        100,
+        "Longest the coordinator holds an AddPartitionsToTxn/AddOffsetsToTxn that finds the "
+        "previous transaction still completing (or another change being written) before "
+        "answering CONCURRENT_TRANSACTIONS; 0: answer at once.",
+        0,
+    ),
     "transaction.marker.retry.backoff.ms": ConfigDef(
         int,
         100,

@@ -18,7 +18,7 @@ from typing import Any
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.purgatory import Purgatory
 from minibroker.broker.transaction.answers import chain, error_only, init_answer
-from minibroker.broker.transaction.delayed import TxnTimeout
+from minibroker.broker.transaction.delayed import DelayedAddPartitions, TxnTimeout
 from minibroker.broker.transaction.manager import TransactionStateManager
 from minibroker.broker.transaction.markers import TransactionMarkerChannelManager
 from minibroker.broker.transaction.metadata import (
@@ -44,6 +44,7 @@ class TransactionCoordinator:
         markers: TransactionMarkerChannelManager,
         timeout_purgatory: Purgatory,
         new_producer_id: Callable[[], dict | PendingResponse],
+        busy_purgatory: Purgatory,
     ) -> None:
         self.config = config
         self.log = logger
@@ -51,6 +52,9 @@ class TransactionCoordinator:
         self.transactions = manager.transactions
         self.markers = markers
         self.timeouts = timeout_purgatory
+        # AddPartitionsToTxn waiting for its id's change in flight, watched by id.
+        self.busy = busy_purgatory
+        self._to_wake: list[str] = []
         # An InitProducerId answer for a fresh id (the controller's blocks, producer_ids.py).
         self.new_producer_id = new_producer_id
         self.timed_out = 0
@@ -171,7 +175,41 @@ class TransactionCoordinator:
     def add_partitions(
         self, transactional_id: str, producer_id: int, epoch: int, partitions: set[tuple[str, int]]
     ) -> ErrorCode | PendingResponse:
-        """Answers the one code for every partition (Kafka's handleAddPartitionsToTransaction)."""
+        """Answers the one code for every partition (Kafka's handleAddPartitionsToTransaction);
+        a busy id (the previous transaction completing) is waited for (DelayedAddPartitions)."""
+
+        wait_ms = self.config["add.partitions.to.txn.retry.backoff.max.ms"]
+        if wait_ms <= 0 or not self._busy(transactional_id, producer_id, epoch):
+            return self._add_partitions(transactional_id, producer_id, epoch, partitions)
+        op = DelayedAddPartitions(
+            lambda: self._busy(transactional_id, producer_id, epoch),
+            lambda: self._add_partitions(transactional_id, producer_id, epoch, partitions),
+            wait_ms,
+        )
+        self.busy.try_complete_else_watch(op, (transactional_id,))
+        return op.response.body if op.response.body is not None else op.response
+
+    def _busy(self, transactional_id: str, producer_id: int, epoch: int) -> bool:
+        """AddPartitionsToTxn would be answered CONCURRENT_TRANSACTIONS now."""
+        txn, error = self._lookup(transactional_id, producer_id, epoch)
+        if txn is None:
+            return error is E.CONCURRENT_TRANSACTIONS
+        return txn.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT)
+
+    def _wake(self, transactional_id: str) -> None:
+        """Try the AddPartitionsToTxn waiting on the id. Not re-entered: a waiter handled
+        here may write, and an acks=all write a one-replica log has at once calls back
+        here; that id's turn comes once this one's check is done."""
+        self._to_wake.append(transactional_id)
+        if len(self._to_wake) > 1:
+            return
+        while self._to_wake:
+            self.busy.check_and_complete(self._to_wake[0])
+            del self._to_wake[0]
+
+    def _add_partitions(
+        self, transactional_id: str, producer_id: int, epoch: int, partitions: set[tuple[str, int]]
+    ) -> ErrorCode | PendingResponse:
         txn, error = self._lookup(transactional_id, producer_id, epoch)
         if txn is None:
             return error
@@ -349,6 +387,7 @@ class TransactionCoordinator:
     def partition_unloaded(self, txns: list[TransactionMetadata]) -> None:
         for txn in txns:
             self.timeouts.cancel_for_key(txn.transactional_id)
+            self._wake(txn.transactional_id)  # now NOT_COORDINATOR
 
     # --- writes ------------------------------------------------------------------------------
 
@@ -369,6 +408,8 @@ class TransactionCoordinator:
             result = answer(code)
             if result is not None and response.body is None:
                 response.set(result)
+            # The id may no longer be busy: an AddPartitionsToTxn waiting on it proceeds.
+            self._wake(txn.transactional_id)
 
         self.manager.write(txn, transit, done)
         return response.body if response.body is not None else response

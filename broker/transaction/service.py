@@ -61,7 +61,11 @@ class TransactionService:
         self.create_topic = create_topic
         self.clock = timer.clock
         # transaction.timeout.ms: one timer task per open transaction on the shared wheel.
-        self.purgatories = {"txn_timeout": Purgatory("TxnTimeout", timer)}
+        self.purgatories = {
+            "txn_timeout": Purgatory("TxnTimeout", timer),
+            # add.partitions.to.txn.retry.backoff.max.ms: AddPartitionsToTxn on a busy id.
+            "add_partitions": Purgatory("AddPartitionsToTxn", timer),
+        }
         self.manager = TransactionStateManager(
             broker_id, config, logger, replica_manager, tasks, timer.clock.now_ms, wall_ms
         )
@@ -79,6 +83,7 @@ class TransactionService:
             self.markers,
             self.purgatories["txn_timeout"],
             new_producer_id,
+            self.purgatories["add_partitions"],
         )
         self.expired_ids = 0
 

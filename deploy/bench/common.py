@@ -38,6 +38,12 @@ def bootstrap_of(args: argparse.Namespace) -> str:
     return args.bootstrap or os.environ.get("MINIBROKER_BOOTSTRAP") or "127.0.0.1:9092"
 
 
+def load_average() -> list[float]:
+    """The machine's 1, 5 and 15 minute load averages: on a shared machine a figure moves
+    with them, so every bench that quotes a rate says what they were."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile of already sorted values (0.0 for none)."""
     if not sorted_values:

@@ -27,7 +27,7 @@ import psutil
 import trio
 
 from minibroker.client import Admin, Consumer
-from minibroker.deploy.bench.common import ensure_topic, percentile, report
+from minibroker.deploy.bench.common import ensure_topic, load_average, percentile, report
 from minibroker.deploy.bench.load import (
     ClientProcesses,
     add_broker_under_test_argument,
@@ -147,7 +147,7 @@ def _measure(args: argparse.Namespace, bootstrap: str, broker: psutil.Process | 
         "client_processes": processes,
         "client_cpu_percent": [round(100 * r["cpu_s"] / (r["elapsed_s"] or 1), 1) for r in results],
         "bootstrap": bootstrap if args.bootstrap else "(started by the bench)",
-        "load_average": [round(x, 2) for x in psutil.getloadavg()],
+        "load_average": load_average(),
     }
 
 

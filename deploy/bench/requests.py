@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import trio
 
-from minibroker.deploy.bench.common import ensure_topic, report
+from minibroker.deploy.bench.common import ensure_topic, load_average, report
 from minibroker.deploy.bench.load import (
     ClientProcesses,
     add_broker_under_test_argument,
@@ -92,7 +92,7 @@ def _measure(args: argparse.Namespace, bootstrap: str, broker: psutil.Process | 
         "broker_cpu_percent": broker_cpu,
         "client_processes": processes,
         "client_cpu_percent": [round(100 * r["cpu_s"] / args.duration, 1) for r in results],
-        "load_average": [round(x, 2) for x in psutil.getloadavg()],
+        "load_average": load_average(),
     }
 
 

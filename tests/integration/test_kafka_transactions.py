@@ -409,6 +409,10 @@ def test_a_coordinator_killed_mid_commit_is_completed_by_the_next(cluster):
         assert describe(cluster, "eos-survivor")["broker"] != coordinator
     finally:
         cluster.restart(coordinator)
+        # Back in sync (so registered with the controller again) before the next test
+        # creates a topic with replication factor 3.
+        for p in range(2):
+            cluster.wait_for_isr("eos-failover", p, timeout=60)
     print(f"coordinator failover mid-commit completed {took:.2f}s after the kill")
     got = read_committed(cluster, "eos-failover", 2, 20)
     assert sorted(got) == sorted(b"whole-%d" % i for i in range(20))

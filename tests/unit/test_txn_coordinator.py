@@ -37,6 +37,7 @@ from minibroker.broker.metadata.image import (
     PartitionState,
     TopicState,
 )
+from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.broker.transaction import TXN_TOPIC, TransactionService, TxnState
@@ -190,18 +191,18 @@ class Harness:
         return E(answer["error_code"]), answer["producer_id"], answer["producer_epoch"]
 
     def add(self, pid: int, epoch: int, partitions=(0, 1), tid: str = "tx", topic: str = "t"):
-        answer = self.call(
-            p.ApiKey.ADD_PARTITIONS_TO_TXN,
-            {
-                "transactional_id": tid,
-                "producer_id": pid,
-                "producer_epoch": epoch,
-                "topics": [{"name": topic, "partitions": list(partitions)}],
-            },
+        return add_code(
+            self.call(p.ApiKey.ADD_PARTITIONS_TO_TXN, add_body(pid, epoch, partitions, tid, topic))
         )
-        codes = {q["error_code"] for t in answer["results"] for q in t["partitions"]}
-        assert len(codes) == 1, answer
-        return E(codes.pop())
+
+    def add_parked(self, pid: int, epoch: int, partitions=(0, 1), tid: str = "tx"):
+        """An AddPartitionsToTxn that waits (the id busy): its PendingResponse."""
+        raw = add_body(pid, epoch, partitions, tid, "t")
+        api = p.ApiKey.ADD_PARTITIONS_TO_TXN
+        body = p.validate_request(p.RequestHeader(api, NEWEST_VERSIONS[api], 1, "test"), raw)
+        answer = self.service.add_partitions_to_txn(body)
+        assert isinstance(answer, PendingResponse), answer
+        return answer
 
     def end(self, pid: int, epoch: int, commit: bool, tid: str = "tx") -> ErrorCode:
         answer = self.call(
@@ -225,6 +226,32 @@ class Harness:
             for t in answer["topics"]
             for q in t["partitions"]
         }
+
+
+def add_body(pid: int, epoch: int, partitions, tid: str, topic: str) -> dict:
+    return {
+        "transactional_id": tid,
+        "producer_id": pid,
+        "producer_epoch": epoch,
+        "topics": [{"name": topic, "partitions": list(partitions)}],
+    }
+
+
+def add_code(answer: dict) -> ErrorCode:
+    codes = {q["error_code"] for t in answer["results"] for q in t["partitions"]}
+    assert len(codes) == 1, answer
+    return E(codes.pop())
+
+
+async def committing(h: Harness) -> tuple[int, int]:
+    """A transaction committed whose markers the leaders hold (PrepareCommit): its
+    producer id and epoch."""
+    _, pid, epoch = h.init()
+    h.add(pid, epoch)
+    h.sender.gate = trio.Event()
+    assert h.end(pid, epoch, commit=True) is E.NONE
+    await settle()
+    return pid, epoch
 
 
 async def settle() -> None:
@@ -380,13 +407,55 @@ async def test_requests_meet_concurrent_transactions_while_a_commit_completes(h)
     await settle()
     assert h.txn().state is S.PREPARE_COMMIT
     assert h.init(pid=pid, epoch=epoch)[0] is E.CONCURRENT_TRANSACTIONS
-    assert h.add(pid, epoch, partitions=[2]) is E.CONCURRENT_TRANSACTIONS
     assert h.end(pid, epoch, commit=True) is E.CONCURRENT_TRANSACTIONS
     assert h.end(pid, epoch, commit=False) is E.INVALID_TXN_STATE
+    # AddPartitionsToTxn waits for the completion, at most
+    # add.partitions.to.txn.retry.backoff.max.ms (100), then is answered as Kafka's.
+    parked = h.add_parked(pid, epoch, partitions=[2])
+    h.clock.advance(99)
+    assert parked.body is None
+    h.clock.advance(1)
+    assert add_code(parked.body) is E.CONCURRENT_TRANSACTIONS
     h.sender.gate.set()
     await settle()
     assert h.txn().state is S.COMPLETE_COMMIT
     assert h.init(pid=pid, epoch=epoch) == (E.NONE, pid, epoch + 1)
+
+
+async def test_the_next_transaction_waits_for_the_previous_to_complete_not_for_a_retry(h):
+    """The client begins its next transaction as soon as EndTxn is answered, while the
+    markers are still being written: its AddPartitionsToTxn is held, and proceeds the
+    moment CompleteCommit is applied (no time passes on the clock): the client is spared
+    CONCURRENT_TRANSACTIONS and its retry backoff (~20 ms for librdkafka)."""
+    pid, epoch = await committing(h)
+    parked = h.add_parked(pid, epoch, partitions=[2])
+    assert h.service.stats()["purgatory"]["add_partitions"]["watched"] == 1
+    h.sender.gate.set()
+    await settle()
+    assert add_code(parked.body) is E.NONE
+    assert h.txn().state is S.ONGOING and h.txn().partitions == {("t", 2)}
+    assert h.end(pid, epoch, commit=True) is E.NONE  # the new transaction commits as usual
+
+
+async def test_a_held_add_partitions_is_answered_by_the_next_coordinator_check(h):
+    """The coordinator loses the id while the add waits: answered NOT_COORDINATOR at once."""
+    pid, epoch = await committing(h)
+    parked = h.add_parked(pid, epoch, partitions=[2])
+    h.service.coordinator.partition_unloaded(h.service.manager.resign(0))
+    assert add_code(parked.body) is E.NOT_COORDINATOR
+    h.sender.gate.set()
+    await settle()
+
+
+async def test_without_a_wait_a_busy_id_is_answered_at_once(tmp_path, nursery):
+    """add.partitions.to.txn.retry.backoff.max.ms=0: Kafka 3's answer, at once."""
+    h = Harness(tmp_path, nursery, **{"add.partitions.to.txn.retry.backoff.max.ms": 0})
+    await h.load()
+    pid, epoch = await committing(h)
+    assert h.add(pid, epoch, partitions=[2]) is E.CONCURRENT_TRANSACTIONS
+    h.sender.gate.set()
+    await settle()
+    h.rm.close()
 
 
 async def test_a_second_producer_fences_the_first_and_aborts_its_transaction(h):
