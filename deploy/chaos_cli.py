@@ -1,6 +1,6 @@
 """`minibroker chaos --duration S [--brokers 3] [--seed N] [--data-dir DIR] [--faults ...]
 [--spare-controller | --target-controller] [--workload groups [--members N]
-[--confluent-members K]]` and `minibroker chaos --check-history FILE`.
+[--confluent-members K] | --workload transactions]` and `minibroker chaos --check-history FILE`.
 
 Prints what it does as it goes, then the checker's findings (each violation under the
 name of the rule that fired), then one JSON line of counts. The history is written to
@@ -81,10 +81,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--workload",
-        choices=("producers", "groups"),
+        choices=("producers", "groups", "transactions"),
         default="producers",
         help="groups: also a consumer group whose member processes consume and commit "
-        "while the nemesis faults the group coordinator too and pauses members",
+        "while the nemesis faults the group coordinator too and pauses members; "
+        "transactions: three transactional producers (some transactions aborted on "
+        "purpose) and a read_committed consumer on a topic of their own, while the "
+        "nemesis faults the transaction coordinators and that topic's leaders too",
     )
     p.add_argument("--members", type=int, default=3, help="group members (default 3)")
     p.add_argument(
@@ -222,6 +225,14 @@ def report(verdict: Verdict, data_dir: Path | None = None) -> None:
             f"({c['group_commit_failures']} refused), {c['group_stale_answers_ignored']} stale "
             f"answers ignored, settled {c['group_settle_s']}s after the heal; member nemesis "
             f"{c['group_nemesis']}; consumed by client {c['group_consumed_by']}"
+        )
+    if "txns" in c:
+        print(
+            f"transactions: {c['txns']} ({c['txn_committed']} committed, {c['txn_aborted']} "
+            f"aborted, {c['txn_unknown']} unknown of which {c['txn_unknown_committed']} "
+            f"visible whole), {c['txn_records_visible']} records visible read_committed, "
+            f"{c['txn_aborted_records_written']} aborted records in the log, "
+            f"{c['txn_live_read']} read live"
         )
     print("verdict:", "no violation" if verdict.ok else "VIOLATIONS FOUND")
 

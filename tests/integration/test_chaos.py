@@ -90,3 +90,32 @@ def test_a_consumer_group_under_chaos_keeps_every_promise(tmp_path):
     again, recount = chaos("--check-history", counts["history"])
     assert again.returncode == 0, again.stdout + again.stderr
     assert recount["group_consumed"] == counts["group_consumed"] and recount["violations"] == 0
+
+
+def test_transactions_under_chaos_are_seen_whole_or_not_at_all(tmp_path):
+    # Seed 1's 15 s: broker 2 paused; a transaction coordinator killed (and restarted);
+    # broker 0 killed; a leader of chaos-txn isolated. Three transactional producers
+    # commit and abort (a quarter, on purpose, after their records were written) while a
+    # read_committed consumer reads along.
+    run, counts = chaos(
+        "--workload", "transactions", "--duration", "15", "--seed", "1",
+        "--data-dir", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert counts["violations"] == 0 and counts["workload"] == "transactions"
+    nemesis = counts["nemesis"]
+    assert nemesis["txn_coordinator"] >= 1 and nemesis["kill"] >= 2, nemesis
+    assert nemesis["txn_leader"] >= 1 and nemesis["isolate"] >= 1, nemesis
+    assert "kill a transaction coordinator (broker" in run.stdout
+    # Both outcomes happened, the aborts wrote records that read_committed never showed,
+    # and the live read_committed reader kept up.
+    assert counts["txn_committed"] > 20 and counts["txn_aborted"] > 5, counts
+    assert counts["txn_aborted_records_written"] > 0 and counts["txn_live_read"] > 0
+    assert counts["txn_records_visible"] >= 2 * counts["txn_committed"]
+    assert counts["txn_partitions_per_txn"] >= 2
+    assert "transactions: " in run.stdout and "verdict: no violation" in run.stdout
+
+    # The kept history is judged the same when read back.
+    again, recount = chaos("--check-history", counts["history"])
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert recount["txns"] == counts["txns"] and recount["violations"] == 0
