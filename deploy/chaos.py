@@ -35,7 +35,7 @@ from pathlib import Path
 import trio
 
 from minibroker.client import Admin, NewTopic, Producer
-from minibroker.deploy import isolation
+from minibroker.deploy import interrupt, isolation
 from minibroker.deploy.chaos_check import History, Send
 from minibroker.deploy.chaos_groups import (
     GROUP,
@@ -164,6 +164,7 @@ class ChaosRun:
             if transactions
             else None
         )
+        self.signal_status = 0  # 130/143: SIGINT/SIGTERM stopped the run
         self._t0 = 0.0
         self._admin: Admin | None = None
 
@@ -174,21 +175,30 @@ class ChaosRun:
 
     # --- the run ---------------------------------------------------------------------------
 
-    def run(self) -> History:
-        self.state.start_all()
+    def run(self) -> History | None:
+        """The run's history; None if SIGINT or SIGTERM stopped it (``signal_status``:
+        130 or 143). Either way every broker and member it started is stopped first."""
+        status = 0
         try:
-            trio.run(self._main)
+            self.state.start_all()
+            status = interrupt.run(self._main)  # a signal cancels the run
         finally:
-            if self.groups is not None:
-                self.groups.stop()
-                self.history.group = self.groups.history
-            if self.txn is not None:
-                self.history.txn = self.txn.history
-            self.state.stop_all()
+            # Whatever ended the run (an error, a signal), the processes it started stop;
+            # a signal meanwhile does not cut that short, but counts.
+            with interrupt.held() as noted:
+                if self.groups is not None:
+                    self.groups.stop()
+                    self.history.group = self.groups.history
+                if self.txn is not None:
+                    self.history.txn = self.txn.history
+                self.state.stop_all()
+        self.signal_status = status or (interrupt.exit_status(noted[0]) if noted else 0)
+        if self.signal_status:
+            return None
         self.history.replicas = self._read_replicas()
         return self.history
 
-    async def _main(self) -> None:
+    async def _main(self) -> int:
         state = self.state
         await acks_all_write(state.bootstrap, min(state.brokers, 3))
         async with Admin(state.bootstrap) as admin:
@@ -229,6 +239,7 @@ class ChaosRun:
         await self._final_read()
         if self.txn is not None:
             await self.txn.final_read()
+        return 0
 
     @staticmethod
     def _describe(f: Fault) -> str:

@@ -6,7 +6,8 @@ Prints what it does as it goes, then the checker's findings (each violation unde
 name of the rule that fired), then one JSON line of counts. The history is written to
 ``DIR/history.json.gz``; on a violation the whole data directory (history, broker logs,
 segments) is kept and its path printed, so a rare failure can be studied and judged
-again. Exit 0: no violation; 1: a violation; 2: the run itself could not be done.
+again. Exit 0: no violation; 1: a violation; 2: the run itself could not be done;
+130/143: SIGINT/SIGTERM stopped it (after stopping every broker and member it started).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from minibroker.deploy import interrupt
 from minibroker.deploy.chaos import CONTROLLER_FAILOVER, FAULT_KINDS, GROUP_FAULT_KINDS, ChaosRun
 from minibroker.deploy.chaos_check import PLANTS, Verdict, check, load_history, plant, save_history
 from minibroker.deploy.cluster import ClusterError
@@ -111,7 +113,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=run, target_controller=CONTROLLER_FAILOVER)
 
 
+@interrupt.handles_signals
 def run(args: argparse.Namespace) -> int:
+    """A chaos run (or a kept history judged again). SIGINT/SIGTERM stop the run and the
+    processes it started: exit 130/143, no verdict."""
     if args.check_history is not None:
         return recheck(args.check_history)
     if args.brokers < 2 or args.duration <= 0 or args.partitions < 1 or args.members < 1:
@@ -173,6 +178,11 @@ def run(args: argparse.Namespace) -> int:
     except (ClusterError, BrokerStartError, KafkaError, OSError) as exc:
         print(f"error: the chaos run failed: {exc} (data kept in {data_dir})", file=sys.stderr)
         return 2
+    if history is None:  # SIGINT/SIGTERM: the brokers and members are stopped already
+        print("chaos: interrupted; every broker and member it started is stopped", file=sys.stderr)
+        if temporary:
+            shutil.rmtree(data_dir, ignore_errors=True)
+        return chaos.signal_status
     history_path = data_dir / HISTORY_FILE
     save_history(history, history_path)
     if args.plant:

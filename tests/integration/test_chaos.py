@@ -4,8 +4,14 @@ violation; the same command with a planted violation exits 1 and names it."""
 from __future__ import annotations
 
 import json
+import select
+import signal
 import subprocess
 import sys
+import time
+
+import psutil
+import pytest
 
 
 def chaos(*args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -119,3 +125,59 @@ def test_transactions_under_chaos_are_seen_whole_or_not_at_all(tmp_path):
     again, recount = chaos("--check-history", counts["history"])
     assert again.returncode == 0, again.stdout + again.stderr
     assert recount["txns"] == counts["txns"] and recount["violations"] == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signalled_chaos_run_stops_every_process_it_started(tmp_path, sig):
+    # A group run: brokers, member processes (one confluent-kafka), all started by chaos.
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "minibroker.deploy.cli", "chaos", "--workload", "groups",
+            "--duration", "120", "--seed", "5", "--data-dir", str(tmp_path / "c"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        # The nemesis has begun once its schedule is printed (brokers up, group Stable).
+        assert read_until(proc.stdout, "planned:", timeout_s=90), "the run never started"
+        started = psutil.Process(proc.pid).children(recursive=True)
+        assert len(started) >= 3 + 3, started  # three brokers, three members at least
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # only the chaos process this test started
+            proc.wait()
+    assert proc.returncode == 128 + sig, out + err
+    assert "Traceback" not in err and len(err.splitlines()) <= 1, err
+    assert "interrupted" in err
+    # Every process it started, by pid (psutil checks the start time too, against pid
+    # reuse), is gone: the brokers and members before it exited, the brokers' warm
+    # parent (deploy/forkserver.py) when its pipe to the run closed.
+    _, alive = psutil.wait_procs(started, timeout=30)
+    alive = [(p.pid, p.cmdline()) for p in alive if still_running(p)]
+    assert not alive, alive
+
+
+def read_until(stream, needle: str, timeout_s: float) -> bool:
+    """Read lines until one holds ``needle`` (True) or ``timeout_s`` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([stream], [], [], deadline - time.monotonic())
+        if not ready:
+            break
+        line = stream.readline()
+        if not line:
+            return False  # the run ended
+        if needle in line:
+            return True
+    return False
+
+
+def still_running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
