@@ -122,6 +122,7 @@ class ChaosRun:
         workload: str = "producers",
         members: int = 3,
         confluent_members: int = 0,
+        confluent_producers: int = 0,
     ) -> None:
         groups = workload == "groups"
         transactions = workload == "transactions"
@@ -130,8 +131,9 @@ class ChaosRun:
             **(GROUP_BROKER_CONFIG if groups else {}),
             **(TXN_BROKER_CONFIG if transactions else {}),
         }
-        # confluent-kafka members talk to the Kafka listeners
-        kafka_base = free_port_range(brokers) if groups and confluent_members else 0
+        # confluent-kafka members and producers talk to the Kafka listeners
+        stock = (groups and confluent_members) or (transactions and confluent_producers)
+        kafka_base = free_port_range(brokers) if stock else 0
         self.state = ClusterState(
             data_dir, free_port_range(brokers), brokers, config, kafka_base_port=kafka_base
         )
@@ -160,7 +162,15 @@ class ChaosRun:
             else None
         )  # fmt: skip
         self.txn = (
-            TxnWorkload(self.state.bootstrap, partitions, producers, seed, self._log)
+            TxnWorkload(
+                self.state.bootstrap,
+                partitions,
+                producers,
+                seed,
+                self._log,
+                confluent_producers,
+                self.state.kafka_bootstrap,
+            )
             if transactions
             else None
         )

@@ -1,6 +1,6 @@
 """`minibroker chaos --duration S [--brokers 3] [--seed N] [--data-dir DIR] [--faults ...]
 [--spare-controller | --target-controller] [--workload groups [--members N]
-[--confluent-members K] | --workload transactions]` and `minibroker chaos --check-history FILE`.
+[--confluent-members K] | --workload transactions [--confluent-producers K]]` and `minibroker chaos --check-history FILE`.
 
 Prints what it does as it goes, then the checker's findings (each violation under the
 name of the rule that fired), then one JSON line of counts. The history is written to
@@ -28,6 +28,7 @@ from minibroker.deploy.launcher import BrokerStartError
 from minibroker.protocol.errors import KafkaError
 
 HISTORY_FILE = "history.json.gz"
+TXN_PRODUCERS = 3  # the transactional workload's producers (ChaosRun's ``producers``)
 SHOWN = 50  # violations printed; all of them go to violations.txt
 
 
@@ -100,6 +101,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default 1; the rest use the bundled client)",
     )
     p.add_argument(
+        "--confluent-producers",
+        type=int,
+        default=1,
+        help="with --workload transactions: how many of the three transactional producers "
+        "are confluent-kafka ones on the Kafka listener (default 1; the rest use the "
+        "bundled client)",
+    )
+    p.add_argument(
         "--plant",
         choices=PLANTS,
         help="doctor the history with one violation before checking (tests the checker)",
@@ -132,11 +141,18 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.confluent_members <= args.members:
         print("error: --confluent-members must be between 0 and --members", file=sys.stderr)
         return 2
-    confluent = args.confluent_members if args.workload == "groups" else 0
-    if confluent and importlib.util.find_spec("confluent_kafka") is None:
+    if not 0 <= args.confluent_producers <= TXN_PRODUCERS:
         print(
-            "error: confluent-kafka members need the confluent-kafka package (pip install "
-            "'minibroker[test]'), or --confluent-members 0",
+            f"error: --confluent-producers must be between 0 and {TXN_PRODUCERS}", file=sys.stderr
+        )
+        return 2
+    confluent = args.confluent_members if args.workload == "groups" else 0
+    confluent_producers = args.confluent_producers if args.workload == "transactions" else 0
+    if (confluent or confluent_producers) and importlib.util.find_spec("confluent_kafka") is None:
+        flag = "--confluent-members" if confluent else "--confluent-producers"
+        print(
+            "error: confluent-kafka clients need the confluent-kafka package (pip install "
+            f"'minibroker[test]'), or {flag} 0",
             file=sys.stderr,
         )
         return 2
@@ -159,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         workload=args.workload,
         members=args.members,
         confluent_members=confluent,
+        confluent_producers=confluent_producers,
     )
     targets = (
         "any broker, the active controller included"
@@ -242,7 +259,7 @@ def report(verdict: Verdict, data_dir: Path | None = None) -> None:
             f"aborted, {c['txn_unknown']} unknown of which {c['txn_unknown_committed']} "
             f"visible whole), {c['txn_records_visible']} records visible read_committed, "
             f"{c['txn_aborted_records_written']} aborted records in the log, "
-            f"{c['txn_live_read']} read live"
+            f"{c['txn_live_read']} read live; transactions by client {c['txn_by_client']}"
         )
     print("verdict:", "no violation" if verdict.ok else "VIOLATIONS FOUND")
 

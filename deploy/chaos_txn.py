@@ -1,4 +1,5 @@
-"""The transactional workload of ``minibroker chaos --workload transactions``: producers,
+"""The transactional workload of ``minibroker chaos --workload transactions``: producers
+(bundled, and confluent-kafka ones on the Kafka listener: deploy/chaos_txn_rdkafka.py),
 each with its own transactional.id, write transactions of 2-6 records spread over the
 partitions of their own topic, abort about a quarter of them on purpose, and log every
 outcome, while a read_committed consumer reads along and the nemesis also faults the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -42,13 +44,30 @@ TXN_PRODUCER = {
     # an abandoned transaction is aborted by the coordinator this long after it began
     "transaction.timeout.ms": 10000,
 }
-BUNDLED = "bundled"
+BUNDLED, CONFLUENT = "bundled", "confluent-kafka"  # the producers' clients
 ABORT_RATE = 0.25
 RECORDS = (2, 6)  # records per transaction, at least two so it spans partitions
 
 
 class _Replace(Exception):
     """Leave a producer's block without flushing it: it is replaced."""
+
+
+class TxnClientError(Exception):
+    """A stock client's error (deploy/chaos_txn_rdkafka.py), named as that client names it."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def error_name(exc: Exception) -> str:
+    if isinstance(exc, KafkaError):
+        return exc.code.name
+    return exc.name if isinstance(exc, TxnClientError) else type(exc).__name__
+
+
+FAILED = (KafkaError, IllegalTransactionState, TxnClientError)  # a transaction's failures
 
 
 class TxnWorkload:
@@ -59,10 +78,19 @@ class TxnWorkload:
         producers: int,
         seed: int,
         log: Callable[[str], None],
+        confluent: int = 0,
+        kafka_bootstrap: str = "",
     ) -> None:
+        """The last ``confluent`` of the ``producers`` are confluent-kafka producers on the
+        Kafka listeners at ``kafka_bootstrap``."""
         self.bootstrap, self.partitions, self.seed, self.log = bootstrap, partitions, seed, log
+        self.kafka_bootstrap = kafka_bootstrap
         self.ids = [f"chaos-txn-{i}" for i in range(producers)]
-        self.history = TxnHistory(TXN_TOPIC, clients={tid: BUNDLED for tid in self.ids})
+        self.history = TxnHistory(TXN_TOPIC)
+        self.history.clients = {
+            tid: CONFLUENT if i >= producers - confluent else BUNDLED
+            for i, tid in enumerate(self.ids)
+        }
         self._victims = 0  # which id's coordinator / which partition's leader is next
 
     async def start(self, admin: Admin, rf: int, min_isr: int) -> None:
@@ -98,11 +126,11 @@ class TxnWorkload:
         seq = n = 0
         while not stop.is_set():
             try:
-                async with Producer(self.bootstrap, {**TXN_PRODUCER, "transactional.id": tid}) as p:
+                async with self._producer(tid) as p:
                     try:
                         await p.init_transactions()
-                    except KafkaError as exc:
-                        self.log(f"{tid}: init_transactions failed: {exc.code.name}; again")
+                    except FAILED as exc:
+                        self.log(f"{tid}: init_transactions failed: {error_name(exc)}; again")
                         raise _Replace from exc
                     while not stop.is_set():
                         size = rng.randint(*RECORDS)
@@ -112,7 +140,7 @@ class TxnWorkload:
                             for k in range(size)
                         ]
                         seq += size
-                        txn = Txn(f"t{i}.{n}", records)
+                        txn = Txn(f"t{i}.{n}", records, producer=tid)
                         n += 1
                         self.history.txns.append(txn)
                         if not await self._transact(p, txn, abort=rng.random() < ABORT_RATE):
@@ -123,7 +151,15 @@ class TxnWorkload:
                 self.log(f"{tid}: producer failed to start: {exc.code.name}; again")
                 await trio.sleep(0.2)
 
-    async def _transact(self, producer: Producer, txn: Txn, abort: bool) -> bool:
+    def _producer(self, tid: str) -> Any:
+        """A new producer for ``tid``, of the client it was given (an async context)."""
+        if self.history.clients[tid] == CONFLUENT:
+            from minibroker.deploy.chaos_txn_rdkafka import RdkafkaTxnProducer  # an extra
+
+            return RdkafkaTxnProducer(self.kafka_bootstrap, tid)
+        return Producer(self.bootstrap, {**TXN_PRODUCER, "transactional.id": tid})
+
+    async def _transact(self, producer: Any, txn: Txn, abort: bool) -> bool:
         """One transaction, its outcome logged; False if the producer must be replaced."""
         committing = False
         try:
@@ -141,11 +177,11 @@ class TxnWorkload:
             await producer.commit_transaction()
             txn.outcome = "committed"
             return True
-        except (KafkaError, IllegalTransactionState) as exc:
+        except FAILED as exc:
             # Never asked to commit: it cannot commit (the next producer's init aborts it).
             # A commit that raised may have been decided either way.
             txn.outcome = "unknown" if committing else "aborted"
-            txn.error = exc.code.name if isinstance(exc, KafkaError) else type(exc).__name__
+            txn.error = error_name(exc)
             self.log(f"transaction {txn.name}: {txn.error}; {txn.outcome}; a new producer")
             return False
 

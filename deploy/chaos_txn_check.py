@@ -40,6 +40,7 @@ class Txn:
     records: list[tuple[int, bytes]]  # (partition, value) in the order sent
     outcome: str = "pending"
     error: str = ""  # the error that ended it, if any
+    producer: str = ""  # the transactional id that ran it
 
 
 @dataclass
@@ -57,7 +58,7 @@ class TxnHistory:
         return {
             "topic": self.topic,
             "txns": [
-                [t.name, [[p, v.decode()] for p, v in t.records], t.outcome, t.error]
+                [t.name, [[p, v.decode()] for p, v in t.records], t.outcome, t.error, t.producer]
                 for t in self.txns
             ],
             "live": [[p, o, v.decode()] for p, o, v in self.live],
@@ -71,8 +72,8 @@ class TxnHistory:
     def from_json(cls, doc: dict[str, Any]) -> TxnHistory:
         h = cls(doc["topic"], complete=doc["complete"], clients=doc["clients"])
         h.txns = [
-            Txn(name, [(p, v.encode()) for p, v in records], outcome, error)
-            for name, records, outcome, error in doc["txns"]
+            Txn(name, [(p, v.encode()) for p, v in records], outcome, error, producer)
+            for name, records, outcome, error, producer in doc["txns"]
         ]
         h.live = [(p, o, v.encode()) for p, o, v in doc["live"]]
         h.committed = {(p, o): v.encode() for p, o, v in doc["committed"]}
@@ -130,7 +131,14 @@ def counts(h: TxnHistory) -> dict[str, Any]:
         )
         if h.txns
         else 0,
-        "txn_clients": dict(Counter(h.clients.values())),
+        # committed transactions per client kind: every kind took part
+        "txn_by_client": dict(
+            sorted(
+                Counter(
+                    h.clients.get(t.producer, "") for t in h.txns if t.outcome == "committed"
+                ).items()
+            )
+        ),
     }
 
 

@@ -100,8 +100,8 @@ def test_a_consumer_group_under_chaos_keeps_every_promise(tmp_path):
 
 def test_transactions_under_chaos_are_seen_whole_or_not_at_all(tmp_path):
     # Seed 1's 15 s: broker 2 paused; a transaction coordinator killed (and restarted);
-    # broker 0 killed; a leader of chaos-txn isolated. Three transactional producers
-    # commit and abort (a quarter, on purpose, after their records were written) while a
+    # broker 0 killed; a leader of chaos-txn isolated. Three transactional producers (one
+    # of them confluent-kafka's) commit and abort (a quarter, on purpose, after their records were written) while a
     # read_committed consumer reads along.
     run, counts = chaos(
         "--workload", "transactions", "--duration", "15", "--seed", "1",
@@ -119,6 +119,8 @@ def test_transactions_under_chaos_are_seen_whole_or_not_at_all(tmp_path):
     assert counts["txn_aborted_records_written"] > 0 and counts["txn_live_read"] > 0
     assert counts["txn_records_visible"] >= 2 * counts["txn_committed"]
     assert counts["txn_partitions_per_txn"] >= 2
+    by = counts["txn_by_client"]  # two bundled producers, one confluent-kafka: both commit
+    assert by["bundled"] > 0 and by["confluent-kafka"] > 0, by
     assert "transactions: " in run.stdout and "verdict: no violation" in run.stdout
 
     # The kept history is judged the same when read back.

@@ -29,12 +29,15 @@ def clean_txns() -> TxnHistory:
     """t0.0 committed over partitions 0 and 1; t0.1 aborted (its records in the log, with
     an abort marker after each); t0.2 unknown (commit raised) but committed whole; t1.0
     committed. Offsets skip the markers, as a read_committed reader's do."""
-    h = TxnHistory("chaos-txn", clients={"chaos-txn-0": "bundled", "chaos-txn-1": "bundled"})
+    h = TxnHistory(
+        "chaos-txn", clients={"chaos-txn-0": "bundled", "chaos-txn-1": "confluent-kafka"}
+    )
+    t0, t1 = "chaos-txn-0", "chaos-txn-1"
     h.txns = [
-        Txn("t0.0", records((0, "t0-0"), (1, "t0-1")), "committed"),
-        Txn("t0.1", records((1, "t0-2"), (0, "t0-3")), "aborted"),
-        Txn("t0.2", records((0, "t0-4"), (1, "t0-5")), "unknown", "REQUEST_TIMED_OUT"),
-        Txn("t1.0", records((1, "t1-0"), (0, "t1-1"), (1, "t1-2")), "committed"),
+        Txn("t0.0", records((0, "t0-0"), (1, "t0-1")), "committed", producer=t0),
+        Txn("t0.1", records((1, "t0-2"), (0, "t0-3")), "aborted", producer=t0),
+        Txn("t0.2", records((0, "t0-4"), (1, "t0-5")), "unknown", "REQUEST_TIMED_OUT", t0),
+        Txn("t1.0", records((1, "t1-0"), (0, "t1-1"), (1, "t1-2")), "committed", producer=t1),
     ]
     committed = {
         (0, 0): "t0-0", (1, 0): "t0-1",  # markers at 0/1 and 1/1
@@ -64,6 +67,7 @@ def test_a_clean_transactional_history_passes_with_its_counts():
     assert (c["txns"], c["txn_committed"], c["txn_aborted"], c["txn_unknown"]) == (4, 2, 1, 1)
     assert c["txn_unknown_committed"] == 1 and c["txn_aborted_records_written"] == 2
     assert c["txn_records_visible"] == 7 and c["txn_live_read"] == 5
+    assert c["txn_by_client"] == {"bundled": 1, "confluent-kafka": 1}
 
 
 @pytest.mark.parametrize("kind", list(TXN_RULE_OF))
