@@ -13,6 +13,7 @@ from minibroker.client import broker_admin, config_admin, group_admin, quota_adm
 from minibroker.client.background import ClusterClient
 from minibroker.client.cluster import BrokerInfo, Cluster, PartitionInfo
 from minibroker.client.config_admin import AlterConfigOp, ConfigEntry, ConfigResource
+from minibroker.client.coordinator import GROUP, CoordinatorRoute
 from minibroker.client.group_admin import GroupDescription, GroupListing
 from minibroker.client.offsets import (
     OffsetAndTimestamp,
@@ -485,6 +486,11 @@ class Admin(ClusterClient):
 
     async def list_consumer_groups(self) -> list[GroupListing]:
         return await group_admin.list_groups(self._open())
+
+    async def find_coordinator(self, key: str, key_type: int = GROUP) -> int:
+        """The broker that coordinates a group (key_type 0) or a transactional id (1) now:
+        FindCoordinator, retried while none is available (as a client looking it up)."""
+        return await CoordinatorRoute(self._open(), key, key_type, self.config).find_coordinator()
 
     async def describe_consumer_group(self, group_id: str) -> GroupDescription:
         """State, protocol and members with their assignments (settled only when Stable)."""

@@ -45,7 +45,8 @@ class CoordinatorRoute:
         self.coordinator: int | None = None
         self.backoff = config["retry.backoff.ms"] / 1000
 
-    async def _find_coordinator(self) -> int:
+    async def find_coordinator(self) -> int:
+        """The broker coordinating the key now (asked again after a coordinator error)."""
         body = {"key": self.key}
         if self.key_type:
             body["key_type"] = self.key_type  # v0 brokers know only groups: asked as before
@@ -75,7 +76,7 @@ class CoordinatorRoute:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                node = await self._find_coordinator()
+                node = await self.find_coordinator()
                 version = (await self.cluster.connection(node)).versions.get(api_key, 0)
                 answer = await self.cluster.request(
                     node,

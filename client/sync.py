@@ -280,6 +280,7 @@ class SyncAdmin(_SyncBase):
     describe_log_dirs = blocking(Admin.describe_log_dirs)
     describe_producers = blocking(Admin.describe_producers)
     list_consumer_groups = blocking(Admin.list_consumer_groups)
+    find_coordinator = blocking(Admin.find_coordinator)
     describe_consumer_group = blocking(Admin.describe_consumer_group)
     delete_consumer_groups = blocking(Admin.delete_consumer_groups)
     list_consumer_group_offsets = blocking(Admin.list_consumer_group_offsets)

@@ -17,6 +17,11 @@ The same seed gives the same schedule.
 ``workload="groups"`` adds a consumer group (deploy/chaos_groups.py): member processes
 consume and commit while the nemesis also targets the group's coordinator and pauses
 members; after the heal the group must settle and drain (deploy/chaos_group_check.py).
+
+``workload="transactions"`` adds transactional producers on a topic of their own
+(deploy/chaos_txn.py) and a read_committed consumer, while the nemesis also targets the
+transaction coordinators and that topic's leaders; the producers' workload runs beside
+it with one producer (deploy/chaos_txn_check.py judges the transactions).
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from pathlib import Path
 
 import trio
 
-from minibroker.client import Admin, Consumer, NewTopic, Producer
-from minibroker.deploy import isolation
+from minibroker.client import Admin, NewTopic, Producer
+from minibroker.deploy import interrupt, isolation
 from minibroker.deploy.chaos_check import History, Send
 from minibroker.deploy.chaos_groups import (
     GROUP,
@@ -38,6 +43,8 @@ from minibroker.deploy.chaos_groups import (
     REJOIN_AFTER_S,
     GroupWorkload,
 )
+from minibroker.deploy.chaos_reads import consume, read_to_end
+from minibroker.deploy.chaos_txn import TXN_BROKER_CONFIG, TXN_TOPIC, TxnWorkload
 from minibroker.deploy.cluster import ClusterState
 from minibroker.deploy.cluster_ops import acks_all_write
 from minibroker.deploy.launcher import free_port_range
@@ -48,6 +55,8 @@ from minibroker.deploy.nemesis import (
     FAULT_KINDS,
     GROUP_FAULT_KINDS,
     SLOW_GROUP_REQUEST_MS,
+    TXN_COORDINATOR,
+    TXN_LEADER,
     UNDO,
     Fault,
     plan_nemesis,
@@ -113,23 +122,33 @@ class ChaosRun:
         workload: str = "producers",
         members: int = 3,
         confluent_members: int = 0,
+        confluent_producers: int = 0,
     ) -> None:
         groups = workload == "groups"
-        config = {**BROKER_CONFIG, **(GROUP_BROKER_CONFIG if groups else {})}
-        # confluent-kafka members talk to the Kafka listeners
-        kafka_base = free_port_range(brokers) if groups and confluent_members else 0
+        transactions = workload == "transactions"
+        config = {
+            **BROKER_CONFIG,
+            **(GROUP_BROKER_CONFIG if groups else {}),
+            **(TXN_BROKER_CONFIG if transactions else {}),
+        }
+        # confluent-kafka members and producers talk to the Kafka listeners
+        stock = (groups and confluent_members) or (transactions and confluent_producers)
+        kafka_base = free_port_range(brokers) if stock else 0
         self.state = ClusterState(
             data_dir, free_port_range(brokers), brokers, config, kafka_base_port=kafka_base
         )
         self.seed = seed
         self.duration_s = duration_s
         self.partitions = partitions
-        self.producers = producers
+        # With the transactional workload: that many transactional producers, one plain one.
+        self.producers = 1 if transactions else producers
         self.say = say
         self.target_controller = target_controller
         self.history = History(TOPIC, idempotent=idempotence)
         self.producer_config = {**PRODUCER, "enable.idempotence": idempotence}
-        victims = victims_for(brokers, CONTROLLER, target_controller, coordinator=groups)
+        victims = victims_for(
+            brokers, CONTROLLER, target_controller, coordinator=groups, transactions=transactions
+        )
         if groups and tuple(kinds) == FAULT_KINDS:
             kinds = GROUP_FAULT_KINDS
         self.kinds = tuple(kinds)
@@ -142,6 +161,20 @@ class ChaosRun:
             if groups
             else None
         )  # fmt: skip
+        self.txn = (
+            TxnWorkload(
+                self.state.bootstrap,
+                partitions,
+                producers,
+                seed,
+                self._log,
+                confluent_producers,
+                self.state.kafka_bootstrap,
+            )
+            if transactions
+            else None
+        )
+        self.signal_status = 0  # 130/143: SIGINT/SIGTERM stopped the run
         self._t0 = 0.0
         self._admin: Admin | None = None
 
@@ -152,19 +185,30 @@ class ChaosRun:
 
     # --- the run ---------------------------------------------------------------------------
 
-    def run(self) -> History:
-        self.state.start_all()
+    def run(self) -> History | None:
+        """The run's history; None if SIGINT or SIGTERM stopped it (``signal_status``:
+        130 or 143). Either way every broker and member it started is stopped first."""
+        status = 0
         try:
-            trio.run(self._main)
+            self.state.start_all()
+            status = interrupt.run(self._main)  # a signal cancels the run
         finally:
-            if self.groups is not None:
-                self.groups.stop()
-                self.history.group = self.groups.history
-            self.state.stop_all()
+            # Whatever ended the run (an error, a signal), the processes it started stop;
+            # a signal meanwhile does not cut that short, but counts.
+            with interrupt.held() as noted:
+                if self.groups is not None:
+                    self.groups.stop()
+                    self.history.group = self.groups.history
+                if self.txn is not None:
+                    self.history.txn = self.txn.history
+                self.state.stop_all()
+        self.signal_status = status or (interrupt.exit_status(noted[0]) if noted else 0)
+        if self.signal_status:
+            return None
         self.history.replicas = self._read_replicas()
         return self.history
 
-    async def _main(self) -> None:
+    async def _main(self) -> int:
         state = self.state
         await acks_all_write(state.bootstrap, min(state.brokers, 3))
         async with Admin(state.bootstrap) as admin:
@@ -172,6 +216,8 @@ class ChaosRun:
             configs = {"min.insync.replicas": str(min(2, state.brokers))}
             rf = min(3, state.brokers)
             await admin.create_topics([NewTopic(TOPIC, self.partitions, rf, configs)])
+            if self.txn is not None:
+                await self.txn.start(admin, rf, min(2, state.brokers))
             if self.groups is not None:
                 self._t0 = time.monotonic()  # (the members' start, timed from here)
                 await self.groups.start(admin)
@@ -185,6 +231,10 @@ class ChaosRun:
                 if self.groups is not None:
                     nursery.start_soon(self.groups.nemesis, self._trio_at)
                     nursery.start_soon(self.groups.sample_commits, admin, stop)
+                if self.txn is not None:
+                    for i in range(len(self.txn.ids)):
+                        nursery.start_soon(self.txn.produce, i, stop)
+                    nursery.start_soon(self.txn.consume, stop)
                 for p in range(self.producers):
                     nursery.start_soon(self._produce, p, stop)
                 nursery.start_soon(self._consume, stop)
@@ -197,12 +247,18 @@ class ChaosRun:
             if self.groups is not None:
                 await self.groups.settle(admin)
         await self._final_read()
+        if self.txn is not None:
+            await self.txn.final_read()
+        return 0
 
     @staticmethod
     def _describe(f: Fault) -> str:
-        who = {CONTROLLER: "the active controller", COORDINATOR: "the group coordinator"}.get(
-            f.broker, f"broker {f.broker}"
-        )
+        who = {
+            CONTROLLER: "the active controller",
+            COORDINATOR: "the group coordinator",
+            TXN_COORDINATOR: "a transaction coordinator",
+            TXN_LEADER: f"a leader of {TXN_TOPIC}",
+        }.get(f.broker, f"broker {f.broker}")
         if f.kind == "isolate":
             return f"isolate {who} from {'all others' if f.peers is None else list(f.peers)}"
         return f"{f.kind} {who}"
@@ -225,8 +281,13 @@ class ChaosRun:
             counts[f.kind] = counts.get(f.kind, 0) + 1
             if f.broker == CONTROLLER:
                 counts["controller"] = counts.get("controller", 0) + 1
-            if f.broker == COORDINATOR:
-                counts["coordinator"] = counts.get("coordinator", 0) + 1
+            role = {
+                COORDINATOR: "coordinator",
+                TXN_COORDINATOR: "txn_coordinator",
+                TXN_LEADER: "txn_leader",
+            }.get(f.broker)
+            if role is not None:
+                counts[role] = counts.get(role, 0) + 1
             if f.kind == "slow-heartbeats" and self.groups is not None:
                 # The rebalances the held heartbeats must straddle: a member leaves, a new
                 # one joins once that rebalance is over; again while the fault lasts. (A
@@ -246,31 +307,33 @@ class ChaosRun:
         await trio.sleep_until(self._trio_at(self.duration_s))
 
     async def _resolve(self, broker: int) -> int | None:
-        """A planned victim: CONTROLLER becomes the broker that is the controller now
-        (None if the quorum names none for RESOLVE_TIMEOUT_S: the fault is skipped)."""
-        if broker == COORDINATOR:
-            return await self._coordinator()
-        if broker != CONTROLLER:
-            return broker
-        # Right after a fault the quorum may still be electing (controller -1): wait for it.
-        with trio.move_on_after(RESOLVE_TIMEOUT_S):
-            while True:
-                _, controller = await self._admin.describe_cluster()
-                if controller >= 0:
-                    return controller
-                await trio.sleep(0.05)
-        return None
+        """A planned victim: a role (CONTROLLER, COORDINATOR, TXN_COORDINATOR, TXN_LEADER)
+        becomes the broker that holds it now (None if none is known within
+        RESOLVE_TIMEOUT_S: the fault is skipped)."""
+        admin = self._admin
 
-    async def _coordinator(self) -> int | None:
-        """The broker coordinating the group now (None if none is known in time)."""
+        async def controller() -> int:  # -1 while the quorum is still electing
+            return (await admin.describe_cluster())[1]
+
+        async def group_coordinator() -> int:
+            return (await admin.describe_consumer_group(GROUP)).coordinator
+
+        ask = {
+            CONTROLLER: controller,
+            COORDINATOR: group_coordinator,
+            TXN_COORDINATOR: lambda: self.txn.coordinator(admin),
+            TXN_LEADER: lambda: self.txn.leader(admin),
+        }.get(broker)
+        if ask is None:
+            return broker
         with trio.move_on_after(RESOLVE_TIMEOUT_S):
             while True:
                 try:
-                    coordinator = (await self._admin.describe_consumer_group(GROUP)).coordinator
+                    found = await ask()
                 except KafkaError:
-                    coordinator = -1
-                if coordinator >= 0:
-                    return coordinator
+                    found = -1  # no answer yet (a broker down, a group moving)
+                if found >= 0:
+                    return found
                 await trio.sleep(0.05)
         return None
 
@@ -343,19 +406,9 @@ class ChaosRun:
             send.outcome, send.offset = "ok", meta.offset
 
     async def _consume(self, stop: trio.Event) -> None:
-        consumed = self.history.consumed
-        settings = {"fetch.max.wait.ms": 200, "request.timeout.ms": 3000}
-        async with Consumer(self.state.bootstrap, **settings) as consumer:
-            consumer.assign([(TOPIC, p) for p in range(self.partitions)])
-            consumer.seek_to_beginning()
-            while not stop.is_set():
-                try:
-                    records = await consumer.poll(timeout_ms=200)
-                except KafkaError as exc:
-                    self._log(f"consumer: {exc.code.name}; retrying")
-                    await trio.sleep(0.2)
-                    continue
-                consumed.extend((r.partition, r.offset, r.value) for r in records)
+        await consume(
+            self.state.bootstrap, TOPIC, self.partitions, self.history.consumed, stop, self._log
+        )
 
     async def _sample_hws(self, stop: trio.Event) -> None:
         """Every replica's HW, per process life (a restarted broker starts a new series).
@@ -436,18 +489,9 @@ class ChaosRun:
         )
 
     async def _final_read(self) -> None:
-        final = self.history.final
-        tps = [(TOPIC, p) for p in range(self.partitions)]
-        async with Consumer(self.state.bootstrap, **{"fetch.max.wait.ms": 100}) as consumer:
-            consumer.assign(tps)
-            consumer.seek_to_beginning()
-            ends = await consumer.end_offsets(tps)
-            want = sum(ends.values())
-            with trio.move_on_after(60):
-                while len(final) < want:
-                    for r in await consumer.poll(timeout_ms=500):
-                        final[(r.partition, r.offset)] = r.value
-        self._log(f"final read: {len(final)} of {want} records")
+        final, complete = await read_to_end(self.state.bootstrap, TOPIC, self.partitions)
+        self.history.final = final
+        self._log(f"final read: {len(final)} records, every partition to its end: {complete}")
 
     def _read_replicas(self) -> dict[int, dict[int, list[tuple[int, int, int]]]]:
         """Each broker's batches from its segment files (the brokers are stopped)."""

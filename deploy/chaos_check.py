@@ -17,7 +17,8 @@ checks them: a value twice in the final log is a ``duplicate``, and one producer
 records within a partition stored in another order than sent is a ``nonmonotonic_send``.
 
 With the consumer-group workload (``History.group``) the rules of
-``deploy.chaos_group_check`` are judged too.
+``deploy.chaos_group_check`` are judged too; with the transactional workload
+(``History.txn``), those of ``deploy.chaos_txn_check``.
 
 Every violation is reported under the name of the rule that fired, and a history can
 be saved to disk and judged again later (``save_history`` / ``load_history``).
@@ -36,8 +37,10 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from minibroker.deploy import chaos_group_check
+from minibroker.deploy import chaos_group_check, chaos_txn_check
 from minibroker.deploy.chaos_group_check import GroupHistory
+from minibroker.deploy.chaos_order import duplicates, nonmonotonic_sends
+from minibroker.deploy.chaos_txn_check import TxnHistory
 
 TP = tuple[str, int]
 
@@ -72,6 +75,8 @@ class History:
     idempotent: bool = True
     # The consumer-group workload's members and samples (None: no group workload ran).
     group: GroupHistory | None = None
+    # The transactional workload's transactions and read_committed reads (None: not run).
+    txn: TxnHistory | None = None
 
 
 @dataclass
@@ -106,6 +111,8 @@ def check(history: History) -> Verdict:
     if history.group is not None:
         acknowledged = {s.value.decode() for s in history.sends if s.outcome == "ok"}
         found |= chaos_group_check.check_groups(history.group, acknowledged)
+    if history.txn is not None:
+        found |= chaos_txn_check.check_txns(history.txn)
     present = set(history.final.values())
     by_outcome: dict[str, int] = defaultdict(int)
     for s in history.sends:
@@ -127,6 +134,8 @@ def check(history: History) -> Verdict:
     }
     if history.group is not None:
         counts |= chaos_group_check.counts(history.group)
+    if history.txn is not None:
+        counts |= chaos_txn_check.counts(history.txn)
     counts["violations"] = sum(len(items) for items in found.values())
     return Verdict(found, counts)
 
@@ -141,40 +150,6 @@ def lost_writes(history: History) -> list[str]:
             where = f"{history.topic}-{s.partition}@{s.offset}"
             now = "nothing" if there is None else repr(there.decode(errors="replace"))
             out.append(f"{s.value.decode()} acknowledged at {where}, which now holds {now}")
-    return out
-
-
-def duplicates(final: dict[tuple[int, int], bytes]) -> list[str]:
-    """Values stored at more than one offset (every value is unique as sent)."""
-    where: dict[bytes, list[tuple[int, int]]] = defaultdict(list)
-    for key, value in sorted(final.items()):
-        where[value].append(key)
-    return [
-        f"{value.decode()} is stored {len(keys)} times: "
-        + ", ".join(f"partition {p} offset {o}" for p, o in keys)
-        for value, keys in where.items()
-        if len(keys) > 1
-    ]
-
-
-def nonmonotonic_sends(final: dict[tuple[int, int], bytes]) -> list[str]:
-    """One producer's records (``p{producer}-{seq}``) in a partition, read in offset order,
-    must have rising sequence numbers: idempotence never reorders a producer's sends."""
-    last: dict[tuple[int, str], tuple[int, int]] = {}
-    out = []
-    for (partition, offset), value in sorted(final.items()):
-        producer, _, seq_text = value.decode().rpartition("-")
-        if not seq_text.isdigit():
-            continue
-        seq = int(seq_text)
-        before = last.get((partition, producer))
-        if before is not None and seq < before[0]:
-            out.append(
-                f"partition {partition}: {value.decode()} at offset {offset} after "
-                f"{producer}-{before[0]} at offset {before[1]}"
-            )
-        if before is None or seq >= before[0]:
-            last[(partition, producer)] = (seq, offset)
     return out
 
 
@@ -256,6 +231,7 @@ def save_history(history: History, path: Path) -> None:
         "workload_s": history.workload_s,
         "idempotent": history.idempotent,
         "group": None if history.group is None else history.group.to_json(),
+        "txn": None if history.txn is None else history.txn.to_json(),
     }
     data = json.dumps(doc).encode()
     Path(path).write_bytes(gzip.compress(data, 6) if str(path).endswith(".gz") else data)
@@ -278,6 +254,8 @@ def load_history(path: Path) -> History:
     h.idempotent = doc.get("idempotent", False)  # histories from before the rule
     if doc.get("group") is not None:
         h.group = GroupHistory.from_json(doc["group"])
+    if doc.get("txn") is not None:
+        h.txn = TxnHistory.from_json(doc["txn"])
     return h
 
 
@@ -292,6 +270,7 @@ PLANTS = (
     "duplicate",
     "reorder",
     *chaos_group_check.PLANTS,
+    *chaos_txn_check.PLANTS,
 )
 
 
@@ -323,6 +302,12 @@ def plant(history: History, kind: str) -> None:
         if history.group is None:
             raise ValueError(f"plant {kind!r} needs the group workload (--workload groups)")
         chaos_group_check.plant(history.group, kind)
+    elif kind in chaos_txn_check.PLANTS:
+        if history.txn is None:
+            raise ValueError(
+                f"plant {kind!r} needs the transactional workload (--workload transactions)"
+            )
+        chaos_txn_check.plant(history.txn, kind)
     else:
         raise ValueError(f"unknown plant {kind!r}; one of {', '.join(PLANTS)}")
 

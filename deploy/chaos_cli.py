@@ -1,12 +1,13 @@
 """`minibroker chaos --duration S [--brokers 3] [--seed N] [--data-dir DIR] [--faults ...]
 [--spare-controller | --target-controller] [--workload groups [--members N]
-[--confluent-members K]]` and `minibroker chaos --check-history FILE`.
+[--confluent-members K] | --workload transactions [--confluent-producers K]]` and `minibroker chaos --check-history FILE`.
 
 Prints what it does as it goes, then the checker's findings (each violation under the
 name of the rule that fired), then one JSON line of counts. The history is written to
 ``DIR/history.json.gz``; on a violation the whole data directory (history, broker logs,
 segments) is kept and its path printed, so a rare failure can be studied and judged
-again. Exit 0: no violation; 1: a violation; 2: the run itself could not be done.
+again. Exit 0: no violation; 1: a violation; 2: the run itself could not be done;
+130/143: SIGINT/SIGTERM stopped it (after stopping every broker and member it started).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from minibroker.deploy import interrupt
 from minibroker.deploy.chaos import CONTROLLER_FAILOVER, FAULT_KINDS, GROUP_FAULT_KINDS, ChaosRun
 from minibroker.deploy.chaos_check import PLANTS, Verdict, check, load_history, plant, save_history
 from minibroker.deploy.cluster import ClusterError
@@ -26,6 +28,7 @@ from minibroker.deploy.launcher import BrokerStartError
 from minibroker.protocol.errors import KafkaError
 
 HISTORY_FILE = "history.json.gz"
+TXN_PRODUCERS = 3  # the transactional workload's producers (ChaosRun's ``producers``)
 SHOWN = 50  # violations printed; all of them go to violations.txt
 
 
@@ -81,10 +84,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--workload",
-        choices=("producers", "groups"),
+        choices=("producers", "groups", "transactions"),
         default="producers",
         help="groups: also a consumer group whose member processes consume and commit "
-        "while the nemesis faults the group coordinator too and pauses members",
+        "while the nemesis faults the group coordinator too and pauses members; "
+        "transactions: three transactional producers (some transactions aborted on "
+        "purpose) and a read_committed consumer on a topic of their own, while the "
+        "nemesis faults the transaction coordinators and that topic's leaders too",
     )
     p.add_argument("--members", type=int, default=3, help="group members (default 3)")
     p.add_argument(
@@ -93,6 +99,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=1,
         help="how many of the members are confluent-kafka consumers on the Kafka listener "
         "(default 1; the rest use the bundled client)",
+    )
+    p.add_argument(
+        "--confluent-producers",
+        type=int,
+        default=1,
+        help="with --workload transactions: how many of the three transactional producers "
+        "are confluent-kafka ones on the Kafka listener (default 1; the rest use the "
+        "bundled client)",
     )
     p.add_argument(
         "--plant",
@@ -108,7 +122,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=run, target_controller=CONTROLLER_FAILOVER)
 
 
+@interrupt.handles_signals
 def run(args: argparse.Namespace) -> int:
+    """A chaos run (or a kept history judged again). SIGINT/SIGTERM stop the run and the
+    processes it started: exit 130/143, no verdict."""
     if args.check_history is not None:
         return recheck(args.check_history)
     if args.brokers < 2 or args.duration <= 0 or args.partitions < 1 or args.members < 1:
@@ -124,11 +141,18 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.confluent_members <= args.members:
         print("error: --confluent-members must be between 0 and --members", file=sys.stderr)
         return 2
-    confluent = args.confluent_members if args.workload == "groups" else 0
-    if confluent and importlib.util.find_spec("confluent_kafka") is None:
+    if not 0 <= args.confluent_producers <= TXN_PRODUCERS:
         print(
-            "error: confluent-kafka members need the confluent-kafka package (pip install "
-            "'minibroker[test]'), or --confluent-members 0",
+            f"error: --confluent-producers must be between 0 and {TXN_PRODUCERS}", file=sys.stderr
+        )
+        return 2
+    confluent = args.confluent_members if args.workload == "groups" else 0
+    confluent_producers = args.confluent_producers if args.workload == "transactions" else 0
+    if (confluent or confluent_producers) and importlib.util.find_spec("confluent_kafka") is None:
+        flag = "--confluent-members" if confluent else "--confluent-producers"
+        print(
+            "error: confluent-kafka clients need the confluent-kafka package (pip install "
+            f"'minibroker[test]'), or {flag} 0",
             file=sys.stderr,
         )
         return 2
@@ -151,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         workload=args.workload,
         members=args.members,
         confluent_members=confluent,
+        confluent_producers=confluent_producers,
     )
     targets = (
         "any broker, the active controller included"
@@ -170,6 +195,11 @@ def run(args: argparse.Namespace) -> int:
     except (ClusterError, BrokerStartError, KafkaError, OSError) as exc:
         print(f"error: the chaos run failed: {exc} (data kept in {data_dir})", file=sys.stderr)
         return 2
+    if history is None:  # SIGINT/SIGTERM: the brokers and members are stopped already
+        print("chaos: interrupted; every broker and member it started is stopped", file=sys.stderr)
+        if temporary:
+            shutil.rmtree(data_dir, ignore_errors=True)
+        return chaos.signal_status
     history_path = data_dir / HISTORY_FILE
     save_history(history, history_path)
     if args.plant:
@@ -222,6 +252,14 @@ def report(verdict: Verdict, data_dir: Path | None = None) -> None:
             f"({c['group_commit_failures']} refused), {c['group_stale_answers_ignored']} stale "
             f"answers ignored, settled {c['group_settle_s']}s after the heal; member nemesis "
             f"{c['group_nemesis']}; consumed by client {c['group_consumed_by']}"
+        )
+    if "txns" in c:
+        print(
+            f"transactions: {c['txns']} ({c['txn_committed']} committed, {c['txn_aborted']} "
+            f"aborted, {c['txn_unknown']} unknown of which {c['txn_unknown_committed']} "
+            f"visible whole), {c['txn_records_visible']} records visible read_committed, "
+            f"{c['txn_aborted_records_written']} aborted records in the log, "
+            f"{c['txn_live_read']} read live; transactions by client {c['txn_by_client']}"
         )
     print("verdict:", "no violation" if verdict.ok else "VIOLATIONS FOUND")
 

@@ -124,14 +124,23 @@ def run(main: Callable[..., Awaitable[int]], *args: Any) -> int:
 
     # From here until trio's receiver is open (and again after it closed) a signal is
     # only noted: raising it inside trio's loop is what this module exists to avoid.
+    with held() as noted:
+        status = trio.run(_supervised, main, args, noted)
+    return exit_status(noted[0]) if noted else status
+
+
+@contextmanager
+def held() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM arriving inside the block are only noted in the list it gives
+    (then the previous handlers are back): for a clean-up that must finish, such as
+    stopping the processes a command started, and around :func:`run`'s trio loop."""
     noted: list[int] = []
     previous = {s: signal.signal(s, lambda signum, _frame: noted.append(signum)) for s in SIGNALS}
     try:
-        status = trio.run(_supervised, main, args, noted)
+        yield noted
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return exit_status(noted[0]) if noted else status
 
 
 async def _supervised(main: Callable[..., Awaitable[int]], args: tuple, noted: list[int]) -> int:

@@ -5,7 +5,10 @@ connected. Kinds: ``pause`` (SIGSTOP, then resume), ``kill`` (SIGKILL, then rest
 and ``isolate`` (a network partition, ``deploy/isolation.py``, then heal). A victim is
 a broker id or ``CONTROLLER``: whichever broker is the active controller when the
 fault starts (the quorum elects another while it is down or cut off), or, with the
-group workload, ``COORDINATOR``: whichever broker coordinates the consumer group then.
+group workload, ``COORDINATOR``: whichever broker coordinates the consumer group then;
+with the transactional workload, ``TXN_COORDINATOR`` (the coordinator of a chaos
+producer's transactional id then) or ``TXN_LEADER`` (the leader of a partition its
+transactions write to then).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ UNDO = {
 SLOW_GROUP_REQUEST_MS = 1500
 CONTROLLER = -1  # a planned victim resolved, when its fault starts, to the active controller
 COORDINATOR = -2  # ... to the broker coordinating the consumer group (group workload)
+TXN_COORDINATOR = -3  # ... to a transactional id's coordinator (transactional workload)
+TXN_LEADER = -4  # ... to the leader of a partition the transactions write to
 # Any voter can take over as controller, so the nemesis targets the active controller by
 # default (``--spare-controller`` turns it off).
 CONTROLLER_FAILOVER = True
@@ -95,12 +100,19 @@ def plan_nemesis(
 
 
 def victims_for(
-    brokers: int, controller: int, target_controller: bool, coordinator: bool = False
+    brokers: int,
+    controller: int,
+    target_controller: bool,
+    coordinator: bool = False,
+    transactions: bool = False,
 ) -> list[int]:
     """Every broker but the controller; or every broker and, as one more choice, the
     active controller whoever it is then; ``coordinator``: also (twice as likely as any
-    one broker) whichever broker coordinates the consumer group then."""
+    one broker) whichever broker coordinates the consumer group then; ``transactions``:
+    also (as likely) a transaction coordinator, and a transactional partition's leader."""
     extra = [COORDINATOR, COORDINATOR] if coordinator else []
+    if transactions:
+        extra += [TXN_COORDINATOR, TXN_COORDINATOR, TXN_LEADER]
     if target_controller:
         return [*range(brokers), CONTROLLER, *extra]
     return [b for b in range(brokers) if b != controller] + extra

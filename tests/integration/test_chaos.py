@@ -4,8 +4,14 @@ violation; the same command with a planted violation exits 1 and names it."""
 from __future__ import annotations
 
 import json
+import select
+import signal
 import subprocess
 import sys
+import time
+
+import psutil
+import pytest
 
 
 def chaos(*args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -90,3 +96,90 @@ def test_a_consumer_group_under_chaos_keeps_every_promise(tmp_path):
     again, recount = chaos("--check-history", counts["history"])
     assert again.returncode == 0, again.stdout + again.stderr
     assert recount["group_consumed"] == counts["group_consumed"] and recount["violations"] == 0
+
+
+def test_transactions_under_chaos_are_seen_whole_or_not_at_all(tmp_path):
+    # Seed 1's 15 s: broker 2 paused; a transaction coordinator killed (and restarted);
+    # broker 0 killed; a leader of chaos-txn isolated. Three transactional producers (one
+    # of them confluent-kafka's) commit and abort (a quarter, on purpose, after their records were written) while a
+    # read_committed consumer reads along.
+    run, counts = chaos(
+        "--workload", "transactions", "--duration", "15", "--seed", "1",
+        "--data-dir", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert counts["violations"] == 0 and counts["workload"] == "transactions"
+    nemesis = counts["nemesis"]
+    assert nemesis["txn_coordinator"] >= 1 and nemesis["kill"] >= 2, nemesis
+    assert nemesis["txn_leader"] >= 1 and nemesis["isolate"] >= 1, nemesis
+    assert "kill a transaction coordinator (broker" in run.stdout
+    # Both outcomes happened, the aborts wrote records that read_committed never showed,
+    # and the live read_committed reader kept up.
+    assert counts["txn_committed"] > 20 and counts["txn_aborted"] > 5, counts
+    assert counts["txn_aborted_records_written"] > 0 and counts["txn_live_read"] > 0
+    assert counts["txn_records_visible"] >= 2 * counts["txn_committed"]
+    assert counts["txn_partitions_per_txn"] >= 2
+    by = counts["txn_by_client"]  # two bundled producers, one confluent-kafka: both commit
+    assert by["bundled"] > 0 and by["confluent-kafka"] > 0, by
+    assert "transactions: " in run.stdout and "verdict: no violation" in run.stdout
+
+    # The kept history is judged the same when read back.
+    again, recount = chaos("--check-history", counts["history"])
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert recount["txns"] == counts["txns"] and recount["violations"] == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signalled_chaos_run_stops_every_process_it_started(tmp_path, sig):
+    # A group run: brokers, member processes (one confluent-kafka), all started by chaos.
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "minibroker.deploy.cli", "chaos", "--workload", "groups",
+            "--duration", "120", "--seed", "5", "--data-dir", str(tmp_path / "c"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        # The nemesis has begun once its schedule is printed (brokers up, group Stable).
+        assert read_until(proc.stdout, "planned:", timeout_s=90), "the run never started"
+        started = psutil.Process(proc.pid).children(recursive=True)
+        assert len(started) >= 3 + 3, started  # three brokers, three members at least
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # only the chaos process this test started
+            proc.wait()
+    assert proc.returncode == 128 + sig, out + err
+    assert "Traceback" not in err and len(err.splitlines()) <= 1, err
+    assert "interrupted" in err
+    # Every process it started, by pid (psutil checks the start time too, against pid
+    # reuse), is gone: the brokers and members before it exited, the brokers' warm
+    # parent (deploy/forkserver.py) when its pipe to the run closed.
+    _, alive = psutil.wait_procs(started, timeout=30)
+    alive = [(p.pid, p.cmdline()) for p in alive if still_running(p)]
+    assert not alive, alive
+
+
+def read_until(stream, needle: str, timeout_s: float) -> bool:
+    """Read lines until one holds ``needle`` (True) or ``timeout_s`` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([stream], [], [], deadline - time.monotonic())
+        if not ready:
+            break
+        line = stream.readline()
+        if not line:
+            return False  # the run ended
+        if needle in line:
+            return True
+    return False
+
+
+def still_running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

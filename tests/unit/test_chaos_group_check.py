@@ -14,6 +14,7 @@ from minibroker.deploy.chaos_check import PLANTS, check, load_history, plant, sa
 from minibroker.deploy.chaos_group_check import PLANTS as GROUP_PLANTS
 from minibroker.deploy.chaos_group_check import GroupHistory
 from minibroker.deploy.chaos_groups import plan_member_faults
+from minibroker.deploy.chaos_txn_check import PLANTS as TXN_PLANTS
 from minibroker.deploy.nemesis import (
     CONTROLLER,
     COORDINATOR,
@@ -23,6 +24,7 @@ from minibroker.deploy.nemesis import (
 )
 
 from .test_chaos_checker import RULE_OF, clean_history
+from .test_chaos_txn_check import TXN_RULE_OF
 
 GROUP_RULE_OF = {
     "double-owner": "double_owner",
@@ -72,7 +74,8 @@ def test_a_clean_group_history_passes_with_its_counts():
 
 
 def test_every_plant_has_a_rule():
-    assert set(PLANTS) == set(RULE_OF) | set(GROUP_RULE_OF) == set(RULE_OF) | set(GROUP_PLANTS)
+    assert set(PLANTS) == set(RULE_OF) | set(GROUP_RULE_OF) | set(TXN_RULE_OF)
+    assert set(PLANTS) == set(RULE_OF) | set(GROUP_PLANTS) | set(TXN_PLANTS)
 
 
 @pytest.mark.parametrize("kind", list(GROUP_RULE_OF))

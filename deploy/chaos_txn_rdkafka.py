@@ -1,0 +1,82 @@
+"""A confluent-kafka (librdkafka) transactional producer for ``minibroker chaos --workload
+transactions``, on the brokers' Kafka listener: a stock client's transactions judged by
+the same checks as the bundled producer's.
+
+It offers the bundled Producer's transactional methods (async, as ``TxnWorkload``
+drives both the same way): librdkafka's blocking calls run in a worker thread, and its
+errors are raised as ``TxnClientError`` named after librdkafka's error (its broker
+codes are Kafka's names; local ones start with ``_``, e.g. ``_TIMED_OUT``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from confluent_kafka import KafkaException, Producer
+
+from minibroker.deploy.chaos_txn import TXN_PRODUCER, TxnClientError
+
+# The bundled producer's settings under librdkafka's names (request.timeout.ms is
+# socket.timeout.ms there; message.timeout.ms must not exceed transaction.timeout.ms).
+RDKAFKA = {
+    "transaction.timeout.ms": TXN_PRODUCER["transaction.timeout.ms"],
+    "message.timeout.ms": TXN_PRODUCER["delivery.timeout.ms"],
+    "socket.timeout.ms": TXN_PRODUCER["request.timeout.ms"],
+    "retry.backoff.ms": TXN_PRODUCER["retry.backoff.ms"],
+    "linger.ms": TXN_PRODUCER["linger.ms"],
+}
+BLOCK_S = TXN_PRODUCER["max.block.ms"] / 1000  # each blocking call's timeout
+
+
+class RdkafkaTxnProducer:
+    """``async with RdkafkaTxnProducer(kafka_bootstrap, transactional_id) as p``."""
+
+    def __init__(self, bootstrap: str, transactional_id: str) -> None:
+        self.config = {**RDKAFKA, "bootstrap.servers": bootstrap}
+        self.config["transactional.id"] = transactional_id
+        self.producer: Producer | None = None
+
+    async def __aenter__(self) -> RdkafkaTxnProducer:
+        self.producer = Producer(self.config)
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        producer, self.producer = self.producer, None
+
+        def close() -> None:
+            # Dropped in the worker thread: librdkafka's destroy waits for its threads.
+            producer.purge()
+            producer.flush(1)
+
+        await trio.to_thread.run_sync(close, abandon_on_cancel=True)
+
+    async def _blocking(self, method: str, *args: Any) -> Any:
+        call = getattr(self.producer, method)
+        try:
+            return await trio.to_thread.run_sync(call, *args, abandon_on_cancel=True)
+        except KafkaException as exc:
+            raise TxnClientError(exc.args[0].name()) from exc
+
+    async def init_transactions(self) -> None:
+        await self._blocking("init_transactions", BLOCK_S)
+
+    def begin_transaction(self) -> None:
+        try:
+            self.producer.begin_transaction()
+        except KafkaException as exc:
+            raise TxnClientError(exc.args[0].name()) from exc
+
+    async def enqueue(self, topic: str, value: bytes, partition: int) -> None:
+        self.producer.produce(topic, value, partition=partition)
+        self.producer.poll(0)
+
+    async def flush(self) -> None:
+        if await self._blocking("flush", BLOCK_S):
+            raise TxnClientError("_TIMED_OUT")  # records still undelivered
+
+    async def abort_transaction(self) -> None:
+        await self._blocking("abort_transaction", BLOCK_S)
+
+    async def commit_transaction(self) -> None:
+        await self._blocking("commit_transaction", BLOCK_S)
