@@ -68,8 +68,19 @@ from minibroker.broker.storage.cleaner_batch import (
 )
 from minibroker.broker.storage.log import Log
 from minibroker.broker.storage.offset_map import OffsetMap
-from minibroker.broker.storage.segment import MAX_RELATIVE_OFFSET, Segment, index_bytes
-from minibroker.broker.storage.swap import cleaned_index, cleaned_log, commit, finish_steps
+from minibroker.broker.storage.segment import (
+    MAX_RELATIVE_OFFSET,
+    IndexBuilder,
+    Segment,
+    index_bytes,
+)
+from minibroker.broker.storage.swap import (
+    cleaned_index,
+    cleaned_log,
+    cleaned_time_index,
+    commit,
+    finish_steps,
+)
 from minibroker.protocol.batch import (
     CONTROL_FLAG,
     CRC_START,
@@ -157,7 +168,7 @@ class Cleaned:
     max_timestamp: int
     mtime_ns: int
     size: int
-    index: tuple[list[int], list[int], int]
+    index: IndexBuilder
 
 
 # --- the clean/dirty boundary ------------------------------------------------------------------
@@ -493,6 +504,8 @@ def clean_group(
     index = out.index
     with open(cleaned_index(directory, base), "wb") as fh:
         fh.write(index_bytes(index.offsets, index.positions))
+    with open(cleaned_time_index(directory, base), "wb") as fh:
+        fh.write(index.time_entries)
     written = out.written
     stats.bytes_written = written
     cleaned = Cleaned(
@@ -502,7 +515,7 @@ def clean_group(
         out.max_timestamp,
         mtime_ns,
         written,
-        (index.offsets, index.positions, index.since, index.times),
+        index,
     )
     return cleaned, stats
 
@@ -536,7 +549,7 @@ def swap_in(plan: Plan, group: list[Segment], cleaned: Cleaned) -> Segment:
     segment.next_offset = cleaned.next_offset
     segment.max_timestamp = cleaned.max_timestamp
     segment.created_ms = cleaned.mtime_ns // 1_000_000
-    segment.install_index(*cleaned.index)
+    segment.install_index(cleaned.index)
     log.replace_segments(group, segment)
     return segment
 
@@ -544,6 +557,7 @@ def swap_in(plan: Plan, group: list[Segment], cleaned: Cleaned) -> Segment:
 def discard(plan: Plan, cleaned_base: int) -> None:
     cleaned_log(plan.log.dir, cleaned_base).unlink(missing_ok=True)
     cleaned_index(plan.log.dir, cleaned_base).unlink(missing_ok=True)
+    cleaned_time_index(plan.log.dir, cleaned_base).unlink(missing_ok=True)
 
 
 def finish(plan: Plan, latest: OffsetMap | None = None) -> None:

@@ -181,7 +181,7 @@ class Log(TransactionalLog):
             segment.created_ms = int(os.stat(segment.path).st_mtime * 1000)
             segments.append(segment)
         if not segments:
-            segments.append(Segment(self.dir, 0, self.config.index_interval_bytes, now))
+            segments.append(Segment(self.dir, 0, self.config.index_interval_bytes, now, fresh=True))
         scans: dict[int, list[BatchInfo]] = {}
         keep = len(segments)
         for i, segment in enumerate(segments):
@@ -202,7 +202,7 @@ class Log(TransactionalLog):
             scan = scan_segment(segment, verify=False, gaps=self.config.compact)
             segment.next_offset = scan.next_offset
             segment.max_timestamp = scan.max_timestamp
-            segment.rebuild_index(scan.batches)
+            self._index_rebuilt(segment.rebuild_index(scan.batches))
             segment.close_handle()
             scans[segment.base_offset] = scan.batches
             if scan.problem is not None:
@@ -285,8 +285,16 @@ class Log(TransactionalLog):
             segment.truncate_file(scan.valid_bytes)
         segment.next_offset = scan.next_offset
         segment.max_timestamp = scan.max_timestamp
-        segment.rebuild_index(scan.batches)
+        self._index_rebuilt(segment.rebuild_index(scan.batches))
         return scan.batches
+
+    def _index_rebuilt(self, rewritten: list[tuple[Path, str]]) -> None:
+        """Recovery rewrote index files: a corrupt one is worth a warning, naming it."""
+        for path, why in rewritten:
+            if why in ("missing", "behind the log"):
+                self.log.info("log_index_rebuilt", file=str(path), reason=why)
+            else:
+                self.log.warning("log_index_corrupt_rebuilt", file=str(path), reason=why)
 
     # --- properties -----------------------------------------------------------------------
 
@@ -383,7 +391,7 @@ class Log(TransactionalLog):
         for position, header in batches:
             patch_base_offset(buf, position, offset)
             patch_leader_epoch(buf, position, leader_epoch)
-            starts.append((position, offset))
+            starts.append((position, offset, header.max_timestamp))
             offset += header.record_count
             count += header.record_count
             if header.max_timestamp > max_ts:
@@ -434,7 +442,7 @@ class Log(TransactionalLog):
             count += header.record_count
             if header.max_timestamp > max_ts:
                 max_ts = header.max_timestamp
-        starts = [(position, header.base_offset) for position, header in batches]
+        starts = [(position, h.base_offset, h.max_timestamp) for position, h in batches]
         self._write(records, first, expected, max_ts, count, starts)
         segment_base = self.active.base_offset
         for position, header in batches:
@@ -461,7 +469,7 @@ class Log(TransactionalLog):
         next_offset: int,
         max_ts: int,
         count: int,
-        starts: list[tuple[int, int]],
+        starts: list[tuple[int, int, int]],
     ) -> None:
         """One os.write of the whole request into the active segment (rolled first if due)."""
         active = self.active

@@ -10,6 +10,7 @@ import pytest
 from minibroker.broker.storage.start_offset import read_start_offset
 from minibroker.protocol.errors import OffsetOutOfRange
 from tests.unit.test_storage import batch, open_log, read_all, vals
+from tests.unit.test_time_index import time_entries
 
 
 def test_every_record_of_a_big_batch_is_found_by_its_own_time(tmp_path: Path) -> None:
@@ -27,22 +28,27 @@ def test_the_time_index_is_sparse_and_a_lookup_reads_one_batchs_records(
     log = open_log(tmp_path, index_interval_bytes=256)
     for i in range(200):
         log.append_as_leader(batch(vals(3, f"{i}-", size=40), ts=1000 + 10 * i), 0)
+    log.flush()
     segment = log.active
-    times = segment.index_max_before
-    assert times is not None and 1 < len(times) < 200  # sparse: an entry every 256 bytes
-    assert times == sorted(times)
+    entries = time_entries(segment.time_path)
+    assert 1 < len(entries) < 200  # sparse: an entry every 256 bytes
     # A late time starts near its batch, not at the segment's start.
     late = segment.time_lookup(1000 + 10 * 190)
     assert late > segment.size // 2
-    reads: list[int] = []
+    log_reads: list[int] = []
     real = os.pread
-    monkeypatch.setattr(os, "pread", lambda fd, n, at: reads.append(n) or real(fd, n, at))
+    monkeypatch.setattr(
+        os,
+        "pread",
+        lambda fd, n, at: (fd == segment.fd and log_reads.append(n)) or real(fd, n, at),
+    )
     assert log.offset_for_timestamp(1000 + 10 * 190 + 1) == (190 * 3 + 1, 1000 + 10 * 190 + 1)
-    assert len(reads) == 2  # the headers from the index position, then the one batch
-    # Reopened: rebuilt from the header scan, the same answers.
+    assert len(log_reads) == 2  # the headers from the index position, then the one batch
+    monkeypatch.undo()
+    # Reopened: checked against the header scan, the same file and the same answers.
     log.close()
     log = open_log(tmp_path, index_interval_bytes=256)
-    assert log.active.index_max_before == times
+    assert time_entries(log.active.time_path) == entries
     assert log.offset_for_timestamp(1000 + 10 * 57 + 2) == (57 * 3 + 2, 1000 + 10 * 57 + 2)
 
 
