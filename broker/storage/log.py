@@ -34,7 +34,7 @@ from minibroker.broker.storage.segment import (
 )
 from minibroker.broker.storage.start_offset import read_start_offset, write_start_offset
 from minibroker.broker.storage.swap import discard_pending, recover_swaps
-from minibroker.broker.storage.txn_index import TransactionIndex
+from minibroker.broker.storage.txn_index import AbortedTxn, TransactionIndex
 from minibroker.protocol.batch import (
     BASE_AND_LENGTH,
     CONTROL_FLAG,
@@ -779,11 +779,12 @@ class Log(TransactionalLog):
         if self.first_dirty_offset is not None:
             self.first_dirty_offset = min(self.first_dirty_offset, offset)
 
-    def replace_segments(self, old: list[Segment], new: Segment) -> None:
+    def replace_segments(self, old: list[Segment], new: Segment, aborted: list[AbortedTxn]) -> None:
         """Put ``new`` (the cleaned copy, already swapped in on disk) where ``old`` were.
 
         Their files are gone or replaced already: the old objects only give back their
         descriptors (never ``delete``: the first one's name is now the new segment's).
+        ``aborted``: the new segment's aborted-transactions entries (its ``.txnindex``).
         """
         i = self.segments.index(old[0])
         if self.segments[i : i + len(old)] != old or self.segments[-1] in old:
@@ -793,8 +794,7 @@ class Log(TransactionalLog):
             segment.close_handle()
         self.segments[i : i + len(old)] = [new]
         self._bases = [s.base_offset for s in self.segments]
-        # The cleaned segment's aborted-txn entries are those of the segments it replaced.
-        self.txn_index.rewrite(new.base_offset, old[-1].next_offset, [s.base_offset for s in old])
+        self.txn_index.replace(new.base_offset, old[-1].next_offset, aborted)
 
     # --- durability -----------------------------------------------------------------------
 
