@@ -684,13 +684,15 @@ class Log(TransactionalLog):
         return None
 
     def max_timestamp_offset(self, upper: int) -> tuple[int, int] | None:
-        """KIP-734's MAX_TIMESTAMP: the first record carrying the largest timestamp among
-        the records below ``upper`` (the HW), as (offset, timestamp); None for an empty log.
+        """KIP-734's MAX_TIMESTAMP, as Kafka answers it: the first record carrying the
+        largest timestamp of the whole log (UnifiedLog.fetchOffsetByTimestamp), as (offset,
+        timestamp); None for an empty log, and None when that record is at or above
+        ``upper``, the last fetchable offset (HW, LSO or LEO: ReplicaManager then answers
+        offset -1), never an older record from below it (its answer would change when
+        the HW moved past a newer one: Kafka's does not).
         The segment holding it by its max timestamp, then its headers, then one batch."""
         best: tuple[int, Segment] | None = None
         for segment in self.segments:
-            if segment.base_offset >= upper:
-                break
             if best is None or segment.max_timestamp > best[0]:
                 best = (segment.max_timestamp, segment)
         if best is None or best[0] < 0:

@@ -94,5 +94,24 @@ def test_max_timestamp_is_the_first_record_with_the_largest_time_below_the_bound
     log.append_as_leader(batch(vals(3), ts=100), 0)  # 0-2: 100..102
     log.append_as_leader(batch(vals(3), ts=500), 0)  # 3-5: 500..502 (the largest: 5)
     log.append_as_leader(batch(vals(3), ts=200), 0)  # 6-8
-    assert log.max_timestamp_offset(9) == (5, 502)
-    assert log.max_timestamp_offset(3) == (2, 102)  # below the HW only
+    log.append_as_leader(batch(vals(3), ts=500), 0)  # 9-11: 502 again at 11, later: not it
+    assert log.max_timestamp_offset(12) == (5, 502)
+    assert log.max_timestamp_offset(6) == (5, 502)  # the bound is past it: answered
+
+
+def test_max_timestamp_above_the_bound_answers_nothing_as_kafka_does(tmp_path: Path) -> None:
+    """Kafka's MAX_TIMESTAMP finds the largest time over the whole log and answers -1 when
+    its record is not fetchable yet (ReplicaManager: offset >= the HW, or the LSO), never
+    an older record below the bound: here neither when that record is in a segment wholly
+    above the bound nor when it is in the one the bound cuts."""
+    log = open_log(tmp_path, segment_bytes=1)  # a segment per batch
+    log.append_as_leader(batch(vals(3), ts=100), 0)  # 0-2
+    log.append_as_leader(batch(vals(3), ts=900), 0)  # 3-5: the largest, 902 at 5
+    log.append_as_leader(batch(vals(3), ts=300), 0)  # 6-8
+    for bound in (0, 3, 4, 5):  # segments wholly above, or the bound inside the batch
+        assert log.max_timestamp_offset(bound) is None, bound
+    assert log.max_timestamp_offset(6) == (5, 902)  # the HW moved past it
+    # Newer data with a later time, above the bound: nothing again until it is fetchable.
+    log.append_as_leader(batch(vals(3), ts=1000), 0)  # 9-11
+    assert log.max_timestamp_offset(9) is None
+    assert log.max_timestamp_offset(12) == (11, 1002)
