@@ -414,7 +414,13 @@ def wrap_kafka_batch(
 
 
 def encode_control_batch(
-    commit: bool, coordinator_epoch: int, *, producer_id: int, producer_epoch: int, timestamp: int
+    commit: bool,
+    coordinator_epoch: int,
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    timestamp: int,
+    delete_horizon_ms: int | None = None,
 ) -> bytearray:
     """A transaction marker as our batch: a Kafka v2 control batch (what a stock consumer
     is served as it is) wrapped like a stock client's batch."""
@@ -424,6 +430,7 @@ def encode_control_batch(
         producer_id=producer_id,
         producer_epoch=producer_epoch,
         timestamp=timestamp,
+        delete_horizon_ms=delete_horizon_ms,
     )
     return wrap_kafka_batch(v2, 0, kafka_records.unpack_header(v2))
 

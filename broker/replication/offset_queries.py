@@ -78,8 +78,11 @@ def _list_offset(
             out["offset"] = partition.last_stable_offset
         else:
             out["offset"] = partition.high_watermark if consumer else partition.log_end_offset
-    elif timestamp == MAX_TIMESTAMP:
-        upper = partition.high_watermark if consumer else partition.log_end_offset
+    elif timestamp == MAX_TIMESTAMP:  # below the last fetchable offset, as Kafka's
+        if committed:
+            upper = partition.last_stable_offset
+        else:
+            upper = partition.high_watermark if consumer else partition.log_end_offset
         found = partition.log.max_timestamp_offset(upper)
         if found is not None:
             out["offset"], out["timestamp"] = found

@@ -23,9 +23,10 @@ producer state), so the state a replay rebuilds is the one the log had.
 Transactions (Kafka's cleaner): nothing at or above the last stable offset is cleanable
 (an open transaction may still abort). An aborted transaction's batches are dropped whole
 and their keys never enter the offset map, so they hide no committed record. Markers
-(control batches) are copied as they are, and so are the aborted transactions' entries of
-the aborted-transactions index (``Log.replace_segments``); Kafka removes markers too once
-``delete.retention.ms`` has passed and no record of their transaction remains: not done.
+(control batches) go once no record of their transaction remains and then
+``delete.retention.ms`` has passed (cleaner_txn.py); the cleaned segment's
+aborted-transactions index holds the entries of the abort markers it keeps, and is
+swapped in with it.
 
 Memory: a pass holds one batch at a time, its records streamed and re-encoded in chunks
 (cleaner_batch.py: ``log.cleaner.io.buffer.size``; a batch that does not fit is copied as
@@ -66,10 +67,24 @@ from minibroker.broker.storage.cleaner_batch import (
     rows,
     skim,
 )
+from minibroker.broker.storage.cleaner_txn import DROP, KEEP, CleanedTxns, stamped
 from minibroker.broker.storage.log import Log
 from minibroker.broker.storage.offset_map import OffsetMap
-from minibroker.broker.storage.segment import MAX_RELATIVE_OFFSET, Segment, index_bytes
-from minibroker.broker.storage.swap import cleaned_index, cleaned_log, commit, finish_steps
+from minibroker.broker.storage.segment import (
+    MAX_RELATIVE_OFFSET,
+    IndexBuilder,
+    Segment,
+    index_bytes,
+)
+from minibroker.broker.storage.swap import (
+    cleaned_index,
+    cleaned_log,
+    cleaned_time_index,
+    cleaned_txn_index,
+    commit,
+    finish_steps,
+)
+from minibroker.broker.storage.txn_index import AbortedTxn, pack_entries
 from minibroker.protocol.batch import (
     CONTROL_FLAG,
     CRC_START,
@@ -116,6 +131,8 @@ class Plan:
     # Aborted transactions below first_uncleanable: producer id -> ((first, marker), ...),
     # copied from the aborted-transactions index when planned (the worker reads it).
     aborted: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    # The walk through transactions, group after group (cleaner_txn.py).
+    txns: CleanedTxns = field(default_factory=lambda: CleanedTxns((), {}))
 
     def skips(self, buf: bytes, pos: int, header: BatchHeader) -> bool:
         """Whether a batch is a marker (copied as it is) or an aborted transaction's
@@ -157,7 +174,8 @@ class Cleaned:
     max_timestamp: int
     mtime_ns: int
     size: int
-    index: tuple[list[int], list[int], int]
+    index: IndexBuilder
+    aborted: list[AbortedTxn]  # its .txnindex entries
 
 
 # --- the clean/dirty boundary ------------------------------------------------------------------
@@ -209,11 +227,11 @@ def plan(log: Log, high_watermark: int, now_ms: int, budget: Budget | None = Non
         e.batches[-1].last_offset for e in log.producers.producers.values() if e.batches
     )
     aborted: dict[int, list[tuple[int, int]]] = {}
-    for entry in log.txn_index.entries:
-        if entry.first_offset < uncleanable:
-            aborted.setdefault(entry.producer_id, []).append(
-                (entry.first_offset, entry.last_offset)
-            )
+    reaching = [e for e in log.txn_index.entries if e.first_offset < uncleanable]
+    for entry in reaching:
+        aborted.setdefault(entry.producer_id, []).append((entry.first_offset, entry.last_offset))
+    # Producers whose last entry is a marker (a bumped epoch cleared their batches).
+    last_word = {p.producer_id: p.epoch for p in log.producers.producers.values() if not p.batches}
     return Plan(
         log,
         cleanable,
@@ -226,6 +244,7 @@ def plan(log: Log, high_watermark: int, now_ms: int, budget: Budget | None = Non
         log.changes,
         dataclasses.replace(budget or Budget(), max_decompressed=cfg.max_decompressed_bytes),
         {pid: tuple(ranges) for pid, ranges in aborted.items()},
+        CleanedTxns(reaching, last_word),
     )
 
 
@@ -350,14 +369,16 @@ def _clean_batch(
 ) -> None:
     """Write one batch's kept records, or the batch as it is."""
     length = header.size
-    if header.attributes & PRODUCER_FLAG and header.last_offset in plan.protected:
+    attributes = header.attributes
+    if attributes & CONTROL_FLAG:
+        _clean_marker(buf, pos, header, plan, out, stats)
+        return
+    aborted = attributes & TRANSACTIONAL_FLAG and _aborted(buf, pos, header, plan)
+    if attributes & PRODUCER_FLAG and header.last_offset in plan.protected:
         out.add(memoryview(buf)[pos : pos + length], header)
         return
-    if plan.skips(buf, pos, header):
-        if header.attributes & CONTROL_FLAG:
-            out.add(memoryview(buf)[pos : pos + length], header)  # markers stay
-        else:
-            stats.records_read += header.record_count  # an aborted transaction's: dropped
+    if aborted:
+        stats.records_read += header.record_count  # an aborted transaction's: dropped
         return
     base = header.base_offset
     ts = header.max_timestamp
@@ -406,6 +427,33 @@ def _clean_batch(
         out.add(memoryview(buf)[pos : pos + length], header)
 
 
+def _aborted(buf: bytes, pos: int, header: BatchHeader, plan: Plan) -> bool:
+    """A transactional batch met on the walk: whether its transaction was aborted."""
+    producer = producer_fields(buf, pos, header)
+    if producer is None:
+        return False
+    return plan.txns.on_batch(producer[0], header.last_offset, True)
+
+
+def _clean_marker(
+    buf: bytes, pos: int, header: BatchHeader, plan: Plan, out: Output, stats: Stats
+) -> None:
+    """A marker stays, goes, or is written again with its delete horizon (cleaner_txn.py)."""
+    fate = KEEP
+    if header.attributes & PRODUCER_FLAG:
+        fate = plan.txns.marker(buf, pos, header, plan.now_ms)
+    stats.records_read += header.record_count
+    if fate == KEEP:
+        out.add(memoryview(buf)[pos : pos + header.size], header)
+    elif fate == DROP:
+        return
+    else:
+        horizon = plan.now_ms + plan.log.config.delete_retention_ms
+        data = stamped(buf, pos, header, horizon)
+        out.add(data, unpack_header(data))
+    stats.records_kept += header.record_count
+
+
 def _loses_records(
     buf: bytes,
     pos: int,
@@ -431,7 +479,9 @@ def _loses_records(
     return loses
 
 
-def _copy_streamed(path: Path, position: int, length: int, out: Output, stats: Stats) -> None:
+def _copy_streamed(
+    plan: Plan, path: Path, position: int, length: int, out: Output, stats: Stats
+) -> None:
     """A batch over the read limit, copied in READ_CHUNK pieces, its CRC checked on the
     way (a damaged one fails the pass, as anywhere)."""
     fd = os.open(path, os.O_RDONLY)
@@ -440,6 +490,8 @@ def _copy_streamed(path: Path, position: int, length: int, out: Output, stats: S
         header = unpack_header(head)
         if header.record_count <= 0 or header.last_offset_delta != header.record_count - 1:
             raise CorruptBatch(f"batch at byte {position} of {path}: bad record count")
+        if header.attributes & TRANSACTIONAL_FLAG:  # copied, aborted or not: its marker stays
+            _aborted(head, 0, header, plan)
         out.index.add(out.written, header.base_offset, length, header.max_timestamp)
         crc = zlib.crc32(memoryview(head)[CRC_START:])
         out.add_raw(head)
@@ -478,7 +530,7 @@ def clean_group(
             stats.bytes_read += size
             for buf, pos, length in _batches(segment.path, size, stop, limit, pause):
                 if buf is None:
-                    _copy_streamed(segment.path, pos, length, out, stats)
+                    _copy_streamed(plan, segment.path, pos, length, out, stats)
                     continue
                 header = check_batch(buf, pos, length)
                 _clean_batch(buf, pos, header, latest, plan, out, stats, pause)
@@ -493,6 +545,15 @@ def clean_group(
     index = out.index
     with open(cleaned_index(directory, base), "wb") as fh:
         fh.write(index_bytes(index.offsets, index.positions))
+    with open(cleaned_time_index(directory, base), "wb") as fh:
+        fh.write(index.time_entries)
+    # Not derived from the segment alone (recovery could not rebuild it): durable before
+    # the commit, as the log copy is.
+    aborted = plan.txns.take_index()
+    with open(cleaned_txn_index(directory, base), "wb") as fh:
+        fh.write(pack_entries(aborted))
+        fh.flush()
+        os.fsync(fh.fileno())
     written = out.written
     stats.bytes_written = written
     cleaned = Cleaned(
@@ -502,7 +563,8 @@ def clean_group(
         out.max_timestamp,
         mtime_ns,
         written,
-        (index.offsets, index.positions, index.since, index.times),
+        index,
+        aborted,
     )
     return cleaned, stats
 
@@ -536,14 +598,16 @@ def swap_in(plan: Plan, group: list[Segment], cleaned: Cleaned) -> Segment:
     segment.next_offset = cleaned.next_offset
     segment.max_timestamp = cleaned.max_timestamp
     segment.created_ms = cleaned.mtime_ns // 1_000_000
-    segment.install_index(*cleaned.index)
-    log.replace_segments(group, segment)
+    segment.install_index(cleaned.index)
+    log.replace_segments(group, segment, cleaned.aborted)
     return segment
 
 
 def discard(plan: Plan, cleaned_base: int) -> None:
     cleaned_log(plan.log.dir, cleaned_base).unlink(missing_ok=True)
     cleaned_index(plan.log.dir, cleaned_base).unlink(missing_ok=True)
+    cleaned_time_index(plan.log.dir, cleaned_base).unlink(missing_ok=True)
+    cleaned_txn_index(plan.log.dir, cleaned_base).unlink(missing_ok=True)
 
 
 def finish(plan: Plan, latest: OffsetMap | None = None) -> None:

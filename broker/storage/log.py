@@ -34,7 +34,7 @@ from minibroker.broker.storage.segment import (
 )
 from minibroker.broker.storage.start_offset import read_start_offset, write_start_offset
 from minibroker.broker.storage.swap import discard_pending, recover_swaps
-from minibroker.broker.storage.txn_index import TransactionIndex
+from minibroker.broker.storage.txn_index import AbortedTxn, TransactionIndex
 from minibroker.protocol.batch import (
     BASE_AND_LENGTH,
     CONTROL_FLAG,
@@ -181,7 +181,7 @@ class Log(TransactionalLog):
             segment.created_ms = int(os.stat(segment.path).st_mtime * 1000)
             segments.append(segment)
         if not segments:
-            segments.append(Segment(self.dir, 0, self.config.index_interval_bytes, now))
+            segments.append(Segment(self.dir, 0, self.config.index_interval_bytes, now, fresh=True))
         scans: dict[int, list[BatchInfo]] = {}
         keep = len(segments)
         for i, segment in enumerate(segments):
@@ -202,7 +202,7 @@ class Log(TransactionalLog):
             scan = scan_segment(segment, verify=False, gaps=self.config.compact)
             segment.next_offset = scan.next_offset
             segment.max_timestamp = scan.max_timestamp
-            segment.rebuild_index(scan.batches)
+            self._index_rebuilt(segment.rebuild_index(scan.batches))
             segment.close_handle()
             scans[segment.base_offset] = scan.batches
             if scan.problem is not None:
@@ -285,8 +285,16 @@ class Log(TransactionalLog):
             segment.truncate_file(scan.valid_bytes)
         segment.next_offset = scan.next_offset
         segment.max_timestamp = scan.max_timestamp
-        segment.rebuild_index(scan.batches)
+        self._index_rebuilt(segment.rebuild_index(scan.batches))
         return scan.batches
+
+    def _index_rebuilt(self, rewritten: list[tuple[Path, str]]) -> None:
+        """Recovery rewrote index files: a corrupt one is worth a warning, naming it."""
+        for path, why in rewritten:
+            if why in ("missing", "behind the log"):
+                self.log.info("log_index_rebuilt", file=str(path), reason=why)
+            else:
+                self.log.warning("log_index_corrupt_rebuilt", file=str(path), reason=why)
 
     # --- properties -----------------------------------------------------------------------
 
@@ -383,7 +391,7 @@ class Log(TransactionalLog):
         for position, header in batches:
             patch_base_offset(buf, position, offset)
             patch_leader_epoch(buf, position, leader_epoch)
-            starts.append((position, offset))
+            starts.append((position, offset, header.max_timestamp))
             offset += header.record_count
             count += header.record_count
             if header.max_timestamp > max_ts:
@@ -434,7 +442,7 @@ class Log(TransactionalLog):
             count += header.record_count
             if header.max_timestamp > max_ts:
                 max_ts = header.max_timestamp
-        starts = [(position, header.base_offset) for position, header in batches]
+        starts = [(position, h.base_offset, h.max_timestamp) for position, h in batches]
         self._write(records, first, expected, max_ts, count, starts)
         segment_base = self.active.base_offset
         for position, header in batches:
@@ -461,7 +469,7 @@ class Log(TransactionalLog):
         next_offset: int,
         max_ts: int,
         count: int,
-        starts: list[tuple[int, int]],
+        starts: list[tuple[int, int, int]],
     ) -> None:
         """One os.write of the whole request into the active segment (rolled first if due)."""
         active = self.active
@@ -676,13 +684,15 @@ class Log(TransactionalLog):
         return None
 
     def max_timestamp_offset(self, upper: int) -> tuple[int, int] | None:
-        """KIP-734's MAX_TIMESTAMP: the first record carrying the largest timestamp among
-        the records below ``upper`` (the HW), as (offset, timestamp); None for an empty log.
+        """KIP-734's MAX_TIMESTAMP, as Kafka answers it: the first record carrying the
+        largest timestamp of the whole log (UnifiedLog.fetchOffsetByTimestamp), as (offset,
+        timestamp); None for an empty log, and None when that record is at or above
+        ``upper``, the last fetchable offset (HW, LSO or LEO: ReplicaManager then answers
+        offset -1), never an older record from below it (its answer would change when
+        the HW moved past a newer one: Kafka's does not).
         The segment holding it by its max timestamp, then its headers, then one batch."""
         best: tuple[int, Segment] | None = None
         for segment in self.segments:
-            if segment.base_offset >= upper:
-                break
             if best is None or segment.max_timestamp > best[0]:
                 best = (segment.max_timestamp, segment)
         if best is None or best[0] < 0:
@@ -771,11 +781,12 @@ class Log(TransactionalLog):
         if self.first_dirty_offset is not None:
             self.first_dirty_offset = min(self.first_dirty_offset, offset)
 
-    def replace_segments(self, old: list[Segment], new: Segment) -> None:
+    def replace_segments(self, old: list[Segment], new: Segment, aborted: list[AbortedTxn]) -> None:
         """Put ``new`` (the cleaned copy, already swapped in on disk) where ``old`` were.
 
         Their files are gone or replaced already: the old objects only give back their
         descriptors (never ``delete``: the first one's name is now the new segment's).
+        ``aborted``: the new segment's aborted-transactions entries (its ``.txnindex``).
         """
         i = self.segments.index(old[0])
         if self.segments[i : i + len(old)] != old or self.segments[-1] in old:
@@ -785,8 +796,7 @@ class Log(TransactionalLog):
             segment.close_handle()
         self.segments[i : i + len(old)] = [new]
         self._bases = [s.base_offset for s in self.segments]
-        # The cleaned segment's aborted-txn entries are those of the segments it replaced.
-        self.txn_index.rewrite(new.base_offset, old[-1].next_offset, [s.base_offset for s in old])
+        self.txn_index.replace(new.base_offset, old[-1].next_offset, aborted)
 
     # --- durability -----------------------------------------------------------------------
 

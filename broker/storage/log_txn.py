@@ -63,7 +63,7 @@ class TransactionalLog:
         offset = self.log_end_offset
         patch_base_offset(buf, 0, offset)
         patch_leader_epoch(buf, 0, leader_epoch)
-        self._write(buf, offset, offset + 1, now, 1, [(0, offset)])
+        self._write(buf, offset, offset + 1, now, 1, [(0, offset, now)])
         self._marker_in_log(buf, 0, unpack_header(buf), self.active.base_offset)
         return AppendInfo(offset, offset, now, 1, len(buf))
 

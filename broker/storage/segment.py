@@ -1,13 +1,14 @@
-"""One segment: a file of concatenated batches plus its sparse offset index.
+"""One segment: a file of concatenated batches plus its sparse offset and time indexes.
 
 The file holds batches exactly as they travel on the wire. The index maps a
 relative offset to a file position about every ``index_interval_bytes``; a read
 bisects it, reads from that position in one pread and walks batch headers in memory.
 
-The index is a cache: it is kept in memory, written to its file lazily (on flush,
-roll and close, so an append costs exactly one ``os.write``), and checked against
+The offset index is a cache: it is kept in memory, written to its file lazily (on
+flush, roll and close, so an append costs exactly one ``os.write``), and checked against
 the batch headers when the log is opened, where a missing, stale or garbled index
-file is rewritten.
+file is rewritten. The time index (``.timeindex``, time_index.py) is made at the offset
+index's entries, written and checked the same way, but read from its file.
 
 File handles are a budget (a broker with many partitions would otherwise run out):
 only the active segment keeps its log file open; the index file is opened just for
@@ -25,12 +26,14 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple
 
 from minibroker.broker.common.descriptors import SEALED_OPEN
+from minibroker.broker.storage import time_index
+from minibroker.broker.storage.time_index import TIME_ENTRY
 from minibroker.protocol.batch import (
     BASE_AND_LENGTH,
     HEADER,
@@ -85,11 +88,11 @@ class Segment:
     __slots__ = (
         "_fd",
         "_index_pending",
+        "_time_pending",
         "active",
         "base_offset",
         "bytes_since_index",
         "created_ms",
-        "index_max_before",
         "index_offsets",
         "index_path",
         "index_positions",
@@ -98,6 +101,8 @@ class Segment:
         "next_offset",
         "path",
         "size",
+        "time_last",
+        "time_path",
     )
 
     def __init__(
@@ -117,10 +122,11 @@ class Segment:
         self.base_offset = base_offset
         self.path = directory / (segment_name(base_offset) + ".log")
         self.index_path = directory / (segment_name(base_offset) + ".index")
+        self.time_path = directory / (segment_name(base_offset) + time_index.SUFFIX)
         self._fd: int | None = None
         self.active = False
         if fresh:
-            for path in (self.path, self.index_path):
+            for path in (self.path, self.index_path, self.time_path):
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
             self.size = 0
         else:
@@ -134,11 +140,11 @@ class Segment:
         # position is the start of a batch whose base offset is base_offset + the entry.
         self.index_offsets: list[int] = []
         self.index_positions: list[int] = []
-        # The time index (Kafka's .timeindex, at the offset index's entries, so as sparse):
-        # per entry, an upper bound of every record timestamp before its position; None
-        # when unknown (an index installed without it), and a time lookup scans headers.
-        self.index_max_before: list[int] | None = []
         self._index_pending = bytearray()  # entries not yet in the index file
+        # The time index's entries not yet in its file, and its last entry's timestamp
+        # (the next entry is made only when the max timestamp grew past it).
+        self._time_pending = bytearray()
+        self.time_last = -1
         self.bytes_since_index = 0
         self.max_timestamp = -1
         self.next_offset = base_offset
@@ -193,26 +199,35 @@ class Segment:
         first_offset: int,
         next_offset: int,
         max_ts: int,
-        batch_starts: list[tuple[int, int]] | None = None,
+        batch_starts: list[tuple[int, int, int]] | None = None,
     ) -> None:
         """Append whole batches with one ``os.write``.
 
-        ``batch_starts`` lists ``(position in data, base offset)`` of each batch so the
-        index gets an entry every ``interval`` bytes even inside one large request;
-        without it only the first batch can be indexed.
+        ``batch_starts`` lists ``(position in data, base offset, max timestamp)`` of each
+        batch so the indexes get an entry every ``interval`` bytes even inside one large
+        request; without it only the first batch can be indexed. Per batch, as
+        ``IndexBuilder.add`` (which recovery uses, and must come to the same bytes).
         """
         if batch_starts is None:
-            batch_starts = [(0, first_offset)]
+            batch_starts = [(0, first_offset, max_ts)]
         size = self.size
         since = self.bytes_since_index
         last = 0
         entries: list[tuple[int, int]] = []
-        for position, base in batch_starts:
+        times = b""
+        time_last = self.time_last
+        newest = self.max_timestamp  # the max timestamp before the batch at hand
+        for position, base, batch_ts in batch_starts:
             since += position - last
             last = position
             if since >= self.interval or not (self.index_offsets or entries):
                 entries.append((base - self.base_offset, size + position))
                 since = 0
+                if newest > time_last:
+                    times += TIME_ENTRY.pack(newest, base - 1 - self.base_offset)
+                    time_last = newest
+            if batch_ts > newest:
+                newest = batch_ts
         # Pack the entries before a byte is written: nothing below may fail after it.
         packed = b"".join(_INDEX_ENTRY.pack(o, p) for o, p in entries)
         try:
@@ -227,17 +242,13 @@ class Segment:
                 f"No space left on device (short write: {written} of {len(data)} bytes)",
                 str(self.path),
             )
-        # Index entries only after the bytes they point at are in the file. Before the
-        # append's first batch everything is below the segment's max; before a later one,
-        # below the larger of it and this append's max (an upper bound is all a lookup needs).
-        times = self.index_max_before
-        later = max(self.max_timestamp, max_ts)
+        # Index entries only after the bytes they point at are in the file.
         for relative_offset, position in entries:
             self.index_offsets.append(relative_offset)
             self.index_positions.append(position)
-            if times is not None:
-                times.append(self.max_timestamp if position == size else later)
         self._index_pending += packed
+        self._time_pending += times
+        self.time_last = time_last
         self.size = size + written
         self.bytes_since_index = since + (written - last)
         self.next_offset = next_offset
@@ -251,28 +262,15 @@ class Segment:
         except OSError:
             pass  # recovery on the next open cuts a torn tail anyway
 
-    def _write_index_file(self) -> None:
-        data = index_bytes(self.index_offsets, self.index_positions)
-        fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            if data:
-                os.write(fd, data)
-        finally:
-            os.close(fd)
-        self._index_pending.clear()
-
     def _write_pending_index(self, *, sync: bool = False) -> None:
-        if not (self._index_pending or sync):
-            return
-        fd = os.open(self.index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            if self._index_pending:
-                os.write(fd, self._index_pending)
-                self._index_pending.clear()
-            if sync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        """Both indexes' unwritten entries onto their files (fsynced with ``sync``)."""
+        for path, pending in (
+            (self.index_path, self._index_pending),
+            (self.time_path, self._time_pending),
+        ):
+            if pending or sync:
+                _append_file(path, pending, sync=sync)
+                pending.clear()
 
     def flush(self) -> None:
         self._write_pending_index(sync=True)
@@ -287,10 +285,10 @@ class Segment:
         self.close_handle()
 
     def delete(self) -> None:
-        """Remove the segment's files: log, offset index and aborted-transactions index."""
+        """Remove the segment's files: log, offset and time indexes, aborted-transactions index."""
         self.close()
         txn_index = self.path.with_suffix(".txnindex")
-        for path in (self.path, self.index_path, txn_index):
+        for path in (self.path, self.index_path, self.time_path, txn_index):
             try:
                 path.unlink()
             except FileNotFoundError:
@@ -319,13 +317,10 @@ class Segment:
 
     def time_lookup(self, timestamp: int) -> int:
         """A file position at or before the first batch holding a record at or after
-        ``timestamp`` (Kafka's timeIndex.lookup): the last index entry every record before
-        which is older. 0 when the time index is unknown."""
-        times = self.index_max_before
-        if not times:
-            return 0
-        i = bisect_left(times, timestamp) - 1
-        return self.index_positions[i] if i >= 0 else 0
+        ``timestamp`` (Kafka's timeIndex.lookup, then offsetIndex.lookup): after the last
+        time index entry older than it, every record up to whose offset is older."""
+        relative = time_index.last_below(self.time_path, self._time_pending, timestamp)
+        return 0 if relative is None else self.lookup(self.base_offset + relative + 1)
 
     def find_position(self, offset: int) -> int | None:
         """Position of the batch containing ``offset``, or None if this segment lacks it."""
@@ -338,35 +333,33 @@ class Segment:
 
     # --- recovery -------------------------------------------------------------------------
 
-    def rebuild_index(self, batches: list[tuple[int, int, int]] | list[BatchInfo]) -> None:
-        """Recompute the index from ``(position, base_offset, size, ...)`` of every batch.
+    def rebuild_index(self, batches: list[BatchInfo]) -> list[tuple[Path, str]]:
+        """Recompute both indexes from every batch's ``BatchInfo`` (a scan's).
 
-        The file is rewritten only when its bytes differ, so a clean open writes nothing.
+        A file is rewritten only when its bytes differ, so a clean open writes nothing.
+        Returns ``(file, why)`` for each file rewritten: missing, behind the log (a crash
+        lost its unwritten tail: normal for the active segment), or corrupt.
         """
-        offsets, positions, since, times = build_index(batches, self.base_offset, self.interval)
-        self.install_index(offsets, positions, since, times)
-        wanted = index_bytes(offsets, positions)
-        try:
-            with open(self.index_path, "rb") as fh:
-                current = fh.read(len(wanted) + 1)
-        except FileNotFoundError:
-            current = None
-        if current != wanted:
-            self._write_index_file()
+        index = IndexBuilder(self.base_offset, self.interval)
+        for b in batches:
+            index.add(b.position, b.base_offset, b.size, b.max_timestamp)
+        self.install_index(index)
+        wanted = index_bytes(index.offsets, index.positions)
+        rewritten = []
+        for path, data in ((self.index_path, wanted), (self.time_path, index.time_entries)):
+            why = _sync_file(path, data)
+            if why is not None:
+                rewritten.append((path, why))
+        return rewritten
 
-    def install_index(
-        self,
-        offsets: list[int],
-        positions: list[int],
-        since: int,
-        max_before: list[int] | None = None,
-    ) -> None:
-        """Take an index computed elsewhere (the cleaner's worker thread builds its copy's)."""
-        self.index_offsets = offsets
-        self.index_positions = positions
-        self.index_max_before = max_before
-        self.bytes_since_index = since
+    def install_index(self, index: IndexBuilder) -> None:
+        """Take indexes computed elsewhere (the cleaner's worker thread builds its copy's)."""
+        self.index_offsets = index.offsets
+        self.index_positions = index.positions
+        self.bytes_since_index = index.since
+        self.time_last = index.time_last
         self._index_pending.clear()
+        self._time_pending.clear()
 
     def truncate_file(self, size: int) -> None:
         os.truncate(self.path, size)
@@ -378,7 +371,7 @@ class Segment:
         self.close_handle()
         target = self.path.with_name(self.path.name + ".corrupt")
         os.replace(self.path, target)
-        for path in (self.index_path, self.path.with_suffix(".txnindex")):
+        for path in (self.index_path, self.time_path, self.path.with_suffix(".txnindex")):
             try:
                 path.unlink()
             except FileNotFoundError:
@@ -386,23 +379,21 @@ class Segment:
         return target
 
 
-def build_index(
-    batches: list[tuple[int, int, int]] | list[BatchInfo], base_offset: int, interval: int
-) -> tuple[list[int], list[int], int, list[int] | None]:
-    """The sparse index of ``(position, base_offset, size[, next_offset, max_timestamp])``
-    batches: relative offsets, positions (an entry every ``interval`` bytes), the bytes
-    after the last entry, and the time index (None without timestamps)."""
-    index = IndexBuilder(base_offset, interval)
-    for b in batches:
-        index.add(b[0], b[1], b[2], b[4] if len(b) > 4 else None)
-    return index.offsets, index.positions, index.since, index.times
-
-
 class IndexBuilder:
-    """A sparse index built batch by batch, so a writer of millions of batches (the
-    cleaner) holds its entries only, not a list of every batch."""
+    """A segment's sparse offset and time indexes built batch by batch, so a writer of
+    millions of batches (the cleaner) holds its entries only, not a list of every batch.
+    ``Segment.append`` makes the same entries on the write path."""
 
-    __slots__ = ("base_offset", "interval", "max_ts", "offsets", "positions", "since", "times")
+    __slots__ = (
+        "base_offset",
+        "interval",
+        "max_ts",
+        "offsets",
+        "positions",
+        "since",
+        "time_entries",
+        "time_last",
+    )
 
     def __init__(self, base_offset: int, interval: int) -> None:
         self.base_offset = base_offset
@@ -410,42 +401,82 @@ class IndexBuilder:
         self.offsets: list[int] = []
         self.positions: list[int] = []
         self.since = 0
-        # The time index: the max timestamp before each entry (None once a batch came
-        # without its timestamp: the segment then has no time index).
-        self.times: list[int] | None = []
         self.max_ts = -1
+        self.time_entries = bytearray()  # the .timeindex file's bytes
+        self.time_last = -1
 
-    def add(self, position: int, base: int, size: int, max_ts: int | None = None) -> None:
+    def add(self, position: int, base: int, size: int, max_ts: int) -> None:
         """The next batch: ``size`` bytes at ``position``, first offset ``base``, its max
-        timestamp ``max_ts`` (None: unknown)."""
+        timestamp ``max_ts``."""
         if not self.offsets or self.since >= self.interval:
             self.offsets.append(base - self.base_offset)
             self.positions.append(position)
-            if self.times is not None:
-                self.times.append(self.max_ts)
+            if self.max_ts > self.time_last:
+                self.time_entries += TIME_ENTRY.pack(self.max_ts, base - 1 - self.base_offset)
+                self.time_last = self.max_ts
             self.since = 0
         self.since += size
-        if max_ts is None:
-            self.times = None
-        elif max_ts > self.max_ts:
+        if max_ts > self.max_ts:
             self.max_ts = max_ts
 
     def mark(self) -> tuple:
-        return len(self.offsets), self.since, self.max_ts, self.times is not None
+        return len(self.offsets), self.since, self.max_ts, len(self.time_entries), self.time_last
 
     def rollback(self, mark: tuple) -> None:
         """Back to ``mark()``: the batches added since are gone."""
-        del self.offsets[mark[0] :], self.positions[mark[0] :]
-        self.since, self.max_ts = mark[1], mark[2]
-        if self.times is not None:
-            del self.times[mark[0] :]
-        elif mark[3]:
-            self.times = None  # (unknown stays unknown: a rollback cannot recover it)
+        del self.offsets[mark[0] :], self.positions[mark[0] :], self.time_entries[mark[3] :]
+        self.since, self.max_ts, self.time_last = mark[1], mark[2], mark[4]
 
 
 def index_bytes(offsets: list[int], positions: list[int]) -> bytes:
     """An index file's contents."""
     return b"".join(_INDEX_ENTRY.pack(o, p) for o, p in zip(offsets, positions, strict=True))
+
+
+def _sync_file(path: Path, wanted: bytes | bytearray) -> str | None:
+    """Make an index file hold ``wanted``; why it had to be rewritten, or None. Never
+    raises: an index file that cannot be read or written is rebuilt on the next open
+    (meanwhile the offset index serves from memory, and a time lookup reads only whole
+    entries, each valid alone, or none)."""
+    try:
+        with open(path, "rb") as fh:
+            current = fh.read(len(wanted) + 1)
+    except FileNotFoundError:
+        why = "missing"
+    except OSError as exc:
+        why = f"unreadable: {exc}"
+    else:
+        if current == wanted:
+            return None
+        whole = len(current) % _entry_size(path) == 0
+        why = "behind the log" if whole and wanted.startswith(current) else "corrupt"
+    try:
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(wanted)
+        os.replace(tmp, path)
+    except OSError as exc:
+        why += f"; not rewritten: {exc}"
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
+    return why
+
+
+def _entry_size(path: Path) -> int:
+    return TIME_ENTRY.size if path.suffix == time_index.SUFFIX else _INDEX_ENTRY.size
+
+
+def _append_file(path: Path, data: bytes | bytearray, *, sync: bool) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        if data:
+            os.write(fd, data)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def walk_to(data: bytes | memoryview, offset: int) -> int | None:

@@ -2,11 +2,17 @@
 ``.cleaned`` / ``.swap`` files and ``LogLoader``'s completion of an interrupted swap).
 
 The cleaner writes its copy of segments ``[base, end)`` as ``<base>.log.cleaned`` (and
-``<base>.index.cleaned``), fsynced. Renaming it to ``<base>.<end>.swap`` is the commit
+``<base>.index.cleaned``, ``<base>.timeindex.cleaned``, ``<base>.txnindex.cleaned``),
+fsynced. Renaming it to ``<base>.<end>.swap`` is the commit
 point: before it, recovery deletes the ``.cleaned`` files and the old segments stand;
 after it, recovery finishes the swap. Finishing deletes the replaced segments after the
-first, then moves the swap file over ``<base>.log`` (one atomic rename replaces the
-first), so every crash leaves the old set or the new one, never a mix. The end is in the
+first, puts the copy's indexes in place, then moves the swap file over ``<base>.log``
+(one atomic rename replaces the first), so every crash leaves the old set or the new
+one, never a mix. (The indexes go first: a crash before the last rename redoes the
+steps, which then find no copy of an offset or time index and remove it, and the next
+open rebuilds it; were they last, the old first segment's indexes would meet the new log
+as corrupt. The aborted-transactions index cannot be rebuilt from the segment alone, so
+the cleaner always writes its copy, and a redo that finds none keeps the one installed.) The end is in the
 swap file's name because a cleaned copy may end below it (its tail compacted away):
 its own offsets cannot tell which old segments it replaces.
 """
@@ -19,6 +25,11 @@ from pathlib import Path
 
 from minibroker.broker.common.atomic_file import fsync_dir
 from minibroker.broker.storage.segment import segment_name
+from minibroker.broker.storage.time_index import SUFFIX as TIME_INDEX
+from minibroker.broker.storage.txn_index import SUFFIX as TXN_INDEX
+
+# A segment's files the cleaner writes beside its log; the last is not rebuilt on open.
+INDEXES = (".index", TIME_INDEX, TXN_INDEX)
 
 CLEANED = ".cleaned"
 SWAP = ".swap"
@@ -32,6 +43,14 @@ def cleaned_log(directory: Path, base: int) -> Path:
 
 def cleaned_index(directory: Path, base: int) -> Path:
     return directory / f"{segment_name(base)}.index{CLEANED}"
+
+
+def cleaned_time_index(directory: Path, base: int) -> Path:
+    return directory / f"{segment_name(base)}{TIME_INDEX}{CLEANED}"
+
+
+def cleaned_txn_index(directory: Path, base: int) -> Path:
+    return directory / f"{segment_name(base)}{TXN_INDEX}{CLEANED}"
 
 
 def swap_file(directory: Path, base: int, end: int) -> Path:
@@ -62,22 +81,26 @@ def finish_steps(directory: Path, base: int, end: int) -> list[Step]:
     steps: list[Step] = []
     for replaced in _segment_bases(directory):
         if base < replaced < end:
-            for suffix in (".log", ".index"):
+            for suffix in (*INDEXES, ".log"):  # the log last: a redo finds the base by it
                 path = directory / (segment_name(replaced) + suffix)
                 steps.append(lambda path=path: path.unlink(missing_ok=True))
+
+    def install_index(suffix: str) -> None:
+        index = directory / f"{segment_name(base)}{suffix}{CLEANED}"
+        target = directory / (segment_name(base) + suffix)
+        if index.exists() and suffix == TXN_INDEX and index.stat().st_size == 0:
+            target.unlink(missing_ok=True)  # no entries: no file (target first, for a redo)
+            index.unlink()
+        elif index.exists():
+            os.replace(index, target)
+        elif suffix != TXN_INDEX:  # the old first segment's: wrong for the new file,
+            target.unlink(missing_ok=True)  # rebuilt on open
 
     def install() -> None:
         os.replace(swap, first)
 
-    def install_index() -> None:
-        index = cleaned_index(directory, base)
-        target = directory / (segment_name(base) + ".index")
-        if index.exists():
-            os.replace(index, target)
-        else:  # the old first segment's index: wrong for the new file, rebuilt on open
-            target.unlink(missing_ok=True)
-
-    return [*steps, install, install_index]
+    indexes = [lambda suffix=suffix: install_index(suffix) for suffix in INDEXES]
+    return [*steps, *indexes, install]
 
 
 def discard_pending(directory: Path) -> bool:

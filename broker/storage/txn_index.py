@@ -63,6 +63,14 @@ def index_path(directory: Path, base_offset: int) -> Path:
     return directory / (segment_name(base_offset) + SUFFIX)
 
 
+def pack_entries(entries: Iterable[AbortedTxn]) -> bytes:
+    """Entries as a ``.txnindex`` file holds them."""
+    return b"".join(
+        _ENTRY.pack(0, e.producer_id, e.first_offset, e.last_offset, e.last_stable_offset)
+        for e in entries
+    )
+
+
 class TransactionIndex:
     """Every aborted transaction of one log, in marker order; one file per segment."""
 
@@ -113,9 +121,7 @@ class TransactionIndex:
             raise ValueError(
                 f"aborted txn ending at {entry.last_offset} is not after {self._last_offsets[-1]}"
             )
-        data = _ENTRY.pack(
-            0, entry.producer_id, entry.first_offset, entry.last_offset, entry.last_stable_offset
-        )
+        data = pack_entries([entry])
         fd = os.open(index_path(self.dir, segment_base), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         try:
             os.write(fd, data)
@@ -162,25 +168,15 @@ class TransactionIndex:
             del self.entries[:drop]
             del self._last_offsets[:drop]
 
-    def rewrite(self, segment_base: int, end_offset: int, stale: Iterable[int]) -> None:
-        """The cleaner replaced segments ``[segment_base, end_offset)`` by one: its file holds
-        their entries, the replaced segments' files (``stale`` bases) go."""
+    def replace(self, segment_base: int, end_offset: int, entries: Iterable[AbortedTxn]) -> None:
+        """The cleaner replaced segments ``[segment_base, end_offset)`` by one, whose file
+        (installed by the swap, swap.py) holds ``entries``: the transactions whose abort
+        marker it kept with records of theirs still in the log (cleaner_txn.py)."""
         lo = bisect_left(self._last_offsets, segment_base)
         hi = bisect_left(self._last_offsets, end_offset)
-        data = b"".join(
-            _ENTRY.pack(0, e.producer_id, e.first_offset, e.last_offset, e.last_stable_offset)
-            for e in self.entries[lo:hi]
-        )
-        path = index_path(self.dir, segment_base)
-        if data:
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        else:
-            path.unlink(missing_ok=True)
-        for base in stale:
-            if base != segment_base:
-                index_path(self.dir, base).unlink(missing_ok=True)
+        kept = list(entries)
+        self.entries[lo:hi] = kept
+        self._last_offsets[lo:hi] = [e.last_offset for e in kept]
 
     def reset(self) -> None:
         self.entries.clear()

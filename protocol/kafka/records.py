@@ -48,6 +48,9 @@ CODEC_NAMES = {NONE: "none", GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "
 TIMESTAMP_TYPE_FLAG = 0x08
 TRANSACTIONAL_FLAG = 0x10
 CONTROL_FLAG = 0x20
+# KIP-534: the batch's base timestamp is its delete horizon (the log cleaner set it when
+# the batch's tombstones or marker became removable; it goes once the horizon passed).
+DELETE_HORIZON_FLAG = 0x40
 
 _XERIAL = b"\x82SNAPPY\x00"  # snappy-java's framing, which the Java client writes
 
@@ -256,13 +259,19 @@ def encode_batch(
     producer_epoch: int = -1,
     base_sequence: int = -1,
     attributes: int = 0,
+    delete_horizon_ms: int | None = None,
 ) -> bytes:
     """``(timestamp_ms, key, value, headers)`` tuples as one v2 batch (CreateTime).
 
-    ``attributes``: bits besides the codec (TRANSACTIONAL_FLAG, CONTROL_FLAG)."""
+    ``attributes``: bits besides the codec (TRANSACTIONAL_FLAG, CONTROL_FLAG).
+    ``delete_horizon_ms``: Kafka's delete horizon, carried as the base timestamp (the
+    records' deltas are from it, so their timestamps are unchanged)."""
     if not records:
         raise ValueError("a batch needs at least one record")
     base_ts = records[0][0]
+    if delete_horizon_ms is not None:
+        base_ts = delete_horizon_ms
+        attributes |= DELETE_HORIZON_FLAG
     max_ts = max(r[0] for r in records)
     body = bytearray()
     for delta, (ts, key, value, headers) in enumerate(records):
@@ -323,8 +332,10 @@ def encode_end_txn_marker(
     producer_id: int,
     producer_epoch: int,
     timestamp: int,
+    delete_horizon_ms: int | None = None,
 ) -> bytes:
-    """The control batch a partition leader appends when a transaction ends."""
+    """The control batch a partition leader appends when a transaction ends (the log
+    cleaner writes it again with a ``delete_horizon_ms``)."""
     key = _CONTROL_KEY.pack(0, CONTROL_COMMIT if commit else CONTROL_ABORT)
     value = _MARKER_VALUE.pack(0, coordinator_epoch)
     return encode_batch(
@@ -332,7 +343,13 @@ def encode_end_txn_marker(
         producer_id=producer_id,
         producer_epoch=producer_epoch,
         attributes=TRANSACTIONAL_FLAG | CONTROL_FLAG,
+        delete_horizon_ms=delete_horizon_ms,
     )
+
+
+def delete_horizon(header: KafkaBatchHeader) -> int | None:
+    """The batch's delete horizon (KIP-534), or None when it has none."""
+    return header.base_timestamp if header.attributes & DELETE_HORIZON_FLAG else None
 
 
 def read_end_txn_marker(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[bool, int]:

@@ -186,3 +186,48 @@ def test_max_timestamp_lists_the_record_with_the_largest_time(cluster):
     [future] = admin.list_offsets({tp: OffsetSpec.max_timestamp()}).values()
     answer = future.result(30)
     assert (answer.offset, answer.timestamp) == (1, 5000)  # the first record carrying it
+
+
+def test_the_time_index_answers_across_a_restart_and_is_rebuilt_when_damaged(cluster):
+    """Each segment's .timeindex is on disk beside its log; a broker restarted on its data
+    answers every record's time exactly, from the file it wrote or, when that file was
+    damaged while it was down, from the one it rebuilt (Kafka's recovery)."""
+    topic, base = "mb-timeindex", 1_700_002_000_000
+    # Replication factor 1: the restarted broker itself must answer (no other leader).
+    cluster.create_topic(topic, 1, 1, {"index.interval.bytes": 200})
+    with SyncProducer(cluster.bootstrap, acks="all") as producer:
+        for i in range(300):  # times out of order every 7th record: the index must cope
+            ts = base + 10 * i - (500 if i % 7 == 3 else 0)
+            producer.send(topic, f"r{i}".encode(), partition=0, timestamp=ts)
+            if i % 5 == 4:
+                producer.flush()  # batches of about 5 records
+    times = [base + 10 * i - (500 if i % 7 == 3 else 0) for i in range(300)]
+
+    def expected(ts: int) -> tuple[int, int]:
+        return next((i, t) for i, t in enumerate(times) if t >= ts)
+
+    def check_all() -> None:
+        with SyncAdmin(cluster.bootstrap) as admin:
+            for ts in sorted(set(times)):
+                [hit] = admin.list_offsets({(topic, 0): ts}).values()
+                assert (hit.offset, hit.timestamp) == expected(ts), ts
+            [after] = admin.list_offsets({(topic, 0): max(times) + 1}).values()
+            assert after.offset == -1
+
+    check_all()
+    leader = cluster.leader(topic)
+    cluster.stop(leader)  # a clean shutdown writes every index entry
+    [path] = cluster.data_dir.rglob(f"{topic}-0/*.timeindex")
+    written = path.read_bytes()
+    assert len(written) % 12 == 0 and len(written) > 5 * 12  # sparse entries, Kafka's size
+    path.write_bytes(b"\xff" * 30)  # damaged while the broker was down
+    cluster.restart(leader)
+    cluster.wait_for_leader(topic)
+    check_all()
+    assert path.read_bytes() == written  # rebuilt as it was
+    cluster.stop(leader)
+    path.unlink()  # and lost
+    cluster.restart(leader)
+    cluster.wait_for_leader(topic)
+    check_all()
+    assert path.read_bytes() == written
