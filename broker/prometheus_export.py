@@ -140,7 +140,8 @@ class BrokerCollector:
             for e in manager.stats(now_ms):
                 values = [self.broker, manager.key, e["user"], e["client_id"]]
                 limit.add_metric(values, e["quota"])
-                rate.add_metric(values, e["rate"])
+                if "rate" in e:  # a mutation quota's bucket has tokens instead
+                    rate.add_metric(values, e["rate"])
                 throttle.add_metric(values, e["throttle_time_ms_total"])
                 throttles.add_metric(values, e["throttled"])
         yield from (limit, rate, throttle, throttles)

@@ -137,7 +137,7 @@ class Broker:
         self.replica_manager = self._replica_manager()
         self.link = self._controller_link()
         self.fetchers = self._replica_fetchers()
-        # Replication quotas, when the broker config sets a rate (None: no limit).
+        # Replication quotas: bound by the dynamic broker config (no limit by default).
         leader_quota, follower_quota = replication_quotas(broker_id, config, self.clock.now_ms)
         self.replica_manager.leader_quota = leader_quota
         self.fetchers.follower_quota = follower_quota

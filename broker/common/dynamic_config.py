@@ -32,6 +32,8 @@ DEFAULT_CONFIG = 5
 DYNAMIC_BROKER_KEYS = frozenset(
     {d.broker_key for d in TOPIC_CONFIGS.values() if d.broker_key}
     | {"unclean.leader.election.enable"}  # read by the controller at each election
+    # Kafka's DynamicConfig.Broker: read by the replication quotas at every check.
+    | {"leader.replication.throttled.rate", "follower.replication.throttled.rate"}
 ) & frozenset(DEFS)
 
 # A broker resource named "" is the cluster-wide default (Kafka's <default> entity).

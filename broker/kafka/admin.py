@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 
+from minibroker.broker.kafka.mutation_quota import THROTTLED, THROTTLED_MESSAGE, Mutations
 from minibroker.broker.kafka.translate import within
 from minibroker.broker.network.pending import PendingResponse, then
 from minibroker.protocol import ApiKey
@@ -87,8 +88,15 @@ class AdminApis:
             if counts[name] > 1:
                 refused.append(_deleted(name, topic_id, ErrorCode.INVALID_REQUEST,
                                         "Duplicate topic name."))  # fmt: skip
-        names = [name for name in counts if counts[name] == 1]
         ids = dict(asked)
+        names = []
+        mutations = Mutations(self.native.quotas, header, session)
+        for name in (name for name in counts if counts[name] == 1):
+            topic = self.cache.metadata.topics.get(name)  # partitions it would delete
+            if mutations.admit(0 if topic is None else len(topic.partitions)):
+                names.append(name)
+            else:
+                refused.append(_deleted(name, ids[name], THROTTLED, THROTTLED_MESSAGE))
         timeout_ms = max(body["timeout_ms"], 0)
         result: Any = {"responses": []}
         if names:
@@ -112,7 +120,7 @@ class AdminApis:
                     code = int(ErrorCode.INVALID_REQUEST)  # Kafka: before v3 clients lack the code
                 out.append(_deleted(r["name"], ids.get(r["name"], _ZERO_UUID), code,
                                     r.get("error_message")))  # fmt: skip
-            return {"responses": out + refused}
+            return mutations.answer({"responses": out + refused})
 
         return then(result, answer)
 
@@ -193,16 +201,27 @@ class AdminApis:
     def create_partitions(self, header, body, session) -> Any:
         """Kafka's CreatePartitions onto the native one (the controller validates, Kafka's
         messages and codes); a request-wide failure is named on every topic."""
-        topics = [
-            {
-                "name": t["name"],
-                "count": t["count"],
-                "assignments": None
-                if t["assignments"] is None
-                else [a["broker_ids"] for a in t["assignments"]],
-            }
-            for t in body["topics"]
-        ]
+        topics = []
+        throttled = []
+        mutations = Mutations(self.native.quotas, header, session)
+        for t in body["topics"]:
+            known = self.cache.metadata.topics.get(t["name"])
+            # The partitions it would add (none when the controller will refuse it).
+            if not mutations.admit(0 if known is None else t["count"] - len(known.partitions)):
+                throttled.append(
+                    {"name": t["name"], "error_code": THROTTLED, "error_message": THROTTLED_MESSAGE}
+                )
+                continue
+            assignments = t["assignments"]
+            topics.append(
+                {
+                    "name": t["name"],
+                    "count": t["count"],
+                    "assignments": None
+                    if assignments is None
+                    else [a["broker_ids"] for a in assignments],
+                }
+            )
         timeout_ms = max(body["timeout_ms"], 0)
         native = {
             "topics": topics,
@@ -218,12 +237,14 @@ class AdminApis:
 
         def answer(a: dict) -> dict:
             if "results" in a:
-                return {"throttle_time_ms": 0, "results": a["results"]}
-            error = {"error_code": a.get("error_code", 0), "error_message": a.get("error_message")}
-            return {
-                "throttle_time_ms": 0,
-                "results": [{"name": t["name"], **error} for t in topics],
-            }
+                results = a["results"]
+            else:
+                code, message = a.get("error_code", 0), a.get("error_message")
+                results = [
+                    {"name": t["name"], "error_code": code, "error_message": message}
+                    for t in topics
+                ]
+            return mutations.answer({"throttle_time_ms": 0, "results": results + throttled})
 
         return then(result, answer)
 

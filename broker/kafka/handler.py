@@ -21,6 +21,7 @@ from minibroker.broker.kafka.configs import ConfigApis
 from minibroker.broker.kafka.fetch_session import FetchSessionCache
 from minibroker.broker.kafka.groups import GroupApis
 from minibroker.broker.kafka.metadata import MetadataApis
+from minibroker.broker.kafka.mutation_quota import THROTTLED, THROTTLED_MESSAGE, Mutations
 from minibroker.broker.kafka.quotas import QuotaApis
 from minibroker.broker.kafka.transactions import TransactionApis
 from minibroker.broker.kafka.translate import failed
@@ -285,6 +286,8 @@ class KafkaRequestHandler(
     def create_topics(self, header, body, session) -> Any:
         topics = []
         refused = []
+        mutations = Mutations(self.native.quotas, header, session)
+        existing = self.cache.metadata.topics
         for t in body["topics"]:
             assignments = None
             if t["assignments"]:
@@ -301,6 +304,17 @@ class KafkaRequestHandler(
                     )
                     continue
                 assignments = [by_index[i] for i in range(len(by_index))]
+            # The partitions it would create (none for one the controller will refuse).
+            count = t["num_partitions"]
+            if count == -1:
+                count = self.native.config["num.partitions"]
+            if not mutations.admit(
+                0 if t["name"] in existing else len(assignments) if assignments else count
+            ):
+                refused.append(
+                    {"name": t["name"], "error_code": THROTTLED, "error_message": THROTTLED_MESSAGE}
+                )
+                continue
             topics.append(
                 {
                     "name": t["name"],
@@ -342,7 +356,7 @@ class KafkaRequestHandler(
                     }
                     for t in topics
                 ]
-            return {"topics": out + refused}
+            return mutations.answer({"topics": out + refused})
 
         return then(result, answer)
 

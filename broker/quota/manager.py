@@ -39,6 +39,8 @@ class EntityUsage:
 class ClientQuotaManager:
     """Usage of one quota key (``producer_byte_rate``, ...) by every entity it binds."""
 
+    stat: type = SampledRate  # what an entity's usage is measured with (a subclass's own)
+
     def __init__(self, key: str, configs: QuotaConfigs, samples: int, window_ms: int) -> None:
         self.key = key
         self.configs = configs
@@ -54,7 +56,8 @@ class ClientQuotaManager:
         """Any entity has this quota: Kafka's quotasEnabled, checked before any work."""
         return self.configs.configured(self.key)
 
-    def _usage_of(self, user: str, client_id: str, now_ms: int) -> EntityUsage | None:
+    def usage_of(self, user: str, client_id: str, now_ms: int) -> EntityUsage | None:
+        """The usage (user, client_id) is counted in, or None: no entity bounds it."""
         if self._version != self.configs.version:
             self._resolved.clear()
             self._version = self.configs.version
@@ -72,7 +75,7 @@ class ClientQuotaManager:
                 if len(self.usage) >= MAX_ENTITIES:
                     self._drop_idle(now_ms)
                 usage = self.usage[tags] = EntityUsage(
-                    SampledRate(self.samples, self.window_ms, now_ms), bound, now_ms
+                    self.stat(self.samples, self.window_ms, now_ms), bound, now_ms
                 )
             usage.bound = bound  # a changed quota applies to the rate kept so far
         if len(self._resolved) >= MAX_ENTITIES:
@@ -90,7 +93,7 @@ class ClientQuotaManager:
 
     def record(self, user: str, client_id: str, value: float, now_ms: int) -> int:
         """Count ``value`` for the entity; the throttle time in ms (0: within its quota)."""
-        usage = self._usage_of(user, client_id, now_ms)
+        usage = self.usage_of(user, client_id, now_ms)
         if usage is None:
             return 0
         rate = usage.rate

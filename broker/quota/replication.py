@@ -10,11 +10,18 @@ the mirror: ``follower.replication.throttled.rate`` over the partitions of
 the rate is over. A replica held back this way falls behind and leaves the ISR after
 ``replica.lag.time.max.ms``, like any slow follower: that is the point (Kafka's use:
 keep a reassignment from starving clients; ours also: make replication slow on purpose).
+
+Both rates are dynamic broker configs (Kafka's DynamicConfig.Broker): ``minibroker configs
+alter --entity-type brokers`` sets or deletes them live, and each side reads its bound from
+the broker's DynamicBrokerConfig at every check, so a change applies at the next fetch
+(Kafka's ReplicationQuotaManager.updateQuota, without the listener: the config is the
+registry). The measured rate is kept across a change, as Kafka's sensor is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from minibroker.broker.common.topic_config import throttled_replicas_error
 from minibroker.broker.quota.rate import SampledRate, throttle_time_ms
@@ -41,31 +48,51 @@ def throttled_partitions(value: str, broker_id: int) -> frozenset[int] | None:
 class ReplicationQuota:
     """One side's rate (leader or follower) and which partitions it applies to."""
 
+    __slots__ = (
+        "_parsed",
+        "broker_id",
+        "config",
+        "now_ms",
+        "rate",
+        "rate_key",
+        "side_key",
+        "throttled_ms",
+    )
+
     def __init__(
         self,
         side_key: str,
+        rate_key: str,
         broker_id: int,
-        bound: int,
+        config: Mapping[str, Any],
         *,
-        samples: int,
-        window_ms: int,
         now_ms: Callable[[], int],
     ) -> None:
         self.side_key = side_key  # the topic config listing this side's throttled replicas
+        self.rate_key = rate_key  # the broker config bounding this side's rate
         self.broker_id = broker_id
-        self.bound = bound
+        self.config = config  # the broker's DynamicBrokerConfig: the bound, read live
         self.now_ms = now_ms
+        samples = config["replication.quota.window.num"]
+        window_ms = config["replication.quota.window.size.seconds"] * 1000
         self.rate = SampledRate(samples, window_ms, now_ms())
         self._parsed: dict[str, frozenset[int] | None] = {}  # config text -> partitions
         self.throttled_ms = 0  # time replication waited here, in all (stats)
 
     @property
+    def bound(self) -> int:
+        """Bytes/s: the rate config's effective value now (dynamic layers included)."""
+        return self.config[self.rate_key]
+
+    @property
     def enabled(self) -> bool:
-        return self.bound < NO_LIMIT
+        """A bound is set: without one the fetch paths neither check nor record."""
+        return self.config[self.rate_key] < NO_LIMIT
 
     def throttles(self, topic_configs: Mapping[str, str] | None, partition: int) -> bool:
-        """Whether this side throttles ``partition`` of a topic with ``topic_configs``."""
-        if not topic_configs:
+        """Whether this side throttles ``partition`` of a topic with ``topic_configs``
+        (never while no rate is set: then nothing is checked or recorded)."""
+        if not topic_configs or self.config[self.rate_key] >= NO_LIMIT:
             return False
         text = topic_configs.get(self.side_key)
         if not text:
@@ -99,20 +126,14 @@ class ReplicationQuota:
 
 
 def replication_quotas(
-    broker_id: int, config: Mapping, now_ms: Callable[[], int]
-) -> tuple[ReplicationQuota | None, ReplicationQuota | None]:
-    """The leader and follower quotas the broker config asks for (None: no limit, so the
-    fetch paths pay nothing)."""
-    samples = config["replication.quota.window.num"]
-    window_ms = config["replication.quota.window.size.seconds"] * 1000
-    out = []
-    for side, key in ((LEADER_REPLICAS, "leader"), (FOLLOWER_REPLICAS, "follower")):
-        bound = config[f"{key}.replication.throttled.rate"]
-        out.append(
-            None
-            if bound >= NO_LIMIT
-            else ReplicationQuota(
-                side, broker_id, bound, samples=samples, window_ms=window_ms, now_ms=now_ms
-            )
+    broker_id: int, config: Mapping[str, Any], now_ms: Callable[[], int]
+) -> tuple[ReplicationQuota, ReplicationQuota]:
+    """The leader's and the follower's quota, bound by the (dynamic) broker config: made
+    whether or not a rate is set now, since one may be set at any time."""
+    leader, follower = (
+        ReplicationQuota(
+            side, f"{key}.replication.throttled.rate", broker_id, config, now_ms=now_ms
         )
-    return out[0], out[1]
+        for side, key in ((LEADER_REPLICAS, "leader"), (FOLLOWER_REPLICAS, "follower"))
+    )
+    return leader, follower

@@ -15,7 +15,6 @@ from minibroker.broker.purgatory import Timer
 from minibroker.broker.quota.entity import (
     CLIENT_ID,
     CONSUMER_BYTE_RATE,
-    CONTROLLER_MUTATION_RATE,
     PRODUCER_BYTE_RATE,
     REQUEST_PERCENTAGE,
     USER,
@@ -23,6 +22,7 @@ from minibroker.broker.quota.entity import (
     QuotaEntity,
 )
 from minibroker.broker.quota.manager import ClientQuotaManager
+from minibroker.broker.quota.mutation import ControllerMutationQuotaManager, MutationQuota
 from minibroker.broker.quota.throttle import ChannelThrottler
 from minibroker.protocol.errors import ErrorCode
 
@@ -38,9 +38,7 @@ class ClientQuotas:
         self.produce = ClientQuotaManager(PRODUCER_BYTE_RATE, self.configs, samples, window_ms)
         self.fetch = ClientQuotaManager(CONSUMER_BYTE_RATE, self.configs, samples, window_ms)
         self.request = ClientQuotaManager(REQUEST_PERCENTAGE, self.configs, samples, window_ms)
-        self.mutation = ClientQuotaManager(
-            CONTROLLER_MUTATION_RATE, self.configs, samples, window_ms
-        )
+        self.mutation = ControllerMutationQuotaManager(self.configs, samples, window_ms)
         self.throttler = ChannelThrottler(timer)
 
     def apply(self, entity: QuotaEntity, key: str, value: float | None) -> None:
@@ -103,6 +101,24 @@ class ClientQuotas:
         if session.principal is not None or not manager.enabled:
             return 0
         throttle = manager.record(ANONYMOUS, client_id or "", value, self.clock.now_ms())
+        if throttle:
+            self.throttler.throttle(session, throttle)
+        return throttle
+
+    def mutation_quota(
+        self, session: ConnectionSession, client_id: str | None, strict: bool
+    ) -> MutationQuota | None:
+        """A CreateTopics/CreatePartitions/DeleteTopics request's controller_mutation_rate
+        quota (strict: the version answers THROTTLING_QUOTA_EXCEEDED), or None: unbounded."""
+        if session.principal is not None or not self.mutation.enabled:
+            return None
+        return self.mutation.quota_for(ANONYMOUS, client_id or "", strict, self.clock.now_ms())
+
+    def mutation_throttle(self, session: ConnectionSession, quota: MutationQuota | None) -> int:
+        """When the answer goes out: its throttle time, for which the connection is muted."""
+        if quota is None:
+            return 0
+        throttle = quota.throttle_time_ms(self.clock.now_ms())
         if throttle:
             self.throttler.throttle(session, throttle)
         return throttle

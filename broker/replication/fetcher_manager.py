@@ -46,8 +46,9 @@ class ReplicaFetcherManager:
         self.fetchers: dict[tuple[str, int], ReplicaFetcher] = {}
         # By (node id, host, port): a leader that re-registers elsewhere gets a new link.
         self.links: dict[tuple[int, str, int], LeaderLink] = {}
-        # follower.replication.throttled.rate, when set, and each topic's configs (which
-        # name the throttled replicas): set by the server (broker/quota/replication.py).
+        # The follower's replication quota (bound by follower.replication.throttled.rate,
+        # live) and each topic's configs (which name the throttled replicas): set by the
+        # server (broker/quota/replication.py).
         self.follower_quota: Any = None
         self.topic_configs: Callable[[str], dict | None] = lambda topic: None
 

@@ -69,7 +69,7 @@ class ReplicaFetcher:
         self.faults = faults
         self.link = link
         self.on_storage_error = on_storage_error
-        # The follower's replication quota (fetcher_manager sets both when one is set).
+        # The follower's replication quota (fetcher_manager sets both).
         self.quota: ReplicationQuota | None = None
         self.topic_configs: Callable[[str], dict | None] = lambda topic: None
         link.join(self)

@@ -134,7 +134,7 @@ class ReplicaManager:
         # Told of every replicated transaction marker on a __consumer_offsets partition:
         # listener(topic, partition, producer_id, commit). The group coordinator registers.
         self.txn_marker_listeners: list[Callable[[str, int, int, bool], None]] = []
-        # leader.replication.throttled.rate, when set (broker/quota/replication.py).
+        # Bound by leader.replication.throttled.rate, live (broker/quota/replication.py).
         self.leader_quota: ReplicationQuota | None = None
 
     # --- lifecycle ------------------------------------------------------------------------

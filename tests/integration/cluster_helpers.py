@@ -2,14 +2,41 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import trio
+from confluent_kafka.admin import AdminClient
 
 from minibroker.client import Admin
 from minibroker.deploy.cluster import ClusterState
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """``minibroker ARGS`` as a user runs it, from the repo, with no bootstrap from the
+    environment (each test names its cluster's)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("MINIBROKER_BOOTSTRAP", None)
+    return subprocess.run(
+        [sys.executable, "-m", "minibroker.deploy.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def rd_admin(cluster: Any) -> AdminClient:
+    """confluent-kafka's admin client on the cluster's Kafka listener (keep the handle
+    while its futures are pending: a destroyed one fails them)."""
+    return AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
 
 
 async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:

@@ -111,6 +111,9 @@ def test_a_changed_quota_applies_to_the_rate_so_far():
 
 # --- precedence -------------------------------------------------------------------------
 
+RATE = "follower.replication.throttled.rate"
+WINDOWS = {"replication.quota.window.num": 11, "replication.quota.window.size.seconds": 1}
+
 ORDER = [
     ({USER: "alice", CLIENT_ID: "app"}, ("alice", "app")),
     ({USER: "alice", CLIENT_ID: None}, ("alice", "app")),
@@ -283,7 +286,7 @@ def test_replication_quota_is_exceeded_past_its_rate_and_recovers():
 
     clock = ManualClock()
     quota = ReplicationQuota(
-        FOLLOWER_REPLICAS, 2, 100_000, samples=11, window_ms=1000, now_ms=clock.now_ms
+        FOLLOWER_REPLICAS, RATE, 2, {**WINDOWS, RATE: 100_000}, now_ms=clock.now_ms
     )
     configs = {FOLLOWER_REPLICAS: "0:2"}
     assert quota.throttles(configs, 0) and not quota.throttles(configs, 1)
@@ -295,6 +298,35 @@ def test_replication_quota_is_exceeded_past_its_rate_and_recovers():
     assert quota.wait_ms() == 1000  # (110 - 100) / 100 * 10 s
     clock.advance(11_000)  # the burst has left the windows
     assert not quota.exceeded()
+
+
+def test_replication_rates_follow_the_dynamic_broker_config_live():
+    """``configs alter --entity-type brokers`` on a rate: the quota the fetch paths hold
+    takes the new bound at its next check, and a deleted one stops throttling at once."""
+    from minibroker.broker.common.config import BrokerConfig
+    from minibroker.broker.common.dynamic_config import DynamicBrokerConfig, broker_config_error
+    from minibroker.broker.quota import FOLLOWER_REPLICAS, LEADER_REPLICAS
+    from minibroker.broker.quota.replication import replication_quotas
+
+    clock = ManualClock()
+    config = DynamicBrokerConfig(BrokerConfig({}))
+    leader, follower = replication_quotas(2, config, clock.now_ms)
+    configs = {FOLLOWER_REPLICAS: "*", LEADER_REPLICAS: "*"}
+    assert not follower.throttles(configs, 0) and not leader.throttles(configs, 0)
+    for key in (RATE, "leader.replication.throttled.rate"):
+        assert broker_config_error(key, "100000") is None
+    assert "below the minimum 1" in broker_config_error(RATE, "0")  # 0 would stop it dead
+
+    assert config.reconfigure({}, {RATE: "100000"}) == {RATE}  # this broker's own value
+    assert follower.throttles(configs, 0) and not leader.throttles(configs, 0)
+    follower.record(1_100_000)
+    assert follower.exceeded() and follower.wait_ms() == 1000
+    config.reconfigure({RATE: "50000"}, {RATE: "200000"})  # the per-broker value wins
+    assert follower.bound == 200_000 and not follower.exceeded()  # the rate kept
+    config.reconfigure({RATE: "50000"}, {})  # --delete-config: the cluster default now
+    assert follower.exceeded()
+    config.reconfigure({}, {})  # and that deleted too: no limit, nothing throttled
+    assert not follower.throttles(configs, 0) and not follower.enabled
 
 
 def test_throttles_end_on_the_grid_and_lateness_counts_from_the_real_end():

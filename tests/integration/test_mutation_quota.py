@@ -1,0 +1,89 @@
+"""controller_mutation_rate (KIP-599) with stock admin clients on a real broker: kafka-python
+asks CreatePartitions v3 / DeleteTopics v6 (strict: THROTTLING_QUOTA_EXCEEDED once the
+bucket is in debt), librdkafka CreatePartitions v1 (permissive: done, then throttled)."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewPartitions
+from kafka.admin import KafkaAdminClient
+
+from minibroker.client import NewTopic, SyncAdmin
+from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
+from minibroker.protocol.errors import ErrorCode
+from tests.integration.cluster_helpers import cli
+
+pytestmark = pytest.mark.integration
+
+RATE = 2  # partitions/s; Kafka's 11 windows of 1 s: a full bucket holds 22
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    cluster = start_cluster(tmp_path_factory.mktemp("mutation-quota"), 1, DEFAULT_CONFIG)
+    yield cluster
+    cluster.close()
+
+
+def limit(cluster, client_id: str) -> None:
+    done = cli(
+        "configs", "alter", "--entity-type", "clients", "--entity-name", client_id,
+        "--add-config", f"controller_mutation_rate={RATE}", "--bootstrap", cluster.bootstrap,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def partitions(cluster, topic: str) -> int:
+    with SyncAdmin(cluster.bootstrap) as admin:
+        return len(admin.describe_topics([topic])[topic].partitions)
+
+
+def test_kafka_python_is_refused_with_throttling_quota_exceeded_once_in_debt(cluster):
+    limit(cluster, "strict")
+    with SyncAdmin(cluster.bootstrap) as admin:  # another client id: not counted
+        admin.create_topics([NewTopic("grow", 1, 1), NewTopic("gone", 5, 1)])
+    admin = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap, client_id="strict")
+    try:
+        # 29 partitions from a full bucket of 22: accepted (the bucket was not in debt),
+        # and the bucket is now 7 below zero, 3.5 s of refill at 2/s.
+        grown = admin.create_partitions({"grow": 30}, raise_errors=False)
+        assert [r.error_code for r in grown.results] == [0]
+        refused = admin.create_partitions({"grow": 31}, raise_errors=False)
+        assert [r.error_code for r in refused.results] == [ErrorCode.THROTTLING_QUOTA_EXCEEDED]
+        assert refused.results[0].error_message == "The throttling quota has been exceeded."
+        assert 1000 < refused.throttle_time_ms <= 3500
+    finally:
+        admin.close()  # it waits out the throttle on that connection (KIP-219)
+    # The bucket is the client id's: another connection of it is refused as well.
+    again = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap, client_id="strict")
+    try:
+        deleted = again.delete_topics(["gone"], raise_errors=False)  # a dict, no throttle
+        assert [(t["name"], t["error_code"]) for t in deleted["topics"]] == [
+            ("gone", ErrorCode.THROTTLING_QUOTA_EXCEEDED)
+        ]
+    finally:
+        again.close()
+    assert partitions(cluster, "grow") == 30  # the refused growth never reached the controller
+    assert partitions(cluster, "gone") == 5
+
+
+def test_librdkafka_old_version_is_served_then_throttled(cluster):
+    limit(cluster, "permissive")
+    with SyncAdmin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic("wide", 1, 1)])
+    throttles: list[float] = []
+    admin = AdminClient(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "client.id": "permissive",
+            "throttle_cb": lambda event: throttles.append(event.throttle_time),
+        }
+    )
+    # CreatePartitions v1 (librdkafka's newest): beyond the bucket and accepted all the same,
+    # twice; the answers carry the throttle instead.
+    for total in (30, 40):
+        admin.create_partitions([NewPartitions("wide", total)])["wide"].result(30)
+        admin.poll(0)
+    assert partitions(cluster, "wide") == 40
+    admin.poll(1)
+    assert throttles and max(throttles) > 1.0  # seconds: 17 partitions in debt at 2/s
