@@ -48,7 +48,6 @@ import os
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +80,8 @@ from minibroker.protocol.batch import (
     CorruptBatch,
     batch_size_at,
     check_batch,
+    check_wrapped_header,
+    crc_span,
     producer_fields,
     unpack_header,
 )
@@ -441,14 +442,17 @@ def _copy_streamed(path: Path, position: int, length: int, out: Output, stats: S
         if header.record_count <= 0 or header.last_offset_delta != header.record_count - 1:
             raise CorruptBatch(f"batch at byte {position} of {path}: bad record count")
         out.index.add(out.written, header.base_offset, length, header.max_timestamp)
-        crc = zlib.crc32(memoryview(head)[CRC_START:])
+        start, checksum = crc_span(head, 0, header)
+        if start != CRC_START:
+            check_wrapped_header(head, 0, header)
+        crc = checksum(memoryview(head)[start:])
         out.add_raw(head)
         done = len(head)
         while done < length:
             piece = os.pread(fd, min(READ_CHUNK, length - done), position + done)
             if not piece:
                 raise CorruptBatch(f"batch at byte {position} of {path} is cut off")
-            crc = zlib.crc32(piece, crc)
+            crc = checksum(piece, crc)
             out.add_raw(piece)
             done += len(piece)
         if crc != header.crc:
