@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import trio
@@ -44,6 +44,7 @@ class ProducerBatch:
     """Records for one partition, sent and acknowledged as one unit."""
 
     __slots__ = (
+        "accumulator",
         "acked_at",
         "attempts",
         "base_offset",
@@ -66,7 +67,16 @@ class ProducerBatch:
         "unresolved",
     )
 
-    def __init__(self, topic: str, partition: int, created_ms: float, deadline_ms: float) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        created_ms: float,
+        deadline_ms: float,
+        accumulator: RecordAccumulator | None = None,
+    ) -> None:
+        # Where it waits to be sent (None: it never does, e.g. a batch failed at once).
+        self.accumulator = accumulator
         self.topic = topic
         self.partition = partition
         # Wire rows: (timestamp - first_ts, key, value[, headers]).
@@ -143,6 +153,20 @@ class ProducerBatch:
         self.records = []
         self.done.set()
 
+    async def delivered(self) -> None:
+        """Wait until it is acked or failed. Someone is waiting for it now, so no batch
+        lingers for company meanwhile (``linger.ms`` is for records nobody waits on)."""
+        acc = self.accumulator
+        if acc is None:
+            await self.done.wait()
+            return
+        acc.begin_flush()
+        acc.wake_sender()
+        try:
+            await self.done.wait()
+        finally:
+            acc.end_flush()
+
     def metadata(self, index: int) -> RecordMetadata:
         if self.error is not None:
             raise self.error
@@ -205,11 +229,19 @@ class DeliveryHandle:
             await self._parked.placed.wait()
             if self._parked.error is not None:
                 raise self._parked.error
-        await self._batch.done.wait()
-        return self._batch.metadata(self._index)
+        batch = self._batch
+        if not batch.done.is_set():
+            await batch.delivered()
+        return batch.metadata(self._index)
 
     def __await__(self) -> Generator[Any, None, RecordMetadata]:
-        return self.wait().__await__()
+        batch = self._batch
+        if batch is not None and batch.done.is_set():
+            # The outcome is known: no coroutine and no trip through the scheduler. A
+            # batch's handles are awaited one after another (``[await h for h in
+            # handles]``) and all but the first find it acked: this is per record.
+            return batch.metadata(self._index)
+        return (yield from self.wait().__await__())
 
 
 class ParkedHandle(DeliveryHandle):
@@ -223,6 +255,10 @@ class ParkedHandle(DeliveryHandle):
         self._parked = parked
 
 
+def _nothing() -> None:
+    pass
+
+
 class RecordAccumulator:
     def __init__(self, batch_size: int, linger_ms: int, delivery_timeout_ms: int) -> None:
         self.batch_size = batch_size
@@ -230,9 +266,11 @@ class RecordAccumulator:
         self.delivery_timeout_ms = delivery_timeout_ms
         self.batches: dict[tuple[str, int], deque[ProducerBatch]] = {}
         self.buffered_bytes = 0
-        # Callers waiting for delivery now (flush, a send awaiting its ack): while any
-        # is, no batch lingers for company.
+        # Callers waiting for delivery now (flush, a send or a handle awaiting its ack):
+        # while any is, no batch lingers for company.
         self._flushers = 0
+        # Tells the sender to look again (it sets this): a caller has started waiting.
+        self.wake_sender: Callable[[], None] = _nothing
 
     def begin_flush(self) -> None:
         """Make every batch ready at once until the matching :meth:`end_flush`."""
@@ -270,7 +308,7 @@ class RecordAccumulator:
         ):
             if now_ms is None:
                 now_ms = time.monotonic() * 1000
-            batch = ProducerBatch(topic, partition, now_ms, now_ms + self.delivery_timeout_ms)
+            batch = ProducerBatch(topic, partition, now_ms, now_ms + self.delivery_timeout_ms, self)
             batch.first_ts = batch.max_ts = timestamp
             dq.append(batch)
             created = True

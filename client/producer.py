@@ -140,7 +140,7 @@ class Producer(ClusterClient):
     async def send(self, fields: RecordFields) -> RecordMetadata:
         """Send one record and wait for the broker's ack (per ``acks``)."""
         handle = await self.enqueue(*fields)
-        return await self._open().deliver(handle)
+        return await handle  # waiting for it ends lingering (ProducerBatch.delivered)
 
     @takes_record
     async def enqueue(self, fields: RecordFields) -> DeliveryHandle:

@@ -34,7 +34,6 @@ from minibroker.client.accumulator import (
 )
 from minibroker.client.cluster import Cluster
 from minibroker.client.idempotence import FixedIdentity, IdempotenceState
-from minibroker.client.records import RecordMetadata
 from minibroker.client.txn_state import TransactionAborted, TransactionState, TxnState
 from minibroker.protocol import ApiKey
 from minibroker.protocol.batch import TRANSACTIONAL_FLAG
@@ -74,6 +73,7 @@ class Sender:
     ) -> None:
         self.cluster = cluster
         self.acc = accumulator
+        accumulator.wake_sender = self.wake
         self.acks: int = config["acks"]
         self.request_timeout_ms: int = config["request.timeout.ms"]
         self.retries: int = config["retries"]
@@ -103,15 +103,6 @@ class Sender:
         self._wakeup.set()
 
     # --- what the producer asks of it -----------------------------------------------------
-
-    async def deliver(self, handle: DeliveryHandle) -> RecordMetadata:
-        """Wait for one record's ack; someone is waiting, so nothing lingers meanwhile."""
-        self.acc.begin_flush()
-        self.wake()
-        try:
-            return await handle
-        finally:
-            self.acc.end_flush()
 
     async def flush(self) -> None:
         """Send everything queued so far without lingering; wait until each is acked or failed."""

@@ -5,7 +5,8 @@ Layout (big-endian), after Kafka's v2 batch:
     base_offset      int64   patched in place by the leader when it assigns offsets
     batch_length     int32   bytes that follow this field
     leader_epoch     int32   patched in place by the leader (outside the CRC, as in Kafka)
-    crc              uint32  zlib.crc32 of everything after this field
+    crc              uint32  zlib.crc32 of everything after this field; with KAFKA_FLAG,
+                             the carried v2 batch's CRC-32C (see wrap_kafka_batch)
     attributes       int16
     last_offset_delta int32  record_count - 1
     first_timestamp  int64   ms
@@ -27,12 +28,13 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import count
 from operator import itemgetter
 from typing import Any, NamedTuple
 
 import msgpack
+from crc32c import crc32c
 
 from minibroker.protocol.errors import ProtocolError
 from minibroker.protocol.kafka import records as kafka_records
@@ -67,6 +69,11 @@ PRODUCER_FIELDS = struct.Struct(">qhi")  # producer_id, producer_epoch, base_seq
 # (compression, timestamp type) stay inside that tail; ours never carry them.
 KAFKA_FLAG = 0x0200
 _KAFKA_TAIL_MIN = kafka_records.HEADER_SIZE - kafka_records.MAGIC_AT  # magic .. record_count
+# The carried v2 header from its magic byte on: magic, crc, attributes, last_offset_delta,
+# base/max timestamp, producer id/epoch, base sequence, record count.
+_KAFKA_TAIL = struct.Struct(">bIhiqqqhii")
+_KAFKA_CRC_AT = kafka_records.CRC_AT - kafka_records.MAGIC_AT  # in the tail: 1
+_KAFKA_CRC_START = kafka_records.CRC_START - kafka_records.MAGIC_AT  # in the tail: 5
 # attributes bits of a transaction (KIP-98), at Kafka's own positions: the batch belongs
 # to a transaction (its records count only once a commit marker follows), and a control
 # batch (a transaction marker, never a record for applications). A wrapped v2 batch
@@ -252,7 +259,7 @@ def _array_header(payload: memoryview) -> tuple[int, int]:
 
 class CheckedBatches(bytearray):
     """Batches the broker built from a stock client's produce (``wrap_kafka_batch``), their
-    CRC computed a moment ago over bytes whose CRC-32C it had just checked.
+    CRC-32C checked a moment ago.
 
     The log checks everything of these but their CRC (``check_batch(crc=False)``): Kafka
     checks a produce's CRC once on the way in, and a second pass over the same bytes was
@@ -288,19 +295,22 @@ def check_batch(
             f"is not record_count - 1 (record_count {header.record_count})"
         )
     view = memoryview(buf)[pos + CRC_START : pos + size]
+    records_at = header.records_at
+    if size < records_at:
+        raise CorruptBatch(f"batch at byte {pos}: cut off inside its producer fields")
+    kafka = header.attributes & KAFKA_FLAG
+    if kafka and (size - records_at < _KAFKA_TAIL_MIN or view[records_at - CRC_START] != 2):
+        raise CorruptBatch(f"batch at byte {pos}: its Kafka v2 batch is cut off")
     if crc:
-        computed = zlib.crc32(view)
+        start, checksum = crc_span(buf, pos, header)
+        computed = checksum(view[start - CRC_START :])
         if computed != header.crc:
             raise CorruptBatch(
                 f"batch at byte {pos}: CRC {computed:#010x} != stored {header.crc:#010x}"
             )
-    records_at = header.records_at
-    if size < records_at:
-        raise CorruptBatch(f"batch at byte {pos}: cut off inside its producer fields")
-    if header.attributes & KAFKA_FLAG:
-        # The wrapped batch's own CRC-32C was checked when it arrived; ours covers it now.
-        if size - records_at < _KAFKA_TAIL_MIN or view[records_at - CRC_START] != 2:
-            raise CorruptBatch(f"batch at byte {pos}: its Kafka v2 batch is cut off")
+        if start != CRC_START:
+            check_wrapped_header(buf, pos, header)
+    if kafka:
         return header
     count, header_bytes = _array_header(view[records_at - CRC_START :])
     if count != header.record_count:
@@ -314,6 +324,47 @@ def check_batch(
             f"batch at byte {pos}: record_count {count} cannot fit in {room} bytes of records"
         )
     return header
+
+
+def crc_span(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
+) -> tuple[int, Callable[..., int]]:
+    """``(where the batch's CRC starts, relative to it; the CRC function)``.
+
+    Ours: zlib.crc32 from the attributes on. A stock client's batch (KAFKA_FLAG) stores
+    the CRC-32C its client computed over its v2 batch from its attributes on, checked on
+    the way in; so it is checked with that, over those bytes (the ``crc32c`` package, in
+    hardware where the CPU has it, as Kafka's Crc32C), rather than a second CRC of ours
+    over the same bytes. Batches wrapped before that carry our zlib.crc32 instead: their
+    stored CRC differs from the one inside, and they are checked as they were written.
+    Both take a running value as a second argument, for a batch checked piece by piece.
+    """
+    if header.attributes & KAFKA_FLAG:
+        tail = pos + header.records_at
+        if _CRC.unpack_from(buf, tail + _KAFKA_CRC_AT)[0] == header.crc:
+            return header.records_at + _KAFKA_CRC_START, crc32c
+    return CRC_START, zlib.crc32
+
+
+def check_wrapped_header(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
+) -> None:
+    """A wrapped stock batch's CRC-32C covers the carried v2 batch only: our header fields
+    and producer fields before it must repeat its own, which it covers (per batch, one
+    unpack and a few tuple compares), or a flipped bit there would go unnoticed."""
+    tail = _KAFKA_TAIL.unpack_from(buf, pos + header.records_at)
+    # ours: last_offset_delta, first/max timestamp, record_count; theirs: the same.
+    if header[5:8] != tail[3:6] or header[8] != tail[9]:
+        raise CorruptBatch(f"batch at byte {pos}: its header does not match its v2 batch's")
+    attributes = header.attributes
+    if attributes & ~PRODUCER_FLAG != KAFKA_FLAG | (tail[2] & (TRANSACTIONAL_FLAG | CONTROL_FLAG)):
+        raise CorruptBatch(f"batch at byte {pos}: its attributes do not match its v2 batch's")
+    if (
+        PRODUCER_FIELDS.unpack_from(buf, pos + HEADER_SIZE) != tail[6:9]
+        if attributes & PRODUCER_FLAG
+        else tail[6] >= 0
+    ):
+        raise CorruptBatch(f"batch at byte {pos}: its producer fields do not match its v2 batch's")
 
 
 def iter_batches(
@@ -385,7 +436,8 @@ def wrap_kafka_batch(
     producer's fields too (so the log's sequence checks apply to stock clients unchanged),
     and the tail from the magic byte on is kept as sent, so its CRC-32C (which starts
     after base offset, length and epoch, the fields the leader patches) stays valid and
-    ``unwrap_kafka_batch`` serves the client's bytes back.
+    ``unwrap_kafka_batch`` serves the client's bytes back. That CRC-32C is also the one
+    our header stores: no CRC is computed here (crc_span says how it is checked).
     """
     attributes = KAFKA_FLAG | (kafka.attributes & (TRANSACTIONAL_FLAG | CONTROL_FLAG))
     tail = memoryview(buf)[pos + kafka_records.MAGIC_AT : pos + kafka.size]
@@ -403,11 +455,10 @@ def wrap_kafka_batch(
         kafka.max_timestamp,
         kafka.record_count,
     )
-    crc = zlib.crc32(tail, zlib.crc32(fixed))
     length = 8 + len(fixed) + len(tail)
     if out is None:
         out = CheckedBatches()
-    out += struct.pack(">qiiI", 0, length, -1, crc)
+    out += struct.pack(">qiiI", 0, length, -1, kafka.crc)
     out += fixed
     out += tail
     return out

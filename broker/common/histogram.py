@@ -40,9 +40,11 @@ class Histogram:
         self.counts = [0] * (len(BUCKETS_S) + 1)  # the last one is +Inf
         self.sum = 0.0
 
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(BUCKETS_S, seconds)] += 1
-        self.sum += seconds
+    def observe(self, seconds: float, times: int = 1) -> None:
+        """Count ``times`` observations of ``seconds`` (a batch that shares one value, such
+        as a timer bucket's expiries, is counted in one call)."""
+        self.counts[bisect_left(BUCKETS_S, seconds)] += times
+        self.sum += seconds * times
 
     @property
     def count(self) -> int:

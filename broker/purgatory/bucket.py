@@ -113,12 +113,19 @@ class Bucket:
         for task in tasks:
             if task._bucket is not None:
                 task.unlink()
-            tail = self._prev
+        self.link_all(tasks)
+
+    def link_all(self, tasks: Sequence[TimerTask]) -> None:
+        """``add_all`` for tasks in no bucket (the timer's own adds and cascades: a task
+        leaves its bucket before it is placed again), without the check."""
+        tail = self._prev
+        for task in tasks:
             task._prev = tail
-            task._next = self
             tail._next = task
-            self._prev = task
+            tail = task
             task._bucket = self
+        tail._next = self
+        self._prev = tail
         self.counter[0] += len(tasks)
 
     def remove(self, task: TimerTask) -> None:

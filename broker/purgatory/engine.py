@@ -44,27 +44,27 @@ class TimerEngine:
         bucket = self._cache_bucket
         run: list[TimerTask] = []  # tasks for the cached bucket, linked in one call
         append = run.append
+        place = self.wheel.add
         for task in tasks:
-            exp = task.expiration_ms
-            if exp == cache_exp:
+            if task.expiration_ms == cache_exp:
                 # Same deadline as the task before, and the wheel has not moved since:
                 # same bucket, already queued for this rotation.
                 if not task.done:
                     append(task)
                 continue
             if run:
-                bucket.add_all(run)
+                bucket.link_all(run)
                 run = []
                 append = run.append
-            placed = self.wheel.add(task)
+            placed = place(task)
             if placed is not None:
-                cache_exp = exp
+                cache_exp = task.expiration_ms
                 bucket = placed
             elif not task.done:
                 task.timer = None  # it has left the timer
                 self.due.append(task)
         if run:
-            bucket.add_all(run)
+            bucket.link_all(run)
         self._cache_exp = cache_exp
         self._cache_bucket = bucket
 

@@ -166,22 +166,40 @@ class Purgatory:
         return ops.cancel() if ops else []
 
     def expire_batch(self, batch: list[DelayedOperation]) -> int:
-        """Expire a batch the timer handed over; returns how many this call expired."""
+        """Expire a batch the timer handed over; returns how many this call expired.
+
+        Expiry lateness (deadline to answer handed over: the connection writes it in the
+        completion) is measured to the end of the batch, with one clock read, and counted
+        once per run of ops that share a deadline (a timer bucket's worth, hundreds at
+        high rates): a read and an observation per op cost more than the rest of expiry.
+        It is never less than the truth: an op answered early in the batch counts the
+        whole batch's time.
+        """
         expired = 0
-        now_ms = self.timer.clock.now_ms
-        lateness = self.expiry_lateness
+        deadlines: list[int] = []  # of the ops expired here, one per run of equal ones
+        runs: list[int] = []
+        last = None
         try:
             for op in batch:
                 if op.force_complete():  # a trigger may have got there first
                     if op.owner is self:
                         expired += 1
                     op.on_expiration()
-                    # Deadline to answer handed over (the connection writes it in the
-                    # completion): how late this purgatory makes a timeout happen.
-                    late_ms = now_ms() - op.expiration_ms
-                    lateness.observe(late_ms / 1000 if late_ms > 0 else 0.0)
+                    deadline = op.expiration_ms
+                    if deadline == last:
+                        runs[-1] += 1
+                    else:
+                        last = deadline
+                        deadlines.append(deadline)
+                        runs.append(1)
         finally:
             self._expired += expired
+            if runs:
+                now_ms = self.timer.clock.now_ms()
+                observe = self.expiry_lateness.observe
+                for deadline, times in zip(deadlines, runs, strict=True):
+                    late_ms = now_ms - deadline
+                    observe(late_ms / 1000 if late_ms > 0 else 0.0, times)
         return expired
 
     def count_cancel(self) -> None:

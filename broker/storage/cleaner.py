@@ -49,7 +49,6 @@ import os
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +95,8 @@ from minibroker.protocol.batch import (
     CorruptBatch,
     batch_size_at,
     check_batch,
+    check_wrapped_header,
+    crc_span,
     producer_fields,
     unpack_header,
 )
@@ -493,14 +494,17 @@ def _copy_streamed(
         if header.attributes & TRANSACTIONAL_FLAG:  # copied, aborted or not: its marker stays
             _aborted(head, 0, header, plan)
         out.index.add(out.written, header.base_offset, length, header.max_timestamp)
-        crc = zlib.crc32(memoryview(head)[CRC_START:])
+        start, checksum = crc_span(head, 0, header)
+        if start != CRC_START:
+            check_wrapped_header(head, 0, header)
+        crc = checksum(memoryview(head)[start:])
         out.add_raw(head)
         done = len(head)
         while done < length:
             piece = os.pread(fd, min(READ_CHUNK, length - done), position + done)
             if not piece:
                 raise CorruptBatch(f"batch at byte {position} of {path} is cut off")
-            crc = zlib.crc32(piece, crc)
+            crc = checksum(piece, crc)
             out.add_raw(piece)
             done += len(piece)
         if crc != header.crc:

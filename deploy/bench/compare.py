@@ -93,10 +93,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 @dataclass(frozen=True)
 class Step:
     """One bench of a run: ``name`` prefixes its figures (the bench's own name, numbered
-    from the second time it appears), ``argv`` is the bench and its arguments."""
+    from the second time it appears), ``argv`` is the bench and its arguments;
+    ``cluster``: whether it measures a running cluster (False: an in-process bench such
+    as ``purgatory``, run as it is, with no cluster started for it)."""
 
     name: str
     argv: tuple[str, ...]
+    cluster: bool = True
 
 
 def parse_steps(words: Sequence[str]) -> list[Step]:
@@ -130,18 +133,22 @@ def parse_steps(words: Sequence[str]) -> list[Step]:
 
 def check_arguments(
     steps: Sequence[Step], bench_parser: Callable[[Sequence[str]], argparse.ArgumentParser]
-) -> None:
+) -> list[Step]:
     """Parse each bench's arguments with the working tree's ``bench`` parser now, not after
-    the baseline was built and a cluster started: a typo should cost nothing. (The CLI
-    hands over its function that builds the parser for one bench's arguments: it imports
-    this module, so this module cannot import it.)"""
+    the baseline was built and a cluster started: a typo should cost nothing. Returns the
+    steps, each marked with whether it measures a cluster (a bench without ``--bootstrap``
+    does not). (The CLI hands over its function that builds the parser for one bench's
+    arguments: it imports this module, so this module cannot import it.)"""
+    checked = []
     for step in steps:
         argv = [*step.argv, "--bootstrap", "127.0.0.1:1"]
         _, extra = bench_parser(argv).parse_known_args(argv)
-        if "--bootstrap" in extra:
-            raise CommandError(f"bench {step.argv[0]} measures no running cluster: nothing to run")
+        cluster = "--bootstrap" not in extra
+        extra = [word for word in extra if word not in argv[-2:]]
         if extra:
             raise CommandError(f"bench {step.argv[0]}: unrecognized arguments: {' '.join(extra)}")
+        checked.append(Step(step.name, step.argv, cluster))
+    return checked
 
 
 def run_order(rounds: int) -> list[str]:
@@ -252,15 +259,18 @@ def _bench(
     build: Build,
     cwd: Path,
     step: Step,
-    bootstrap: str,
+    bootstrap: str | None,
     brokers: Sequence[psutil.Process],
     timeout: float,
 ) -> dict[str, float]:
-    """One bench's figures, plus the CPU seconds its brokers and its own process spent."""
+    """One bench's figures, plus the CPU seconds its brokers (if it has a cluster) and its
+    own process spent."""
     broker_cpu, client_cpu = _cpu_seconds(brokers), _children_cpu_seconds()
-    _, out = _cli(build, cwd, ["bench", *step.argv, "--bootstrap", bootstrap], timeout)
+    target = ["--bootstrap", bootstrap] if step.cluster else []
+    _, out = _cli(build, cwd, ["bench", *step.argv, *target], timeout)
     figures = flatten_figures(last_json_line(out) or {}, step.name)
-    figures[f"{step.name}.broker_cpu_s"] = round(_cpu_seconds(brokers) - broker_cpu, 3)
+    if step.cluster:
+        figures[f"{step.name}.broker_cpu_s"] = round(_cpu_seconds(brokers) - broker_cpu, 3)
     figures[f"{step.name}.client_cpu_s"] = round(_children_cpu_seconds() - client_cpu, 3)
     return figures
 
@@ -276,9 +286,12 @@ def has_kafka_listener(build: Build, timeout: float) -> bool:
 def run_once(
     build: Build, steps: Sequence[Step], args: argparse.Namespace, kafka_listener: bool
 ) -> dict[str, float]:
-    """Every step against a fresh cluster of ``build``, stopped afterwards whatever happens."""
+    """Every step against a fresh cluster of ``build``, stopped afterwards whatever happens
+    (no cluster when no step measures one)."""
     with tempfile.TemporaryDirectory(prefix="minibroker-compare-") as tmp:
         cwd = Path(tmp)
+        if not any(step.cluster for step in steps):
+            return _run_steps(build, cwd, steps, {}, [], args.timeout)
         data_dir = cwd / "cluster"
         base_port = free_port_range(args.brokers)
         up = ["cluster", "up", "--detach", "--data-dir", str(data_dir)]
@@ -294,13 +307,25 @@ def run_once(
         try:
             _cli(build, cwd, [*up, *(f"--set={s}" for s in args.set)], args.timeout)
             brokers = _broker_processes(data_dir)
-            figures: dict[str, float] = {}
-            for step in steps:
-                target = bootstrap[step.argv[0] in KAFKA_BENCHES]
-                figures |= _bench(build, cwd, step, target, brokers, args.timeout)
-            return figures
+            return _run_steps(build, cwd, steps, bootstrap, brokers, args.timeout)
         finally:
             _stop_cluster(build, cwd, data_dir, brokers)
+
+
+def _run_steps(
+    build: Build,
+    cwd: Path,
+    steps: Sequence[Step],
+    bootstrap: Mapping[bool, str],
+    brokers: Sequence[psutil.Process],
+    timeout: float,
+) -> dict[str, float]:
+    """Each step in order; ``bootstrap`` by whether the step is a Kafka-client bench."""
+    figures: dict[str, float] = {}
+    for step in steps:
+        target = bootstrap.get(step.argv[0] in KAFKA_BENCHES)
+        figures |= _bench(build, cwd, step, target, brokers, timeout)
+    return figures
 
 
 def _stop_cluster(
@@ -327,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
     steps = parse_steps(args.chain)
     if args.rounds < 1 or args.brokers < 1:
         raise CommandError("--rounds and --brokers must be at least 1")
-    check_arguments(steps, args.bench_parser)
+    steps = check_arguments(steps, args.bench_parser)
     raise_fd_limit()  # inherited by every cluster's brokers: a long-poll bench needs thousands
     repo = builds.source_repo()
     cache_dir = args.cache_dir or builds.default_cache_dir()

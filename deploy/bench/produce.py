@@ -26,6 +26,7 @@ from minibroker.deploy.bench.common import (
     percentile,
     report,
 )
+from minibroker.protocol.errors import KafkaError
 
 # Large batches make a Python producer fast; a small buffer keeps the backlog (and so the
 # latency at full speed) short and the memory flat. --property overrides these.
@@ -63,6 +64,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="topic setting when creating it, e.g. min.insync.replicas=2 (repeatable)",
     )
+    p.add_argument(
+        "--send-nowait",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the README's batch path: send_nowait N records, then await each handle, "
+        "and again (0, the default: await enqueue per record, collecting acks as they come)",
+    )
     add_connection_arguments(p, "producer", BENCH_DEFAULTS)
 
 
@@ -72,6 +81,8 @@ MIN_SLEEP_S = 0.002
 
 
 async def produce(args: argparse.Namespace) -> dict[str, Any]:
+    if args.send_nowait and args.throughput > 0:
+        raise ValueError("--send-nowait sends as fast as it can: drop --throughput")
     settings = {**BENCH_DEFAULTS, "acks": args.acks, **parse_properties(args.property)}
     bootstrap = bootstrap_of(args)
     await ensure_topic(
@@ -97,21 +108,24 @@ async def produce(args: argparse.Namespace) -> dict[str, Any]:
 
     async with Producer(bootstrap, settings) as producer:
         idempotence = producer.config["enable.idempotence"]
-        interval = 1.0 / args.throughput if args.throughput > 0 else 0.0
-        monotonic = time.monotonic
-        enqueue = producer.enqueue
-        topic = args.topic
-        start = monotonic()
-        for i in range(args.records):
-            if interval:
-                ahead = start + i * interval - monotonic()
-                if ahead > MIN_SLEEP_S:
-                    await trio.sleep(ahead)
-            pending.append((monotonic(), await enqueue(topic, value)))
-            if not i & 0x3FF:
-                collect(False)
+        start = time.monotonic()
+        if args.send_nowait:
+            failures = await _send_nowait_chunks(producer, args, value, latencies)
+        else:
+            interval = 1.0 / args.throughput if args.throughput > 0 else 0.0
+            monotonic = time.monotonic
+            enqueue = producer.enqueue
+            topic = args.topic
+            for i in range(args.records):
+                if interval:
+                    ahead = start + i * interval - monotonic()
+                    if ahead > MIN_SLEEP_S:
+                        await trio.sleep(ahead)
+                pending.append((monotonic(), await enqueue(topic, value)))
+                if not i & 0x3FF:
+                    collect(False)
         await producer.flush()
-        elapsed = monotonic() - start
+        elapsed = time.monotonic() - start
         collect(True)
     ordered = sorted(latencies)
     return {
@@ -129,6 +143,7 @@ async def produce(args: argparse.Namespace) -> dict[str, Any]:
             "acks": args.acks,
             "enable_idempotence": idempotence,
             "throughput": args.throughput,
+            "send_nowait": args.send_nowait,
             "partitions": args.partitions,
             "replication_factor": args.replication_factor,
             "topic_config": args.config,
@@ -137,6 +152,31 @@ async def produce(args: argparse.Namespace) -> dict[str, Any]:
             "settings": settings,
         },
     }
+
+
+async def _send_nowait_chunks(
+    producer: Producer, args: argparse.Namespace, value: bytes, latencies: array
+) -> int:
+    """What a user writes from the README: ``handles = [producer.send_nowait(...) for ...]``
+    then ``[await h for h in handles]``, chunk after chunk; returns the failures."""
+    failures = 0
+    send_nowait = producer.send_nowait
+    topic = args.topic
+    monotonic = time.monotonic
+    left = args.records
+    while left:
+        n = min(left, args.send_nowait)
+        left -= n
+        sent_at = monotonic()
+        handles = [send_nowait(topic, value) for _ in range(n)]
+        for handle in handles:
+            try:
+                await handle
+            except KafkaError:
+                failures += 1
+            else:
+                latencies.append(handle.acked_at - sent_at)
+    return failures
 
 
 def run(args: argparse.Namespace) -> int:

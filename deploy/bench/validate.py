@@ -3,7 +3,9 @@
 Builds one v2 batch of ``--batch-bytes`` of ``--record-bytes`` records (keyless, as
 librdkafka's bench sends them) in each codec and runs, ``--iterations`` times each:
 the batch's CRC-32C check (what a produce cost before every record was walked: the
-reference), then ``record_stream.walk_records`` (LogValidator's walk; for compressed
+reference), wrapping it as the broker stores it (``wrap_kafka_batch``) and checking the
+stored batch as a follower's append and recovery do (``check_batch``), then
+``record_stream.walk_records`` (LogValidator's walk; for compressed
 batches it includes decompressing in the fixed window), then ``iter_records`` (the
 log cleaner's reader, building each record).
 
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from minibroker.deploy.bench.common import report
+from minibroker.protocol.batch import check_batch, wrap_kafka_batch
 from minibroker.protocol.kafka import record_stream
 from minibroker.protocol.kafka import records as kafka_records
 
@@ -61,6 +64,10 @@ def measure(args: argparse.Namespace) -> dict:
     for codec, name in kafka_records.CODEC_NAMES.items():
         batch = kafka_records.encode_batch(rows, compression=codec)
         crc = _time(lambda b=batch: kafka_records.check_batch(b, 0, len(b)), args.iterations)
+        header = kafka_records.check_batch(batch, 0, len(batch))
+        wrap = _time(lambda b=batch, h=header: wrap_kafka_batch(b, 0, h), args.iterations)
+        stored = wrap_kafka_batch(batch, 0, header)
+        stored_check = _time(lambda b=stored: check_batch(b, 0, len(b)), args.iterations)
         walk = _time(
             lambda b=batch: record_stream.walk_records(b, now_ms=now, after_max_ms=3_600_000),
             args.iterations,
@@ -72,6 +79,8 @@ def measure(args: argparse.Namespace) -> dict:
         out[name] = {
             "batch_bytes": len(batch),
             "crc_us": round(crc * 1e6, 1),
+            "wrap_us": round(wrap * 1e6, 1),
+            "stored_check_us": round(stored_check * 1e6, 1),
             "walk_us": round(walk * 1e6, 1),
             "walk_records_per_s": round(count / walk),
             "walk_ns_per_record": round(walk * 1e9 / count),

@@ -69,14 +69,28 @@ def test_a_chain_compare_cannot_run_is_refused(words):
 def test_bench_arguments_are_checked_by_the_working_trees_parser_before_anything_runs():
     argv = ["bench", "compare", "--baseline", "HEAD", "--", "consume"]
     args = build_parser(argv).parse_args(argv)
-    check_arguments(
+    checked = check_arguments(
         parse_steps(["produce", "--acks", "all", "--then", "consume"]), args.bench_parser
     )
+    assert [step.cluster for step in checked] == [True, True]
     with pytest.raises(CommandError, match="unrecognized arguments: --no-such-option"):
         check_arguments(parse_steps(["produce", "--no-such-option"]), args.bench_parser)
-    # bench purgatory measures an in-process purgatory: there is no cluster to point it at.
-    with pytest.raises(CommandError, match="measures no running cluster"):
-        check_arguments(parse_steps(["purgatory"]), args.bench_parser)
+    with pytest.raises(CommandError, match="unrecognized arguments: --no-such-option"):
+        check_arguments(parse_steps(["purgatory", "--no-such-option"]), args.bench_parser)
+
+
+def test_an_in_process_bench_is_compared_without_a_cluster():
+    # bench purgatory measures an in-process purgatory: no cluster is started for it, and
+    # it is given no --bootstrap.
+    argv = ["bench", "compare", "--baseline", "HEAD", "--", "purgatory"]
+    args = build_parser(argv).parse_args(argv)
+    steps = check_arguments(
+        parse_steps(["purgatory", "--rate", "1000", "--then", "produce"]), args.bench_parser
+    )
+    assert [(step.name, step.cluster) for step in steps] == [
+        ("purgatory", False),
+        ("produce", True),
+    ]
 
 
 def test_each_round_runs_both_builds_and_swaps_which_goes_first():

@@ -125,9 +125,9 @@ async def test_delivery_timeout_ends_the_retries_with_the_last_error():
     assert config["retries"] > len(cluster.requests)
 
 
-async def test_deliver_and_flush_skip_the_linger():
-    """What Producer.send and flush ask of the sender: a caller is waiting, so a batch
-    that would linger for 100 s goes now."""
+async def test_awaiting_a_handle_and_flush_skip_the_linger():
+    """What Producer.send, an awaited send_nowait handle and flush ask of the sender: a
+    caller is waiting, so a batch that would linger for 100 s goes now."""
     config = load_config("producer", {"linger.ms": 100_000, "delivery.timeout.ms": 200_000})
     cluster = ScriptedCluster([ok(5), ok(6)])
     acc = RecordAccumulator(
@@ -138,7 +138,8 @@ async def test_deliver_and_flush_skip_the_linger():
         await nursery.start(sender.run)
         with trio.fail_after(10):
             batch, index, _ = acc.append("t", 0, 1, None, b"v", None, 11)
-            assert (await sender.deliver(DeliveryHandle(batch, index))).offset == 5
+            assert (await DeliveryHandle(batch, index)).offset == 5
+            assert acc._flushers == 0  # the wait is over: batches linger again
             later, _, _ = acc.append("t", 0, 1, None, b"w", None, 11)
             await sender.flush()
         assert later.done.is_set() and acc.ready(0.0)[0] == []

@@ -4,6 +4,7 @@ stock client's batch is kept inside ours."""
 from __future__ import annotations
 
 import struct
+import zlib
 
 import pytest
 from hypothesis import given, settings
@@ -12,8 +13,11 @@ from hypothesis import strategies as st
 from minibroker.broker.kafka.batches import RefusedBatch, to_kafka, wrap_produce
 from minibroker.protocol import ProtocolError, check_batch, decode_records, encode_batch
 from minibroker.protocol.batch import (
+    CRC_AT,
+    CRC_START,
     KAFKA_FLAG,
     TRANSACTIONAL_FLAG,
+    CorruptBatch,
     iter_batches,
     patch_base_offset,
     unpack_header,
@@ -142,6 +146,45 @@ def test_a_wrapped_batch_is_ours_and_unwraps_to_the_clients_bytes(producer_id):
     assert [(r.offset, r.key, r.value, r.headers) for r in rows] == [
         (1000 + i, k, v, h) for i, (_, k, v, h) in enumerate(ROWS)
     ]
+
+
+@pytest.mark.parametrize("producer_id", [-1, 77])
+def test_a_wrapped_batch_is_checked_by_its_clients_crc32c_and_every_byte_counts(producer_id):
+    """A stored stock batch keeps its client's CRC-32C as its CRC (no second CRC of ours is
+    computed): a flipped bit in the carried batch fails it, and so does one in our header
+    or producer fields, which the CRC-32C does not cover but must repeat the carried
+    batch's own."""
+    kafka = kr.encode_batch(ROWS, producer_id=producer_id, producer_epoch=0, base_sequence=5)
+    ours = bytearray(wrap_produce(kafka))
+    header = check_batch(ours, 0, len(ours))
+    assert header.crc == kr.unpack_header(kafka).crc
+    records_at = header.records_at
+    places = [
+        len(ours) - 1,  # a record
+        records_at + kr.CRC_START - kr.MAGIC_AT,  # the carried batch's attributes
+        CRC_START + 2,  # our last_offset_delta
+        CRC_START + 6,  # our first timestamp
+        CRC_START + 14,  # our max timestamp
+        CRC_START + 25,  # our record count
+        records_at - 1,  # our producer fields (or our record count, without them)
+        CRC_START + 1,  # our attributes: the transactional bit
+    ]
+    for at in places:
+        damaged = bytearray(ours)
+        damaged[at] ^= 0x10
+        with pytest.raises(CorruptBatch):
+            check_batch(damaged, 0, len(damaged))
+
+
+def test_a_stock_batch_wrapped_with_our_crc_before_crc32c_still_checks():
+    """Logs written before wrapped batches kept their CRC-32C carry our zlib.crc32 over
+    everything after the CRC field: they are checked that way, damage still caught."""
+    ours = bytearray(wrap_produce(kr.encode_batch(ROWS)))
+    struct.pack_into(">I", ours, CRC_AT, zlib.crc32(ours[CRC_START:]))
+    assert check_batch(ours, 0, len(ours)).record_count == 3
+    ours[-1] ^= 1
+    with pytest.raises(CorruptBatch, match="CRC"):
+        check_batch(ours, 0, len(ours))
 
 
 def test_our_clients_batch_is_served_to_kafka_clients_record_for_record():

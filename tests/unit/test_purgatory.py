@@ -16,6 +16,7 @@ from minibroker.broker.purgatory import (
     ManualTimer,
     Purgatory,
     SystemTimer,
+    TimerTask,
     Watchers,
 )
 
@@ -414,6 +415,41 @@ def test_expire_batch_claims_like_force_complete(purgatory: Purgatory):
     assert (first.completions, first.expirations) == (1, 0)
     assert (second.completions, second.expirations) == (1, 1)
     assert purgatory.timer.size == 0
+
+
+def test_expiry_lateness_counts_each_expired_op_once_runs_of_a_deadline_together(
+    clock: ManualClock,
+):
+    """Lateness is observed once per run of ops sharing a deadline, with that run's size,
+    measured to when the batch was handed over: each expired op counts once, an op a
+    trigger completed first not at all."""
+    batches = []
+    purgatory = Purgatory("mock", ManualTimer(clock), expiry_handoff=batches.append)
+    early = [MockOp(10) for _ in range(3)]
+    late = MockOp(12)
+    for op in (*early, late):
+        purgatory.try_complete_else_watch(op, ["k"])
+    clock.advance(12)  # handed over, not expired yet: the owner expires them below
+    batch = [op for handed in batches for op in handed]
+    assert batch == [*early, late]
+    early[1].force_complete()  # a trigger got there first
+    clock.advance(3)  # the owner thread gets to the batch 3 ms after the last deadline
+    assert purgatory.expire_batch(batch) == 3
+    lateness = purgatory.expiry_lateness
+    assert lateness.count == 3
+    # Two early ops 5 ms late (15 - 10), the late one 3 ms (15 - 12).
+    assert lateness.sum == pytest.approx(2 * 0.005 + 0.003)
+    assert purgatory.stats()["expired"] == 3 and purgatory.pending == 0
+
+
+def test_delayed_operation_starts_as_a_timer_task_does():
+    """DelayedOperation sets TimerTask's fields itself (one call less per op): every
+    field TimerTask.__init__ sets, it sets to the same value."""
+    task, op = TimerTask(7), DelayedOperation(7)
+    set_by_task = [name for name in TimerTask.__slots__ if hasattr(task, name)]
+    assert set_by_task  # the comparison below compares something
+    for name in set_by_task:
+        assert getattr(op, name) == getattr(task, name), name
 
 
 def test_stats_count_each_outcome_and_reading_them_changes_nothing(
