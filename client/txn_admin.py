@@ -3,14 +3,17 @@ transactional id is asked of its own coordinator, found as the producer finds it
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+import trio
+
 from minibroker.client.cluster import Cluster
-from minibroker.client.coordinator import TRANSACTION, CoordinatorRoute
+from minibroker.client.coordinator import COORDINATOR_ERRORS, TRANSACTION, CoordinatorRoute
 from minibroker.client.records import TopicPartition
 from minibroker.protocol import ApiKey
-from minibroker.protocol.errors import error_class
+from minibroker.protocol.errors import ErrorCode, error_class
 
 
 @dataclass(frozen=True)
@@ -34,10 +37,21 @@ async def _describe_one(
     loading is found again, within request.timeout.ms); TRANSACTIONAL_ID_NOT_FOUND and
     the like raise."""
     route = CoordinatorRoute(cluster, transactional_id, TRANSACTION, config)
-    body = await route.call(ApiKey.DESCRIBE_TRANSACTIONS, {"transactional_ids": [transactional_id]})
-    s = body["transaction_states"][0]
-    if s["error_code"]:
-        raise error_class(s["error_code"])(f"describing transactional id {transactional_id}")
+    deadline = time.monotonic() + config["request.timeout.ms"] / 1000
+    while True:
+        body = await route.call(
+            ApiKey.DESCRIBE_TRANSACTIONS, {"transactional_ids": [transactional_id]}
+        )
+        s = body["transaction_states"][0]
+        code = ErrorCode.parse(s["error_code"])
+        # The answer's error is per id, so the route does not see a coordinator that
+        # moved or is still loading its partition: look again, as the route would.
+        if code not in COORDINATOR_ERRORS or time.monotonic() > deadline:
+            break
+        route.coordinator = None
+        await trio.sleep(route.backoff)
+    if code is not ErrorCode.NONE:
+        raise error_class(code)(f"describing transactional id {transactional_id}")
     return TransactionDescription(
         transactional_id,
         -1 if route.coordinator is None else route.coordinator,
