@@ -56,8 +56,11 @@ class RdkafkaTxnProducer:
 
         def close() -> None:
             # Dropped in the worker thread: librdkafka's destroy waits for its threads.
-            producer.purge()
-            producer.flush(1)
+            try:
+                producer.purge()
+                producer.flush(1)
+            except KafkaException:
+                pass  # a producer in a fatal state refuses even that; it is dropped anyway
 
         await trio.to_thread.run_sync(close, abandon_on_cancel=True)
 
