@@ -54,8 +54,9 @@ from minibroker.deploy.nemesis import (
     COORDINATOR,
     FAULT_KINDS,
     GROUP_FAULT_KINDS,
-    SLOW_GROUP_REQUEST_MS,
+    SLOW_REQUESTS,
     TXN_COORDINATOR,
+    TXN_FAULT_KINDS,
     TXN_LEADER,
     UNDO,
     Fault,
@@ -71,6 +72,7 @@ __all__ = [
     "CONTROLLER_FAILOVER",
     "FAULT_KINDS",
     "GROUP_FAULT_KINDS",
+    "TXN_FAULT_KINDS",
     "ChaosRun",
     "Fault",
     "plan_nemesis",
@@ -151,6 +153,8 @@ class ChaosRun:
         )
         if groups and tuple(kinds) == FAULT_KINDS:
             kinds = GROUP_FAULT_KINDS
+        if transactions and tuple(kinds) == FAULT_KINDS:
+            kinds = TXN_FAULT_KINDS
         self.kinds = tuple(kinds)
         self.schedule = plan_nemesis(seed, duration_s, victims, kinds, brokers)
         self.groups = (
@@ -354,10 +358,11 @@ class ChaosRun:
                 count=-1,
             )
             return
-        if kind == "slow-heartbeats":
-            for api in (ApiKey.HEARTBEAT, ApiKey.SYNC_GROUP):
+        if kind in SLOW_REQUESTS:
+            apis, delay_ms = SLOW_REQUESTS[kind]
+            for api in apis:
                 await self._admin.faults(
-                    broker, "delay-request", api_key=int(api), delay_ms=SLOW_GROUP_REQUEST_MS
+                    broker, "delay-request", api_key=int(api), delay_ms=delay_ms
                 )
             return
         if kind == "heal":

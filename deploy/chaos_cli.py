@@ -21,7 +21,13 @@ import tempfile
 from pathlib import Path
 
 from minibroker.deploy import interrupt
-from minibroker.deploy.chaos import CONTROLLER_FAILOVER, FAULT_KINDS, GROUP_FAULT_KINDS, ChaosRun
+from minibroker.deploy.chaos import (
+    CONTROLLER_FAILOVER,
+    FAULT_KINDS,
+    GROUP_FAULT_KINDS,
+    TXN_FAULT_KINDS,
+    ChaosRun,
+)
 from minibroker.deploy.chaos_check import PLANTS, Verdict, check, load_history, plant, save_history
 from minibroker.deploy.cluster import ClusterError
 from minibroker.deploy.launcher import BrokerStartError
@@ -34,13 +40,22 @@ SHOWN = 50  # violations printed; all of them go to violations.txt
 
 def fault_kinds(value: str) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in value.split(",") if k.strip())
-    unknown = [k for k in kinds if k not in GROUP_FAULT_KINDS]
+    unknown = [k for k in kinds if k not in (*GROUP_FAULT_KINDS, *TXN_FAULT_KINDS)]
     if not kinds or unknown:
         raise argparse.ArgumentTypeError(
             f"expected some of {','.join(FAULT_KINDS)} (with --workload groups also "
-            f"fail-heartbeats, slow-heartbeats), got {value!r}"
+            "fail-heartbeats, slow-heartbeats; with --workload transactions also "
+            f"slow-commits), got {value!r}"
         )
     return kinds
+
+
+# The faults that only a workload's clients notice: the workload they need.
+WORKLOAD_OF_FAULT = {
+    "fail-heartbeats": "groups",
+    "slow-heartbeats": "groups",
+    "slow-commits": "transactions",
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,7 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"the nemesis' faults, comma-separated (default {','.join(FAULT_KINDS)}; with "
         "--workload groups also fail-heartbeats: the group coordinator answers heartbeats "
         "NOT_COORDINATOR; and slow-heartbeats: it holds Heartbeat and SyncGroup requests "
-        "1.5 s while a member leaves and later a new one joins)",
+        "1.5 s while a member leaves and later a new one joins; with --workload "
+        "transactions also slow-commits: a transaction coordinator holds EndTxn 2.5 s)",
     )
     target = p.add_mutually_exclusive_group()
     target.add_argument(
@@ -134,9 +150,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    for kind in ("fail-heartbeats", "slow-heartbeats"):
-        if kind in args.faults and args.workload != "groups":
-            print(f"error: --faults {kind} needs --workload groups", file=sys.stderr)
+    for kind in args.faults:
+        needed = WORKLOAD_OF_FAULT.get(kind, args.workload)
+        if needed != args.workload:
+            print(f"error: --faults {kind} needs --workload {needed}", file=sys.stderr)
             return 2
     if not 0 <= args.confluent_members <= args.members:
         print("error: --confluent-members must be between 0 and --members", file=sys.stderr)

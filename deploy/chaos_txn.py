@@ -156,7 +156,7 @@ class TxnWorkload:
         if self.history.clients[tid] == CONFLUENT:
             from minibroker.deploy.chaos_txn_rdkafka import RdkafkaTxnProducer  # an extra
 
-            return RdkafkaTxnProducer(self.kafka_bootstrap, tid)
+            return RdkafkaTxnProducer(self.kafka_bootstrap, tid, TXN_PRODUCER, TxnClientError)
         return Producer(self.bootstrap, {**TXN_PRODUCER, "transactional.id": tid})
 
     async def _transact(self, producer: Any, txn: Txn, abort: bool) -> bool:

@@ -4,37 +4,47 @@ the same checks as the bundled producer's.
 
 It offers the bundled Producer's transactional methods (async, as ``TxnWorkload``
 drives both the same way): librdkafka's blocking calls run in a worker thread, and its
-errors are raised as ``TxnClientError`` named after librdkafka's error (its broker
+errors are raised as the exception it is given, named after librdkafka's error (its broker
 codes are Kafka's names; local ones start with ``_``, e.g. ``_TIMED_OUT``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import trio
 from confluent_kafka import KafkaException, Producer
 
-from minibroker.deploy.chaos_txn import TXN_PRODUCER, TxnClientError
 
-# The bundled producer's settings under librdkafka's names (request.timeout.ms is
-# socket.timeout.ms there; message.timeout.ms must not exceed transaction.timeout.ms).
-RDKAFKA = {
-    "transaction.timeout.ms": TXN_PRODUCER["transaction.timeout.ms"],
-    "message.timeout.ms": TXN_PRODUCER["delivery.timeout.ms"],
-    "socket.timeout.ms": TXN_PRODUCER["request.timeout.ms"],
-    "retry.backoff.ms": TXN_PRODUCER["retry.backoff.ms"],
-    "linger.ms": TXN_PRODUCER["linger.ms"],
-}
-BLOCK_S = TXN_PRODUCER["max.block.ms"] / 1000  # each blocking call's timeout
+def rdkafka_config(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The bundled producer's settings under librdkafka's names (request.timeout.ms is
+    socket.timeout.ms there; message.timeout.ms must not exceed transaction.timeout.ms)."""
+    return {
+        "transaction.timeout.ms": settings["transaction.timeout.ms"],
+        "message.timeout.ms": settings["delivery.timeout.ms"],
+        "socket.timeout.ms": settings["request.timeout.ms"],
+        "retry.backoff.ms": settings["retry.backoff.ms"],
+        "linger.ms": settings["linger.ms"],
+    }
 
 
 class RdkafkaTxnProducer:
-    """``async with RdkafkaTxnProducer(kafka_bootstrap, transactional_id) as p``."""
+    """``async with RdkafkaTxnProducer(kafka_bootstrap, transactional_id, settings, error)
+    as p``: ``settings`` are the bundled producer's (max.block.ms bounds each blocking
+    call), ``error(name)`` what librdkafka's errors are raised as."""
 
-    def __init__(self, bootstrap: str, transactional_id: str) -> None:
-        self.config = {**RDKAFKA, "bootstrap.servers": bootstrap}
+    def __init__(
+        self,
+        bootstrap: str,
+        transactional_id: str,
+        settings: Mapping[str, Any],
+        error: Callable[[str], Exception],
+    ) -> None:
+        self.config = {**rdkafka_config(settings), "bootstrap.servers": bootstrap}
         self.config["transactional.id"] = transactional_id
+        self.block_s = settings["max.block.ms"] / 1000
+        self.error = error
         self.producer: Producer | None = None
 
     async def __aenter__(self) -> RdkafkaTxnProducer:
@@ -46,8 +56,11 @@ class RdkafkaTxnProducer:
 
         def close() -> None:
             # Dropped in the worker thread: librdkafka's destroy waits for its threads.
-            producer.purge()
-            producer.flush(1)
+            try:
+                producer.purge()
+                producer.flush(1)
+            except KafkaException:
+                pass  # a producer in a fatal state refuses even that; it is dropped anyway
 
         await trio.to_thread.run_sync(close, abandon_on_cancel=True)
 
@@ -56,27 +69,27 @@ class RdkafkaTxnProducer:
         try:
             return await trio.to_thread.run_sync(call, *args, abandon_on_cancel=True)
         except KafkaException as exc:
-            raise TxnClientError(exc.args[0].name()) from exc
+            raise self.error(exc.args[0].name()) from exc
 
     async def init_transactions(self) -> None:
-        await self._blocking("init_transactions", BLOCK_S)
+        await self._blocking("init_transactions", self.block_s)
 
     def begin_transaction(self) -> None:
         try:
             self.producer.begin_transaction()
         except KafkaException as exc:
-            raise TxnClientError(exc.args[0].name()) from exc
+            raise self.error(exc.args[0].name()) from exc
 
     async def enqueue(self, topic: str, value: bytes, partition: int) -> None:
         self.producer.produce(topic, value, partition=partition)
         self.producer.poll(0)
 
     async def flush(self) -> None:
-        if await self._blocking("flush", BLOCK_S):
-            raise TxnClientError("_TIMED_OUT")  # records still undelivered
+        if await self._blocking("flush", self.block_s):
+            raise self.error("_TIMED_OUT")  # records still undelivered
 
     async def abort_transaction(self) -> None:
-        await self._blocking("abort_transaction", BLOCK_S)
+        await self._blocking("abort_transaction", self.block_s)
 
     async def commit_transaction(self) -> None:
-        await self._blocking("commit_transaction", BLOCK_S)
+        await self._blocking("commit_transaction", self.block_s)

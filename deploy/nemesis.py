@@ -17,6 +17,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from minibroker.protocol import ApiKey
+
 PROCESS_FAULTS = ("pause", "kill")
 FAULT_KINDS = ("pause", "kill", "isolate")
 # The group workload adds two. fail-heartbeats: the group's coordinator answers every
@@ -29,12 +31,19 @@ FAULT_KINDS = ("pause", "kill", "isolate")
 # answered while the member still waits for its SyncGroup (issue 35's interleaving, made
 # on purpose).
 GROUP_FAULT_KINDS = (*FAULT_KINDS, "fail-heartbeats", "slow-heartbeats")
+# The transactional workload adds one. slow-commits: a transaction coordinator holds
+# every EndTxn request SLOW_COMMIT_MS before handling it (faults delay-request), longer
+# than librdkafka's socket.timeout.ms: its commit times out and is sent again while the
+# first is still being judged, and may give up (an unknown outcome); the bundled
+# producer waits up to max.block.ms.
+TXN_FAULT_KINDS = (*FAULT_KINDS, "slow-commits")
 UNDO = {
     "pause": "resume",
     "kill": "restart",
     "isolate": "heal",
     "fail-heartbeats": "heal",
     "slow-heartbeats": "heal",
+    "slow-commits": "heal",
 }
 # Under request.timeout.ms (3 s) and heartbeat.interval.ms + this under session.timeout.ms
 # (4 s) of the chaos members, so the delay alone neither times requests out nor expires
@@ -42,6 +51,12 @@ UNDO = {
 # 0.5 s), so a heartbeat sent just before a join is judged after it completed, and
 # answered while SyncGroup, held as long, has not been.
 SLOW_GROUP_REQUEST_MS = 1500
+SLOW_COMMIT_MS = 2500  # over the chaos producers' request.timeout.ms (2 s)
+# The delay-request faults: which APIs the victim holds, and how long.
+SLOW_REQUESTS = {
+    "slow-heartbeats": ((ApiKey.HEARTBEAT, ApiKey.SYNC_GROUP), SLOW_GROUP_REQUEST_MS),
+    "slow-commits": ((ApiKey.END_TXN,), SLOW_COMMIT_MS),
+}
 CONTROLLER = -1  # a planned victim resolved, when its fault starts, to the active controller
 COORDINATOR = -2  # ... to the broker coordinating the consumer group (group workload)
 TXN_COORDINATOR = -3  # ... to a transactional id's coordinator (transactional workload)
@@ -68,7 +83,7 @@ def plan_nemesis(
     brokers: int | None = None,
 ) -> list[Fault]:
     """A reproducible schedule: one fault at a time, each 1-3.5 s (fail-heartbeats up to
-    7.5 s, slow-heartbeats 3-8.5 s), gaps of 0.5-2 s.
+    7.5 s, slow-heartbeats 3-8.5 s, slow-commits 2-7.5 s), gaps of 0.5-2 s.
 
     ``brokers`` (the cluster size) lets a third of the isolates cut the victim off from a
     random part of the others only; the rest cut it off from all of them.
@@ -85,6 +100,9 @@ def plan_nemesis(
             # refused commit and rejoin while a heartbeat of their old membership still
             # waits in its retry loop (issue 35's interleaving).
             end = min(end + rng.uniform(0.0, 4.0), duration_s)
+        elif kind == "slow-commits":
+            victim = TXN_COORDINATOR  # only a transaction coordinator answers EndTxn
+            end = min(end + rng.uniform(1.0, 4.0), duration_s)  # several commits held
         elif kind == "slow-heartbeats":
             victim = COORDINATOR
             # Long enough for the leave's rebalance and the newcomer's.

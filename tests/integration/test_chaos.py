@@ -99,19 +99,20 @@ def test_a_consumer_group_under_chaos_keeps_every_promise(tmp_path):
 
 
 def test_transactions_under_chaos_are_seen_whole_or_not_at_all(tmp_path):
-    # Seed 1's 15 s: broker 2 paused; a transaction coordinator killed (and restarted);
-    # broker 0 killed; a leader of chaos-txn isolated. Three transactional producers (one
-    # of them confluent-kafka's) commit and abort (a quarter, on purpose, after their records were written) while a
-    # read_committed consumer reads along.
+    # Seed 3's 15 s, every fault aimed at a role: a transaction coordinator isolated; a
+    # leader of chaos-txn paused; a transaction coordinator killed (and restarted); a
+    # transaction coordinator holding EndTxn 2.5 s (slow-commits). Three transactional
+    # producers (one of them confluent-kafka's) commit and abort (a quarter, on purpose,
+    # after their records were written) while a read_committed consumer reads along.
     run, counts = chaos(
-        "--workload", "transactions", "--duration", "15", "--seed", "1",
+        "--workload", "transactions", "--duration", "15", "--seed", "3",
         "--data-dir", str(tmp_path / "c"),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert counts["violations"] == 0 and counts["workload"] == "transactions"
     nemesis = counts["nemesis"]
-    assert nemesis["txn_coordinator"] >= 1 and nemesis["kill"] >= 2, nemesis
-    assert nemesis["txn_leader"] >= 1 and nemesis["isolate"] >= 1, nemesis
+    assert nemesis["txn_coordinator"] == 3 and nemesis["txn_leader"] == 1, nemesis
+    assert nemesis["kill"] == nemesis["isolate"] == nemesis["slow-commits"] == 1, nemesis
     assert "kill a transaction coordinator (broker" in run.stdout
     # Both outcomes happened, the aborts wrote records that read_committed never showed,
     # and the live read_committed reader kept up.

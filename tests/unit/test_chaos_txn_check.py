@@ -9,7 +9,13 @@ import pytest
 
 from minibroker.deploy.chaos_check import check, load_history, plant, save_history
 from minibroker.deploy.chaos_txn_check import Txn, TxnHistory
-from minibroker.deploy.nemesis import TXN_COORDINATOR, TXN_LEADER, victims_for
+from minibroker.deploy.nemesis import (
+    TXN_COORDINATOR,
+    TXN_FAULT_KINDS,
+    TXN_LEADER,
+    plan_nemesis,
+    victims_for,
+)
 
 from .test_chaos_checker import clean_history
 
@@ -145,3 +151,12 @@ def test_the_nemesis_aims_at_transaction_coordinators_and_leaders_only_when_aske
     assert TXN_COORDINATOR not in victims_for(3, -1, True)
     victims = victims_for(3, -1, True, transactions=True)
     assert victims.count(TXN_COORDINATOR) == 2 and victims.count(TXN_LEADER) == 1
+
+
+def test_slow_commits_are_aimed_at_a_transaction_coordinator_and_outlast_other_faults():
+    victims = victims_for(3, -1, True, transactions=True)
+    plans = [plan_nemesis(s, 60, victims, TXN_FAULT_KINDS, brokers=3) for s in range(10)]
+    slow = [f for plan in plans for f in plan if f.kind == "slow-commits"]
+    assert slow and all(f.broker == TXN_COORDINATOR for f in slow)
+    assert all(2.0 <= f.end_s - f.start_s <= 7.5 or f.end_s == 60 for f in slow)
+    assert max(f.end_s - f.start_s for f in slow) > 3.5  # longer than any other fault
