@@ -792,7 +792,7 @@ class Log(TransactionalLog):
         if self.segments[i : i + len(old)] != old or self.segments[-1] in old:
             raise ValueError("the segments to replace are no longer the log's sealed segments")
         for segment in old:
-            segment._index_pending.clear()
+            segment.drop_pending()
             segment.close_handle()
         self.segments[i : i + len(old)] = [new]
         self._bases = [s.base_offset for s in self.segments]

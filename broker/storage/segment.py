@@ -87,21 +87,16 @@ class ScanResult(NamedTuple):
 class Segment:
     __slots__ = (
         "_fd",
-        "_index_pending",
-        "_time_pending",
+        "_index_written",
         "active",
         "base_offset",
-        "bytes_since_index",
         "created_ms",
-        "index_offsets",
+        "index",
         "index_path",
-        "index_positions",
-        "interval",
         "max_timestamp",
         "next_offset",
         "path",
         "size",
-        "time_last",
         "time_path",
     )
 
@@ -135,17 +130,11 @@ class Segment:
             except FileNotFoundError:
                 os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644))
                 self.size = 0
-        self.interval = max(1, interval)
-        # Invariant: index_offsets is strictly increasing, index_positions too, every
-        # position is the start of a batch whose base offset is base_offset + the entry.
-        self.index_offsets: list[int] = []
-        self.index_positions: list[int] = []
-        self._index_pending = bytearray()  # entries not yet in the index file
-        # The time index's entries not yet in its file, and its last entry's timestamp
-        # (the next entry is made only when the max timestamp grew past it).
-        self._time_pending = bytearray()
-        self.time_last = -1
-        self.bytes_since_index = 0
+        # Both indexes, made batch by batch as recovery makes them. Its offset-index
+        # entries stay (every read bisects them); its time-index bytes are only those not
+        # yet in the file (a lookup reads the file).
+        self.index = IndexBuilder(base_offset, max(1, interval))
+        self._index_written = 0  # offset-index entries in the file
         self.max_timestamp = -1
         self.next_offset = base_offset
         self.created_ms = now_ms
@@ -184,6 +173,16 @@ class Segment:
             except OSError:
                 pass
 
+    @property
+    def index_offsets(self) -> list[int]:
+        """Relative offsets of the offset index's entries (strictly increasing)."""
+        return self.index.offsets
+
+    @property
+    def index_positions(self) -> list[int]:
+        """Their file positions: each the start of the batch at that offset."""
+        return self.index.positions
+
     def fits(self, size: int, next_offset: int) -> bool:
         """Whether ``size`` more bytes ending before ``next_offset`` stay indexable here."""
         return (
@@ -205,52 +204,34 @@ class Segment:
 
         ``batch_starts`` lists ``(position in data, base offset, max timestamp)`` of each
         batch so the indexes get an entry every ``interval`` bytes even inside one large
-        request; without it only the first batch can be indexed. Per batch, as
-        ``IndexBuilder.add`` (which recovery uses, and must come to the same bytes).
+        request; without it only the first batch can be indexed. Entries are made by
+        the segment's ``IndexBuilder`` (recovery's rule, so a reopen finds the same
+        bytes) before the write, and taken back if it fails: none for missing bytes.
         """
         if batch_starts is None:
             batch_starts = [(0, first_offset, max_ts)]
         size = self.size
-        since = self.bytes_since_index
-        last = 0
-        entries: list[tuple[int, int]] = []
-        times = b""
-        time_last = self.time_last
-        newest = self.max_timestamp  # the max timestamp before the batch at hand
-        for position, base, batch_ts in batch_starts:
-            since += position - last
-            last = position
-            if since >= self.interval or not (self.index_offsets or entries):
-                entries.append((base - self.base_offset, size + position))
-                since = 0
-                if newest > time_last:
-                    times += TIME_ENTRY.pack(newest, base - 1 - self.base_offset)
-                    time_last = newest
-            if batch_ts > newest:
-                newest = batch_ts
-        # Pack the entries before a byte is written: nothing below may fail after it.
-        packed = b"".join(_INDEX_ENTRY.pack(o, p) for o, p in entries)
+        index = self.index
+        mark = index.mark()
+        ends = [position for position, _, _ in batch_starts[1:]]
+        ends.append(len(data))
+        for (position, base, batch_ts), end in zip(batch_starts, ends, strict=True):
+            index.add(size + position, base, end - position, batch_ts)
         try:
             written = os.write(self.fd, data)
         except OSError:
+            index.rollback(mark)  # no entry for bytes that are not there
             self._cut_back(size)
             raise
         if written != len(data):  # a short write on a regular file means the disk is full
+            index.rollback(mark)
             self._cut_back(size)
             raise OSError(
                 errno.ENOSPC,
                 f"No space left on device (short write: {written} of {len(data)} bytes)",
                 str(self.path),
             )
-        # Index entries only after the bytes they point at are in the file.
-        for relative_offset, position in entries:
-            self.index_offsets.append(relative_offset)
-            self.index_positions.append(position)
-        self._index_pending += packed
-        self._time_pending += times
-        self.time_last = time_last
         self.size = size + written
-        self.bytes_since_index = since + (written - last)
         self.next_offset = next_offset
         if max_ts > self.max_timestamp:
             self.max_timestamp = max_ts
@@ -264,13 +245,15 @@ class Segment:
 
     def _write_pending_index(self, *, sync: bool = False) -> None:
         """Both indexes' unwritten entries onto their files (fsynced with ``sync``)."""
-        for path, pending in (
-            (self.index_path, self._index_pending),
-            (self.time_path, self._time_pending),
-        ):
-            if pending or sync:
-                _append_file(path, pending, sync=sync)
-                pending.clear()
+        index = self.index
+        written = self._index_written
+        if len(index.offsets) > written or sync:
+            data = index_bytes(index.offsets[written:], index.positions[written:])
+            _append_file(self.index_path, data, sync=sync)
+            self._index_written = len(index.offsets)
+        if index.time_entries or sync:
+            _append_file(self.time_path, index.time_entries, sync=sync)
+            index.time_entries.clear()
 
     def flush(self) -> None:
         self._write_pending_index(sync=True)
@@ -319,7 +302,7 @@ class Segment:
         """A file position at or before the first batch holding a record at or after
         ``timestamp`` (Kafka's timeIndex.lookup, then offsetIndex.lookup): after the last
         time index entry older than it, every record up to whose offset is older."""
-        relative = time_index.last_below(self.time_path, self._time_pending, timestamp)
+        relative = time_index.last_below(self.time_path, self.index.time_entries, timestamp)
         return 0 if relative is None else self.lookup(self.base_offset + relative + 1)
 
     def find_position(self, offset: int) -> int | None:
@@ -340,26 +323,29 @@ class Segment:
         Returns ``(file, why)`` for each file rewritten: missing, behind the log (a crash
         lost its unwritten tail: normal for the active segment), or corrupt.
         """
-        index = IndexBuilder(self.base_offset, self.interval)
+        index = IndexBuilder(self.base_offset, self.index.interval)
         for b in batches:
             index.add(b.position, b.base_offset, b.size, b.max_timestamp)
-        self.install_index(index)
         wanted = index_bytes(index.offsets, index.positions)
         rewritten = []
         for path, data in ((self.index_path, wanted), (self.time_path, index.time_entries)):
             why = _sync_file(path, data)
             if why is not None:
                 rewritten.append((path, why))
+        self.install_index(index)
         return rewritten
 
     def install_index(self, index: IndexBuilder) -> None:
-        """Take indexes computed elsewhere (the cleaner's worker thread builds its copy's)."""
-        self.index_offsets = index.offsets
-        self.index_positions = index.positions
-        self.bytes_since_index = index.since
-        self.time_last = index.time_last
-        self._index_pending.clear()
-        self._time_pending.clear()
+        """Take indexes whose files are written (the cleaner's worker thread builds its
+        copy's, recovery its own): nothing of them is pending."""
+        index.time_entries.clear()
+        self.index = index
+        self._index_written = len(index.offsets)
+
+    def drop_pending(self) -> None:
+        """Forget unwritten index entries (files replaced under this segment object)."""
+        self._index_written = len(self.index.offsets)
+        self.index.time_entries.clear()
 
     def truncate_file(self, size: int) -> None:
         os.truncate(self.path, size)
@@ -382,7 +368,8 @@ class Segment:
 class IndexBuilder:
     """A segment's sparse offset and time indexes built batch by batch, so a writer of
     millions of batches (the cleaner) holds its entries only, not a list of every batch.
-    ``Segment.append`` makes the same entries on the write path."""
+    One rule for every writer: a segment's appends, recovery's rebuild and the cleaner's
+    copy come to the same bytes for the same batches."""
 
     __slots__ = (
         "base_offset",

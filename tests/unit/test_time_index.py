@@ -89,7 +89,7 @@ def test_entries_are_kafkas_layout_and_each_one_holds(tmp_path: Path) -> None:
     assert check_entries(log) > len(log.segments)
     check_lookups(log)
     # A sealed segment's entries are all in its file: nothing of them stays in memory.
-    assert all(not s._time_pending for s in log.segments[:-1])
+    assert all(not s.index.time_entries for s in log.segments[:-1])
 
 
 def test_the_write_path_and_recovery_make_the_same_bytes(tmp_path: Path) -> None:
