@@ -19,7 +19,7 @@ Everyone else gets CLUSTER_AUTHORIZATION_FAILED and nothing changes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from time import perf_counter
+from functools import cache, partial
 from typing import Any
 
 from minibroker.broker.common.config import BrokerConfig
@@ -103,6 +103,15 @@ def answer_in_asked_version(api_key: int, handler: Handler) -> Handler:
         return then(result, lambda answer: narrow(schema, answer))
 
     return answer
+
+
+@cache
+def carries_throttle(api_key: int, api_version: int) -> bool:
+    """Whether the native answer in this version has a ``throttle_time_ms`` field (a
+    client's schema rejects one it does not know)."""
+    schema = SCHEMAS.get(api_key, {}).get(api_version, (None, None))[1]
+    known = {*getattr(schema, "fields", ()), *getattr(schema, "optional", ())}
+    return "throttle_time_ms" in known
 
 
 def _unanswered(header: RequestHeader, body: Any) -> bool:
@@ -324,25 +333,19 @@ class RequestHandler:
     ) -> dict | PendingResponse | None:
         quotas = self.quotas
         if quotas is not None and quotas.request.enabled and session.principal is None:
-            return self._handle_timed(header, body, session)
-        return self._handle(header, body, session)
+            return quotas.timed(
+                partial(self.dispatch, header, body, session),
+                session,
+                header.client_id,
+                carries_throttle(header.api_key, header.api_version),
+            )
+        return self.dispatch(header, body, session)
 
-    def _handle_timed(
+    def dispatch(
         self, header: RequestHeader, body: Any, session: ConnectionSession
     ) -> dict | PendingResponse | None:
-        """request_percentage: the time handling took counts against the client's share of
-        the loop (Kafka: of a request handler thread), in percent-seconds; over it, the
-        connection is muted like any throttled one. Only the time spent now is counted:
-        a parked request's wait costs the loop nothing."""
-        started = perf_counter()
-        result = self._handle(header, body, session)
-        used = (perf_counter() - started) * 100
-        self.quotas.record(self.quotas.request, session, header.client_id, used)
-        return result
-
-    def _handle(
-        self, header: RequestHeader, body: Any, session: ConnectionSession
-    ) -> dict | PendingResponse | None:
+        """The API's answer, without the request_percentage accounting ``handle`` adds (the
+        Kafka listener accounts its whole request, of which this is a part, itself)."""
         faults = self.fault_injector
         if faults.faults and header.api_key != ApiKey.FAULTS:
             # isolate: a request from a cut-off peer is lost, as on a partitioned network

@@ -25,7 +25,6 @@ from minibroker.client.offsets import (
     OffsetAndTimestamp,
     list_offsets,
     lookup_retries,
-    refine_by_time,
 )
 from minibroker.client.records import ConsumerRecord, TopicPartition
 from minibroker.client.transactions import ConsumerGroupMetadata
@@ -183,15 +182,9 @@ class Consumer(ClusterClient):
     ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         """Earliest offset whose timestamp is >= the given one (None: no such record)."""
         wanted = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
+        # The broker answers at record granularity (its time index, as Kafka's).
         found = await self.list_offsets(wanted)
-        max_bytes = self.config["max.partition.fetch.bytes"]
-        out: dict[TopicPartition, OffsetAndTimestamp | None] = {}
-        for tp, r in found.items():
-            if r.offset < 0:
-                out[tp] = None
-            else:
-                out[tp] = await refine_by_time(self._open(), tp, r, wanted[tp], max_bytes)
-        return out
+        return {tp: None if r.offset < 0 else r for tp, r in found.items()}
 
     async def partitions_for(self, topic: str) -> int | None:
         cluster = self._open()

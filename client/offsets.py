@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 import trio
@@ -17,7 +17,7 @@ import trio
 from minibroker.client.cluster import Cluster
 from minibroker.client.fetcher import isolation_level
 from minibroker.client.records import TopicPartition
-from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey, read_records
+from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey
 from minibroker.protocol.errors import KafkaError, LeaderNotAvailable, error_class
 
 __all__ = [
@@ -26,7 +26,6 @@ __all__ = [
     "OffsetAndTimestamp",
     "list_offsets",
     "lookup_retries",
-    "refine_by_time",
 ]
 
 
@@ -77,19 +76,29 @@ async def list_offsets(
         if missing:
             await cluster.refresh(missing)
         attempt += 1
-        by_node: dict[int, list[TopicPartition]] = defaultdict(list)
-        for tp in todo:
-            leader = cluster.leader(*tp)
-            if leader is None:
-                error = cluster_error(cluster, tp)
-            else:
-                by_node[leader].append(tp)
+        by_node, error = by_leader(cluster, todo, error)
         for node, tps in by_node.items():
             error = await _ask(cluster, node, tps, todo, results, isolation_level) or error
         if not todo:
             return results
     assert error is not None
     raise error
+
+
+def by_leader(
+    cluster: Cluster, todo: Iterable[TopicPartition], error: KafkaError | None
+) -> tuple[dict[int, list[TopicPartition]], KafkaError | None]:
+    """The partitions grouped by their leader's node, as the cluster knows them now; a
+    partition without a leader is left out, and its error is the one to raise if the
+    retries run out (else ``error``, the last one seen)."""
+    by_node: dict[int, list[TopicPartition]] = defaultdict(list)
+    for tp in todo:
+        leader = cluster.leader(*tp)
+        if leader is None:
+            error = cluster_error(cluster, tp)
+        else:
+            by_node[leader].append(tp)
+    return by_node, error
 
 
 def cluster_error(cluster: Cluster, tp: TopicPartition) -> KafkaError:
@@ -138,47 +147,6 @@ async def _ask(
     return error
 
 
-async def refine_by_time(
-    cluster: Cluster, tp: TopicPartition, found: OffsetAndTimestamp, timestamp: int, max_bytes: int
-) -> OffsetAndTimestamp:
-    """The exact record for a time lookup.
-
-    The broker answers with the first *batch* whose max timestamp reaches ``timestamp``
-    (it never looks inside batches); the record is found by reading that batch here.
-    """
-    leader = cluster.leader(*tp)
-    if leader is None or found.offset < 0:
-        return found
-    body = {
-        "max_wait_ms": 0,
-        "min_bytes": 0,
-        "topics": [
-            {
-                "name": tp.topic,
-                "partitions": [
-                    {
-                        "partition": tp.partition,
-                        "fetch_offset": found.offset,
-                        "partition_max_bytes": max_bytes,
-                    }
-                ],
-            }
-        ],
-    }
-    try:
-        response = await cluster.request(leader, ApiKey.FETCH, body)
-    except KafkaError:
-        return found
-    for t in response["topics"]:
-        for p in t["partitions"]:
-            if p["error_code"]:
-                return found
-            for record in read_records(p["records"], min_offset=found.offset):
-                if record.timestamp >= timestamp:
-                    return OffsetAndTimestamp(record.offset, record.timestamp)
-    return found
-
-
 async def delete_records(
     cluster: Cluster, wanted: dict[TopicPartition, int], *, attempts: int = 5, backoff: float = 0.1
 ) -> dict[TopicPartition, int]:
@@ -192,13 +160,7 @@ async def delete_records(
         if attempt:
             await trio.sleep(backoff)
         await cluster.refresh({tp.topic for tp in todo})
-        by_node: dict[int, list[TopicPartition]] = defaultdict(list)
-        for tp in todo:
-            leader = cluster.leader(*tp)
-            if leader is None:
-                error = cluster_error(cluster, tp)
-            else:
-                by_node[leader].append(tp)
+        by_node, error = by_leader(cluster, todo, error)
         for node, tps in by_node.items():
             by_topic: dict[str, list[dict]] = defaultdict(list)
             for tp in tps:

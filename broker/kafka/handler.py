@@ -11,6 +11,7 @@ not also apply: a rule changes in one place for both listeners (DESIGN.md).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from minibroker.broker.common.clock import Clock, MonotonicClock
@@ -74,7 +75,15 @@ class KafkaRequestHandler(
     def handle(
         self, header: KafkaRequestHeader, body: dict, session: ConnectionSession
     ) -> dict | PendingResponse | None:
-        return self.handlers[header.api_key](header, body, session)
+        handler = self.handlers[header.api_key]
+        quotas = self.native.quotas
+        if quotas is not None and quotas.request.enabled and session.principal is None:
+            # request_percentage over the whole Kafka request (its native parts untimed);
+            # the codec leaves throttle_time_ms out of the versions without it.
+            return quotas.timed(
+                partial(handler, header, body, session), session, header.client_id, True
+            )
+        return handler(header, body, session)
 
     def _native(self, header: KafkaRequestHeader, key: ApiKey, body: dict, session) -> Any:
         """Run the native API, in its newest version (so every field the Kafka request
@@ -86,7 +95,7 @@ class KafkaRequestHandler(
             body = self.native.prepare(native_header, validate_request(native_header, body))
         except InvalidRequest as exc:
             return {"error_code": int(exc.code), "error_message": exc.message}
-        return self.native.handle(native_header, body, session)
+        return self.native.dispatch(native_header, body, session)
 
     # --- APIs --------------------------------------------------------------------------------
 

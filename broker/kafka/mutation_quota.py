@@ -15,6 +15,7 @@ from __future__ import annotations
 from minibroker.broker.network.session import ConnectionSession
 from minibroker.broker.quota import ClientQuotas
 from minibroker.broker.quota.mutation import MutationQuota
+from minibroker.broker.quota.service import with_throttle
 from minibroker.protocol.errors import ErrorCode
 from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader
 
@@ -52,6 +53,4 @@ class Mutations:
         if self.quota is None:
             return out
         throttle = self.quotas.mutation_throttle(self.session, self.quota)  # type: ignore[union-attr]
-        if not throttle:
-            return out
-        return {**out, "throttle_time_ms": max(throttle, out.get("throttle_time_ms") or 0)}
+        return with_throttle(out, throttle) if throttle else out

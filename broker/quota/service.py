@@ -9,7 +9,12 @@ client-throttled: their traffic is replication, which replication quotas govern.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any
+
 from minibroker.broker.common.clock import Clock
+from minibroker.broker.network.pending import then
 from minibroker.broker.network.session import ConnectionSession
 from minibroker.broker.purgatory import Timer
 from minibroker.broker.quota.entity import (
@@ -123,6 +128,27 @@ class ClientQuotas:
             self.throttler.throttle(session, throttle)
         return throttle
 
+    def timed(
+        self,
+        handle: Callable[[], Any],
+        session: ConnectionSession,
+        client_id: str | None,
+        carries_throttle: bool,
+    ) -> Any:
+        """``handle()``'s answer, its time counted for request_percentage: the time handling
+        took counts against the client's share of the loop (Kafka: of a request handler
+        thread), in percent-seconds; over it, the connection is muted like any throttled one,
+        and (``carries_throttle``: the answer has the field) its ``throttle_time_ms`` is the
+        larger of this throttle and the one the API gave (Kafka's KafkaApis). Only the time
+        spent now is counted: a parked request's wait costs the loop nothing."""
+        started = perf_counter()
+        result = handle()
+        used = (perf_counter() - started) * 100
+        throttle = self.record(self.request, session, client_id, used)
+        if not throttle or not carries_throttle or result is None:
+            return result
+        return then(result, lambda answer: with_throttle(answer, throttle))
+
     def managers(self) -> tuple[ClientQuotaManager, ...]:
         return (self.produce, self.fetch, self.request, self.mutation)
 
@@ -132,6 +158,17 @@ class ClientQuotas:
             "throttler": self.throttler.stats(),
             **{m.key: m.stats(now_ms) for m in self.managers() if m.usage},
         }
+
+
+def with_throttle(answer: dict, throttle_ms: int) -> dict:
+    """``answer`` carrying at least ``throttle_ms``: the larger of two quotas' throttles is
+    the one the client waits out (they run at once). A bare error answer (no schema
+    fields) is left as it is."""
+    if set(answer) <= {"error_code", "error_message"}:
+        return answer
+    if (answer.get("throttle_time_ms") or 0) >= throttle_ms:
+        return answer
+    return {**answer, "throttle_time_ms": throttle_ms}
 
 
 def _describe_error(why: str) -> dict:

@@ -62,16 +62,19 @@ def describe_producers(rm: Any, body: dict) -> dict:
             elif not partition.is_leader:
                 out["error_code"] = int(ErrorCode.NOT_LEADER_OR_FOLLOWER)
             else:
+                state = partition.log.producers
+                # Kafka's: the first offset of the producer's ongoing transaction, else -1;
+                # the coordinator epoch of the last marker seen (-1: none yet).
                 out["active_producers"] = [
                     {
                         "producer_id": entry.producer_id,
                         "producer_epoch": entry.epoch,
                         "last_sequence": entry.last_seq,
                         "last_timestamp": entry.last_timestamp,
-                        "coordinator_epoch": -1,
-                        "current_txn_start_offset": -1,
+                        "coordinator_epoch": entry.coordinator_epoch,
+                        "current_txn_start_offset": state.ongoing.get(entry.producer_id, -1),
                     }
-                    for entry in partition.log.producers.producers.values()
+                    for entry in state.producers.values()
                 ]
             parts.append(out)
         topics.append({"name": t["name"], "partitions": parts})

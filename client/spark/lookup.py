@@ -16,7 +16,7 @@ import trio
 
 from minibroker.client.cluster import Cluster
 from minibroker.client.group_admin import alter_group_offsets
-from minibroker.client.offsets import list_offsets, lookup_retries, refine_by_time
+from minibroker.client.offsets import list_offsets, lookup_retries
 from minibroker.client.records import TopicPartition
 from minibroker.client.spark.options import Subscription
 from minibroker.protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
@@ -68,14 +68,9 @@ async def _times(config: dict[str, Any], wanted: dict[TopicPartition, int]) -> d
     async def ask(cluster: Cluster) -> dict:
         if not wanted:
             return {}
+        # The broker answers the record itself (its time index), -1 past every record.
         found = await list_offsets(cluster, dict(wanted), **lookup_retries(config))
-        out = {}
-        for tp, hit in found.items():
-            if hit.offset >= 0:  # the broker names the batch; the record is found in it
-                limit = config["max.partition.fetch.bytes"]
-                hit = await refine_by_time(cluster, tp, hit, wanted[tp], limit)
-            out[tp] = hit.offset
-        return out
+        return {tp: hit.offset for tp, hit in found.items()}
 
     return await _with_cluster(config, ask)
 

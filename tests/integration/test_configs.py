@@ -4,15 +4,9 @@ value's source, INVALID_CONFIG naming the key, and the new values applied live."
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
-    AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
@@ -27,12 +21,11 @@ from minibroker.client.sync import SyncAdmin, SyncProducer
 from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
 from minibroker.protocol.errors import ErrorCode, InvalidConfig, MessageTooLarge
 from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader
+from tests.integration.cluster_helpers import cli, rd_admin
 from tests.integration.test_kafka_admin import ask
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +34,6 @@ def cluster(tmp_path_factory):
     cluster = start_cluster(tmp_path_factory.mktemp("configs"), 3, config)
     yield cluster
     cluster.close()
-
-
-def rd_admin(cluster) -> AdminClient:
-    return AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
 
 
 def rd_topic(cluster, name: str) -> None:
@@ -317,19 +306,6 @@ def test_broker_configs_layer_with_their_sources(cluster):
 
 
 # --- the CLI ------------------------------------------------------------------------------
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("MINIBROKER_BOOTSTRAP", None)
-    return subprocess.run(
-        [sys.executable, "-m", "minibroker.deploy.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=ROOT,
-    )
 
 
 def test_cli_configs_alter_and_describe(cluster):

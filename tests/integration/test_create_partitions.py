@@ -4,16 +4,11 @@ Kafka's errors for bad input, and a group consumer that follows a topic grown 3 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 from confluent_kafka import Consumer as RdConsumer
 from confluent_kafka import KafkaException
 from confluent_kafka import Producer as RdProducer
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import NewPartitions, NewTopic
 
 from minibroker.client import NewPartitions as MbNewPartitions
 from minibroker.client import NewTopic as MbNewTopic
@@ -27,11 +22,11 @@ from minibroker.protocol.errors import (
     PolicyViolation,
     UnknownTopicOrPartition,
 )
+from tests.integration.cluster_helpers import cli, rd_admin
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 CAP = 40  # controller.max.partitions.per.request here: a request over it is refused
 
 
@@ -41,10 +36,6 @@ def cluster(tmp_path_factory):
     cluster = start_cluster(tmp_path_factory.mktemp("create-partitions"), 3, config)
     yield cluster
     cluster.close()
-
-
-def rd_admin(cluster) -> AdminClient:
-    return AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
 
 
 def rd_create(cluster, name: str, partitions: int, rf: int = 2) -> None:
@@ -221,19 +212,6 @@ def test_confluent_group_consumer_reads_the_new_partitions_after_growth(cluster)
 
 
 # --- the CLI ------------------------------------------------------------------------------
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("MINIBROKER_BOOTSTRAP", None)
-    return subprocess.run(
-        [sys.executable, "-m", "minibroker.deploy.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=ROOT,
-    )
 
 
 def test_cli_topics_alter_adds_partitions(cluster):

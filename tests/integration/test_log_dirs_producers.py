@@ -10,6 +10,7 @@ from minibroker.client.records import TopicPartition
 from minibroker.client.sync import SyncAdmin, SyncProducer
 from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
 from minibroker.protocol.errors import UnknownTopicOrPartition
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -70,3 +71,48 @@ def test_admin_and_kafka_python_describe_the_active_producers(cluster):
         admin.close()
     [active] = answer[KpTopicPartition("held", 1)].active_producers
     assert (active.producer_id, active.last_sequence) == (state.producer_id, 14)
+
+
+def test_describe_producers_names_the_open_transactions_first_offset(cluster):
+    """Kafka's current_txn_start_offset: the first offset of the producer's ongoing
+    transaction (-1 once it ends), and the coordinator epoch its marker carried."""
+    from confluent_kafka import Producer as RdProducer
+    from kafka import TopicPartition as KpTopicPartition
+    from kafka.admin import KafkaAdminClient
+
+    with SyncAdmin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic("txn-open", 1, 3)])
+    with SyncProducer(cluster.bootstrap, **{"enable.idempotence": True, "acks": "all"}) as p:
+        for _ in range(3):  # offsets 0..2, before the transaction
+            p.send("txn-open", b"plain", partition=0)
+    tx = RdProducer(
+        {"bootstrap.servers": cluster.kafka_bootstrap, "transactional.id": "describe-me"}
+    )
+    tx.init_transactions(30)
+    tx.begin_transaction()
+    tx.produce("txn-open", b"in-txn", partition=0)
+    assert tx.flush(30) == 0
+    tp = KpTopicPartition("txn-open", 0)
+    admin = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap.split(","))
+    try:
+        [open_txn] = [
+            p
+            for p in admin.describe_producers([tp])[tp].active_producers
+            if p.current_transaction_start_offset != -1
+        ]
+        assert open_txn.current_transaction_start_offset == 3
+        tx.commit_transaction(30)
+
+        def ended():
+            # The coordinator writes the marker after answering EndTxn (as Kafka's).
+            [mine] = [
+                p
+                for p in admin.describe_producers([tp])[tp].active_producers
+                if p.producer_id == open_txn.producer_id
+            ]
+            return mine if mine.current_transaction_start_offset == -1 else None
+
+        done = wait_until(ended, 30, "the commit marker on the partition")
+        assert done.coordinator_epoch >= 0
+    finally:
+        admin.close()

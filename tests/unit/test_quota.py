@@ -10,8 +10,10 @@ from minibroker.broker.purgatory import ManualClock, ManualTimer
 from minibroker.broker.quota import (
     CONSUMER_BYTE_RATE,
     PRODUCER_BYTE_RATE,
+    REQUEST_PERCENTAGE,
     ChannelThrottler,
     ClientQuotaManager,
+    ClientQuotas,
     QuotaConfigs,
     QuotaEntity,
     QuotaError,
@@ -356,3 +358,30 @@ def test_a_client_inventing_client_ids_does_not_grow_the_broker_without_bound():
     # A busy entity is kept and still held to its quota.
     assert manager.record("ANONYMOUS", "busy", 20_000, 10**6) > 0
     assert manager.record("ANONYMOUS", "busy", 1, 10**6) > 0
+
+
+def test_request_time_throttle_is_the_answers_when_larger_than_the_apis_own():
+    """Kafka's KafkaApis: throttle_time_ms is the larger of the API's quota throttle (bytes,
+    mutations) and request_percentage's; answers without the field are left alone."""
+    from minibroker.broker.apis import carries_throttle
+    from minibroker.protocol import ApiKey
+    from minibroker.protocol.api import NEWEST_VERSIONS
+
+    clock = ManualClock()
+    quotas = ClientQuotas(ManualTimer(clock), clock, samples=11, window_ms=1000)
+    quotas.apply(QuotaEntity.of({CLIENT_ID: "busy"}), REQUEST_PERCENTAGE, 1e-6)
+    conn = Hooked()
+
+    def timed(answer: dict | None, carries: bool = True) -> dict | None:
+        return quotas.timed(lambda: answer, conn.session, "busy", carries)
+
+    small = timed({"topics": [], "throttle_time_ms": 1})
+    assert small["throttle_time_ms"] > 1  # any time at all is over a 1e-6 % share
+    huge = timed({"topics": [], "throttle_time_ms": 10**9})
+    assert huge["throttle_time_ms"] == 10**9  # the bytes' throttle was the larger
+    assert timed({"topics": []}, carries=False) == {"topics": []}  # the schema lacks it
+    bare = {"error_code": 7, "error_message": "timed out"}
+    assert timed(bare) == bare and timed(None) is None
+    assert conn.events == [True] * 5  # muted every time all the same
+    assert carries_throttle(ApiKey.PRODUCE, NEWEST_VERSIONS[ApiKey.PRODUCE])
+    assert not carries_throttle(ApiKey.CREATE_TOPICS, 0)
