@@ -72,7 +72,6 @@ _KAFKA_TAIL_MIN = kafka_records.HEADER_SIZE - kafka_records.MAGIC_AT  # magic ..
 # The carried v2 header from its magic byte on: magic, crc, attributes, last_offset_delta,
 # base/max timestamp, producer id/epoch, base sequence, record count.
 _KAFKA_TAIL = struct.Struct(">bIhiqqqhii")
-_KAFKA_CRC_AT = kafka_records.CRC_AT - kafka_records.MAGIC_AT  # in the tail: 1
 _KAFKA_CRC_START = kafka_records.CRC_START - kafka_records.MAGIC_AT  # in the tail: 5
 # attributes bits of a transaction (KIP-98), at Kafka's own positions: the batch belongs
 # to a transaction (its records count only once a commit marker follows), and a control
@@ -302,14 +301,17 @@ def check_batch(
     if kafka and (size - records_at < _KAFKA_TAIL_MIN or view[records_at - CRC_START] != 2):
         raise CorruptBatch(f"batch at byte {pos}: its Kafka v2 batch is cut off")
     if crc:
-        start, checksum = crc_span(buf, pos, header)
-        computed = checksum(view[start - CRC_START :])
+        carried = _carried_header(buf, pos, header) if kafka else None
+        if carried is None:
+            computed = zlib.crc32(view)
+        else:  # the client's CRC-32C, over what it covers (crc_span)
+            computed = crc32c(view[records_at + _KAFKA_CRC_START - CRC_START :])
         if computed != header.crc:
             raise CorruptBatch(
                 f"batch at byte {pos}: CRC {computed:#010x} != stored {header.crc:#010x}"
             )
-        if start != CRC_START:
-            check_wrapped_header(buf, pos, header)
+        if carried is not None:
+            check_wrapped_header(buf, pos, header, carried)
     if kafka:
         return header
     count, header_bytes = _array_header(view[records_at - CRC_START :])
@@ -339,20 +341,32 @@ def crc_span(
     stored CRC differs from the one inside, and they are checked as they were written.
     Both take a running value as a second argument, for a batch checked piece by piece.
     """
-    if header.attributes & KAFKA_FLAG:
-        tail = pos + header.records_at
-        if _CRC.unpack_from(buf, tail + _KAFKA_CRC_AT)[0] == header.crc:
-            return header.records_at + _KAFKA_CRC_START, crc32c
+    if _carried_header(buf, pos, header) is not None:
+        return header.records_at + _KAFKA_CRC_START, crc32c
     return CRC_START, zlib.crc32
 
 
-def check_wrapped_header(
+def _carried_header(
     buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
+) -> tuple | None:
+    """The carried v2 header's fields from its magic byte on, when the batch is a stock
+    client's whose stored CRC is that client's CRC-32C (crc_span); None otherwise."""
+    if header.attributes & KAFKA_FLAG:
+        tail = _KAFKA_TAIL.unpack_from(buf, pos + header.records_at)
+        if tail[1] == header.crc:
+            return tail
+    return None
+
+
+def check_wrapped_header(
+    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, tail: tuple | None = None
 ) -> None:
     """A wrapped stock batch's CRC-32C covers the carried v2 batch only: our header fields
     and producer fields before it must repeat its own, which it covers (per batch, one
-    unpack and a few tuple compares), or a flipped bit there would go unnoticed."""
-    tail = _KAFKA_TAIL.unpack_from(buf, pos + header.records_at)
+    unpack and a few tuple compares), or a flipped bit there would go unnoticed.
+    ``tail``: the carried header's fields if the caller has unpacked them already."""
+    if tail is None:
+        tail = _KAFKA_TAIL.unpack_from(buf, pos + header.records_at)
     # ours: last_offset_delta, first/max timestamp, record_count; theirs: the same.
     if header[5:8] != tail[3:6] or header[8] != tail[9]:
         raise CorruptBatch(f"batch at byte {pos}: its header does not match its v2 batch's")

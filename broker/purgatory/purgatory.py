@@ -176,28 +176,28 @@ class Purgatory:
         whole batch's time.
         """
         expired = 0
-        deadlines: list[int] = []  # of the ops expired here, one per run of equal ones
-        runs: list[int] = []
+        runs: list[tuple[int, int]] = []  # (deadline, ops expired here with it)
         last = None
+        n = 0
         try:
             for op in batch:
                 if op.force_complete():  # a trigger may have got there first
                     if op.owner is self:
                         expired += 1
                     op.on_expiration()
-                    deadline = op.expiration_ms
-                    if deadline == last:
-                        runs[-1] += 1
-                    else:
-                        last = deadline
-                        deadlines.append(deadline)
-                        runs.append(1)
+                    if op.expiration_ms != last:
+                        if n:
+                            runs.append((last, n))
+                        last = op.expiration_ms
+                        n = 0
+                    n += 1
         finally:
             self._expired += expired
-            if runs:
+            if n:
+                runs.append((last, n))
                 now_ms = self.timer.clock.now_ms()
                 observe = self.expiry_lateness.observe
-                for deadline, times in zip(deadlines, runs, strict=True):
+                for deadline, times in runs:
                     late_ms = now_ms - deadline
                     observe(late_ms / 1000 if late_ms > 0 else 0.0, times)
         return expired
