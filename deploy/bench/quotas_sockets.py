@@ -63,6 +63,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--record-bytes", type=int, default=256, help="each produce's value (256)")
     p.add_argument("--warmup", type=float, default=15, help="seconds before figures count (15)")
+    p.add_argument(
+        "--spread-s",
+        type=float,
+        default=2.0,
+        help="the connections' first produces spread over this many seconds, as a fleet of "
+        "unrelated clients (default 2; 0: all at once, whose equal throttles then end "
+        "together and measure a burst's queue, not the timer)",
+    )
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -76,7 +84,7 @@ def _measure(args: argparse.Namespace, bootstrap: str, broker: psutil.Process | 
     host, port = bootstrap.split(",")[0].rsplit(":", 1)
     processes = max(2, math.ceil(args.sockets / CONNECTIONS_PER_PROCESS))
     confs = [
-        (host, int(port), index, share, args.record_bytes)
+        (host, int(port), index, share, args.record_bytes, args.spread_s)
         for index, share in enumerate(shares(args.sockets, processes))
     ]
     with ClientProcesses(_child, confs) as clients:
@@ -150,7 +158,7 @@ class _Link:
 
 def _child(conf: tuple, pipe: Any) -> None:
     raise_fd_limit()
-    host, port, index, count, record_bytes = conf
+    host, port, index, count, record_bytes, spread_s = conf
     records = encode_batch([(0, None, b"q" * record_bytes, [])])
     links: dict[int, _Link] = {}
     for i in range(count):
@@ -174,8 +182,8 @@ def _child(conf: tuple, pipe: Any) -> None:
         "first_error": None,
     }
     started, cpu = time.monotonic(), time.process_time()
-    time.sleep(max(0.0, go - time.monotonic()))
-    _loop(links, count_from, stop, stats)
+    starts = [go + spread_s * i / count for i in range(count)]
+    _loop(links, starts, count_from, stop, stats)
     stats["cpu_s"] = time.process_time() - cpu
     stats["elapsed_s"] = time.monotonic() - started
     for link in links.values():
@@ -183,17 +191,22 @@ def _child(conf: tuple, pipe: Any) -> None:
     pipe.send(stats)
 
 
-def _loop(links: dict[int, _Link], count_from: float, stop: float, stats: dict) -> None:
+def _loop(
+    links: dict[int, _Link], starts: list[float], count_from: float, stop: float, stats: dict
+) -> None:
     lateness, throttles = stats["lateness_ms"], stats["throttle_ms"]
+    waiting = list(zip(reversed(starts), reversed(list(links.values())), strict=True))
     epoll = select.epoll()
     with epoll:
-        for fd, link in links.items():
+        for fd in links:
             epoll.register(fd, select.EPOLLIN)
-            if not _send(link, stats):
-                return
         now = time.monotonic()
         while now < stop:
-            events = epoll.poll(0.05)
+            while waiting and waiting[-1][0] <= now:  # first produces, in start order
+                if not _send(waiting.pop()[1], stats):
+                    return None
+            timeout = min(0.05, max(0.0, waiting[-1][0] - now)) if waiting else 0.05
+            events = epoll.poll(timeout)
             now = time.monotonic()  # every answer this poll returned had arrived by now
             for fd, _ in events:
                 link = links[fd]

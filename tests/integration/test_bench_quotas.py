@@ -18,6 +18,7 @@ def test_socket_bench_throttles_every_connection_and_times_the_answers():
         socket_quota=128,
         record_bytes=256,
         warmup=2.0,
+        spread_s=0.5,
         duration=3.0,
         bootstrap=None,
     )
