@@ -11,26 +11,20 @@ from minibroker.client.admin import NewTopic
 from minibroker.client.errors import ProducerFenced
 from minibroker.client.records import TopicPartition
 from minibroker.deploy import exit_codes
-from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
+from minibroker.deploy.testing import start_cluster
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import ErrorCode, RequestTimedOut, TransactionalIdNotFound
 from tests.waiting import wait_until
 
 from .test_cli_client import cli, one_error_line
-from .test_kafka_transactions import read_committed
+from .test_kafka_transactions import TXN_CONFIG, read_committed
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    config = {
-        **DEFAULT_CONFIG,
-        "transaction.state.log.num.partitions": 3,
-        "offsets.topic.num.partitions": 3,
-        "group.initial.rebalance.delay.ms": 0,
-    }
-    cluster = start_cluster(tmp_path_factory.mktemp("txnclient"), 3, config)
+    cluster = start_cluster(tmp_path_factory.mktemp("txnclient"), 3, TXN_CONFIG)
     yield cluster
     cluster.close()
 

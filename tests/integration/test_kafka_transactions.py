@@ -29,15 +29,19 @@ from minibroker.protocol.kafka import KafkaRequestHeader, decode_response, encod
 pytestmark = pytest.mark.integration
 
 
+# Small internal topics (their partitions are created on first use) and no wait for more
+# group members: the transaction tests' clusters, shared by the files that test them.
+TXN_CONFIG = {
+    **DEFAULT_CONFIG,
+    "transaction.state.log.num.partitions": 3,
+    "offsets.topic.num.partitions": 3,
+    "group.initial.rebalance.delay.ms": 0,
+}
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    config = {
-        **DEFAULT_CONFIG,
-        "transaction.state.log.num.partitions": 3,
-        "offsets.topic.num.partitions": 3,
-        "group.initial.rebalance.delay.ms": 0,
-    }
-    cluster = start_cluster(tmp_path_factory.mktemp("txn"), 3, config)
+    cluster = start_cluster(tmp_path_factory.mktemp("txn"), 3, TXN_CONFIG)
     yield cluster
     cluster.close()
 

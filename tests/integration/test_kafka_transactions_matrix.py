@@ -18,8 +18,9 @@ from confluent_kafka import Consumer as RdConsumer
 from confluent_kafka import Producer as RdProducer
 from confluent_kafka import TopicPartition as RdTopicPartition
 
-from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
+from minibroker.deploy.testing import start_cluster
 from tests.integration.test_kafka_transactions import (
+    TXN_CONFIG,
     create,
     describe,
     read_committed,
@@ -31,13 +32,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    config = {
-        **DEFAULT_CONFIG,
-        "transaction.state.log.num.partitions": 3,
-        "offsets.topic.num.partitions": 3,
-        "group.initial.rebalance.delay.ms": 0,
-    }
-    cluster = start_cluster(tmp_path_factory.mktemp("txn-matrix"), 3, config)
+    cluster = start_cluster(tmp_path_factory.mktemp("txn-matrix"), 3, TXN_CONFIG)
     yield cluster
     cluster.close()
 
