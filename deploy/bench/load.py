@@ -111,3 +111,10 @@ class ClientProcesses:
             out.append(pipe.recv())
             proc.join(10)
         return out
+
+
+def count_error(stats: dict[str, Any], text: str) -> None:
+    """A client process's error: counted, and the first one kept to be reported."""
+    stats["errors"] += 1
+    if stats["first_error"] is None:
+        stats["first_error"] = text

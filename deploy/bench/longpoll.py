@@ -32,6 +32,7 @@ from minibroker.deploy.bench.load import (
     ClientProcesses,
     add_broker_under_test_argument,
     broker_under_test,
+    count_error,
     cpu_seconds,
     raise_fd_limit,
     shares,
@@ -282,10 +283,10 @@ def _poll_loop(
                 except BlockingIOError:
                     continue
                 except OSError as exc:
-                    _error(stats, f"{type(exc).__name__}: {exc}")
+                    count_error(stats, f"{type(exc).__name__}: {exc}")
                     return
                 if not data:
-                    _error(stats, "ConnectionError: the broker closed the connection")
+                    count_error(stats, "ConnectionError: the broker closed the connection")
                     return
                 for frame in poller.decoder.feed(data):
                     sent = poller.sent
@@ -294,10 +295,10 @@ def _poll_loop(
                     try:
                         part = response["topics"][0]["partitions"][0]
                     except (KeyError, IndexError, TypeError):
-                        _error(stats, f"unexpected answer {str(response)[:200]}")
+                        count_error(stats, f"unexpected answer {str(response)[:200]}")
                         return
                     if part["error_code"]:
-                        _error(stats, f"error code {part['error_code']}")
+                        count_error(stats, f"error code {part['error_code']}")
                     else:
                         if now <= produce_at:
                             stats["answered"] += 1
@@ -330,7 +331,7 @@ def _send_fetch(poller: _Poller, topic: str, wait_ms: int, stats: dict[str, Any]
         if poller.sock.send(frame) != len(frame):
             raise OSError("a fetch request did not fit the socket buffer")
     except OSError as exc:
-        _error(stats, f"{type(exc).__name__}: {exc}")
+        count_error(stats, f"{type(exc).__name__}: {exc}")
         return False
     return True
 
@@ -345,8 +346,3 @@ async def _one_answer(stream: trio.SocketStream, decoder: FrameDecoder) -> bytes
         frames = decoder.feed(data)
     return frames[0]
 
-
-def _error(stats: dict[str, Any], text: str) -> None:
-    stats["errors"] += 1
-    if stats["first_error"] is None:
-        stats["first_error"] = text

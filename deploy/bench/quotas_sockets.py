@@ -34,6 +34,7 @@ from minibroker.deploy.bench.common import ensure_topic, percentile
 from minibroker.deploy.bench.load import (
     ClientProcesses,
     broker_under_test,
+    count_error,
     cpu_seconds,
     raise_fd_limit,
     shares,
@@ -215,14 +216,14 @@ def _loop(
                 except BlockingIOError:
                     continue
                 except OSError as exc:
-                    return _error(stats, f"{type(exc).__name__}: {exc}")
+                    return count_error(stats, f"{type(exc).__name__}: {exc}")
                 if not data:
-                    return _error(stats, "ConnectionError: the broker closed the connection")
+                    return count_error(stats, "ConnectionError: the broker closed the connection")
                 for frame in link.decoder.feed(data):
                     _, answer = decode_response_envelope(frame)
                     code = answer["topics"][0]["partitions"][0]["error_code"]
                     if code:
-                        _error(stats, f"produce answered error code {code}")
+                        count_error(stats, f"produce answered error code {code}")
                     counted = count_from <= now < stop
                     if counted:
                         stats["answered"] += 1
@@ -243,12 +244,7 @@ def _send(link: _Link, stats: dict) -> bool:
         if link.sock.send(link.frame) != len(link.frame):
             raise OSError("a produce request did not fit the socket buffer")
     except OSError as exc:
-        _error(stats, f"{type(exc).__name__}: {exc}")
+        count_error(stats, f"{type(exc).__name__}: {exc}")
         return False
     return True
 
-
-def _error(stats: dict[str, Any], text: str) -> None:
-    stats["errors"] += 1
-    if stats["first_error"] is None:
-        stats["first_error"] = text
