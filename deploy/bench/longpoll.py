@@ -345,4 +345,3 @@ async def _one_answer(stream: trio.SocketStream, decoder: FrameDecoder) -> bytes
             raise ConnectionError("the broker closed the connection")
         frames = decoder.feed(data)
     return frames[0]
-

@@ -247,4 +247,3 @@ def _send(link: _Link, stats: dict) -> bool:
         count_error(stats, f"{type(exc).__name__}: {exc}")
         return False
     return True
-
