@@ -229,7 +229,7 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    interrupt.raise_on_sigterm()
+    interrupt.raise_on_signals()
     try:
         return run_piped(lambda: _run(sys.argv[1:] if argv is None else argv))
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM outside a command's trio loop
@@ -242,7 +242,7 @@ def _run(argv: Sequence[str]) -> int:
     args = build_parser(argv).parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     if not interrupt.handles(func):
-        interrupt.default_sigterm()
+        interrupt.default_signals()
     try:
         return func(args) or 0
     except CommandError as exc:

@@ -13,9 +13,9 @@ SIGTERM and turns them into cancellation:
   than after session.timeout.ms), a producer delivers the lines it has read.
 - a second one cancels that cleanup too (a cluster that no longer answers).
 
-Outside trio (imports, argument parsing) SIGINT is Python's KeyboardInterrupt and
-SIGTERM raises :class:`Terminated`, its subclass; the entry point turns either into its
-exit status, without a word.
+Outside trio (imports, argument parsing) SIGINT raises :class:`Interrupted` and SIGTERM
+:class:`Terminated`, both KeyboardInterrupt's subclasses; the entry point turns either
+into its exit status, without a word.
 """
 
 from __future__ import annotations
@@ -34,6 +34,13 @@ def exit_status(signum: int) -> int:
     return 128 + signum
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, raised as a subclass of what Python raises. Where a bare KeyboardInterrupt
+    leaves some code run by the interpreter (an import Ctrl-C cut short), CPython notes it
+    and, once the process has exited cleanly with our status, kills itself with SIGINT
+    (status -2, no word said). The note is taken for KeyboardInterrupt itself only."""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Python raises KeyboardInterrupt for SIGINT: code that stops
     cleanly on Ctrl-C stops the same way on SIGTERM."""
@@ -44,13 +51,15 @@ def status_of(exc: KeyboardInterrupt) -> int:
     return exit_status(signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
 
 
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise Terminated if signum == signal.SIGTERM else Interrupted
 
 
-def raise_on_sigterm() -> None:
-    """Until a command's trio loop takes over: SIGTERM raises Terminated."""
-    signal.signal(signal.SIGTERM, _raise_terminated)
+def raise_on_signals() -> None:
+    """Until a command's trio loop takes over: SIGINT raises Interrupted, SIGTERM
+    Terminated."""
+    for s in SIGNALS:
+        signal.signal(s, _raise_interrupted)
 
 
 def ignore_late_signals() -> None:
@@ -60,10 +69,12 @@ def ignore_late_signals() -> None:
         signal.signal(s, signal.SIG_IGN)
 
 
-def default_sigterm() -> None:
+def default_signals() -> None:
     """For a command that runs trio without :func:`run`: an exception raised by a signal
-    handler inside trio's loop is the bug above, so SIGTERM ends it as it always did."""
+    handler inside trio's loop is the bug above, so SIGTERM ends it as it always did and
+    SIGINT is Python's own again, which trio.run knows how to deliver."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def handles_signals(command: Callable[..., int]) -> Callable[..., int]:
