@@ -187,6 +187,8 @@ CREATE_TOPICS_RESP = struct(
                     "error_message": ERROR_MESSAGE,
                     "num_partitions": (INT32, -1),
                     "replication_factor": (INT16, -1),
+                    # The created topic's id (as Metadata's topic_id); "" when not created.
+                    "topic_id": (string(max_len=64), ""),
                 },
             )
         )

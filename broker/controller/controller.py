@@ -321,14 +321,10 @@ class Controller:
             )
             for replicas in assignment
         ]
-        topic_id = uuid.uuid4().hex
-        self.metadata.topics[name] = TopicState(
-            name, partitions, dict(request["configs"]), topic_id
-        )
-        self.log.info(
-            "topic_created",
-            topic=name,
-            topic_id=topic_id,
+        self._add_topic(
+            result,
+            partitions,
+            request["configs"],
             partitions=num_partitions,
             replication_factor=rf,
         )
@@ -367,12 +363,17 @@ class Controller:
                     counts[broker] += 1
         if validate_only:
             return result
-        topic_id = uuid.uuid4().hex
-        self.metadata.topics[name] = TopicState(
-            name, partitions, dict(request["configs"]), topic_id
-        )
-        self.log.info("topic_created", topic=name, topic_id=topic_id, assignments=assignments)
+        self._add_topic(result, partitions, request["configs"], assignments=assignments)
         return result
+
+    def _add_topic(
+        self, result: dict, states: list[PartitionState], configs: dict[str, str], **logged: Any
+    ) -> None:
+        """Put the new topic on the draft under a fresh topic id, which its answer carries."""
+        topic_id = result["topic_id"] = uuid.uuid4().hex
+        name = result["name"]
+        self.metadata.topics[name] = TopicState(name, states, dict(configs), topic_id)
+        self.log.info("topic_created", topic=name, topic_id=topic_id, **logged)
 
     def delete_topics(self, names: list[str]) -> dict | PendingResponse:
         """``{"responses": results}``, sent once the RemoveTopic records commit (Kafka's

@@ -10,6 +10,7 @@ not also apply: a rule changes in one place for both listeners (DESIGN.md).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -28,6 +29,7 @@ from minibroker.broker.kafka.transactions import TransactionApis
 from minibroker.broker.kafka.translate import failed
 from minibroker.broker.metadata.cache import MetadataCache
 from minibroker.broker.metadata.check import topic_name_error
+from minibroker.broker.metadata.config_view import topic_config_entries
 from minibroker.broker.network.pending import PendingResponse, then
 from minibroker.broker.network.session import ConnectionSession
 from minibroker.protocol import ApiKey, RequestHeader, validate_request
@@ -41,6 +43,19 @@ def _throttled(out: dict, native: dict) -> dict:
     v1+ have the field; the codec leaves it out of older versions)."""
     throttle = native.get("throttle_time_ms")
     return {**out, "throttle_time_ms": throttle} if throttle else out
+
+
+def _created_topic(config: BrokerConfig, native: dict, configs: dict[str, str]) -> dict:
+    """One CreateTopics result: v5+ carry the created topic's counts and effective configs,
+    v7 its id (Kafka's CreatableTopicResult; a refused topic keeps the defaults, -1/null)."""
+    out = {k: native.get(k) for k in ("name", "error_code", "error_message")}
+    if native["error_code"] == 0:
+        out["num_partitions"] = native["num_partitions"]
+        out["replication_factor"] = native["replication_factor"]
+        out["configs"] = topic_config_entries(configs, config)
+        if native.get("topic_id"):  # none when validate_only
+            out["topic_id"] = uuid.UUID(native["topic_id"])
+    return out
 
 
 class KafkaRequestHandler(
@@ -340,6 +355,8 @@ class KafkaRequestHandler(
             "timeout_ms": max(body["timeout_ms"], 0),
             "validate_only": body.get("validate_only", False),
         }
+        configs = {t["name"]: t["configs"] for t in topics}
+        created_topic = partial(_created_topic, self.native.config)
         result = (
             self._native(header, ApiKey.CREATE_TOPICS, native, session)
             if topics
@@ -348,14 +365,7 @@ class KafkaRequestHandler(
 
         def answer(native_answer: dict) -> dict:
             code = failed(native_answer)
-            out = [
-                {
-                    "name": t["name"],
-                    "error_code": t["error_code"],
-                    "error_message": t.get("error_message"),
-                }
-                for t in native_answer.get("topics", ())
-            ]
+            out = [created_topic(t, configs[t["name"]]) for t in native_answer.get("topics", ())]
             if code:
                 out = [
                     {

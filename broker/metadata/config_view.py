@@ -32,8 +32,7 @@ _LIST = 7
 
 def describe_configs(body: dict, md: ClusterMetadata, config: BrokerConfig, broker_id: int) -> dict:
     """The native DescribeConfigs answer for ``body``."""
-    if not isinstance(config, DynamicBrokerConfig):  # a broker built without dynamic layers
-        config = DynamicBrokerConfig(config)
+    config = _layered(config)
     results = []
     for resource in body["resources"]:
         kind, name = resource["resource_type"], resource["resource_name"]
@@ -69,6 +68,19 @@ def describe_configs(body: dict, md: ClusterMetadata, config: BrokerConfig, brok
             out["configs"] = [c for c in out["configs"] if c["name"] in wanted]
         results.append(out)
     return {"results": results}
+
+
+def topic_config_entries(overrides: dict[str, str], config: BrokerConfig) -> list[dict]:
+    """A topic's effective configs, sorted, with their sources: what CreateTopics v5+
+    answers for a topic it created (Kafka's computeEffectiveTopicConfigs)."""
+    plain = {"include_synonyms": False, "include_documentation": False}
+    return _topic_entries(overrides, _layered(config), plain)
+
+
+def _layered(config: BrokerConfig) -> DynamicBrokerConfig:
+    if isinstance(config, DynamicBrokerConfig):
+        return config
+    return DynamicBrokerConfig(config)  # a broker built without dynamic layers
 
 
 def _topic_entries(overrides: dict[str, str], config: DynamicBrokerConfig, body: dict) -> list:

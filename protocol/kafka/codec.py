@@ -101,7 +101,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     KafkaApi.LIST_OFFSETS: (1, 7),
     KafkaApi.METADATA: (0, 8),
     KafkaApi.API_VERSIONS: (0, 3),
-    KafkaApi.CREATE_TOPICS: (0, 4),
+    # CreateTopics to v7: v5 (flexible) answers the counts and configs, v6 refuses a topic
+    # over controller_mutation_rate (KIP-599), v7 gives its topic id.
+    KafkaApi.CREATE_TOPICS: (0, 7),
     # librdkafka asks DeleteTopics up to v4 and ElectLeaders up to v2 (both flexible there),
     # kafka-python 3 up to the broker's maxima (DeleteTopics v6: topics named by id too),
     # aiokafka DeleteTopics up to v3. DescribeCluster is flexible from v0 (kafka-python 3's

@@ -4,14 +4,18 @@ bucket is in debt), librdkafka CreatePartitions v1 (permissive: done, then throt
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 from kafka.admin import KafkaAdminClient
 
+from minibroker.broker.storage.partition_metadata import read_topic_id
 from minibroker.client import NewTopic, SyncAdmin
 from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
 from minibroker.protocol.errors import ErrorCode
 from tests.integration.cluster_helpers import cli
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -87,3 +91,39 @@ def test_librdkafka_old_version_is_served_then_throttled(cluster):
     assert partitions(cluster, "wide") == 40
     admin.poll(1)
     assert throttles and max(throttles) > 1.0  # seconds: 17 partitions in debt at 2/s
+
+
+def test_kafka_python_create_topics_v7_answers_counts_configs_id_then_is_throttled(cluster):
+    limit(cluster, "creator")
+    admin = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap, client_id="creator")
+    try:
+        # 25 partitions from a full bucket of 22: created (the bucket was not in debt).
+        made = admin.create_topics(
+            {"made": {"num_partitions": 25, "replication_factor": 1,
+                      "configs": {"retention.ms": "60000"}}},
+            raise_errors=False,
+        )  # fmt: skip
+        [result] = made["topics"]
+        assert (result["name"], result["error_code"]) == ("made", 0)
+        assert (result["num_partitions"], result["replication_factor"]) == (25, 1)
+        configs = result["configs"]  # kafka-python: by name, sources by name
+        assert configs["retention.ms"]["value"] == "60000"
+        assert configs["retention.ms"]["config_source"] == "DYNAMIC_TOPIC_CONFIG"
+        assert configs["cleanup.policy"]["config_source"] == "DEFAULT_CONFIG"
+        # The id the broker wrote into the new partition's directory (partition.metadata).
+        wait_until(lambda: list(cluster.data_dir.glob("**/made-0/partition.metadata")), 30,
+                   "the partition's directory")  # fmt: skip
+        [directory] = [p.parent for p in cluster.data_dir.glob("**/made-0/partition.metadata")]
+        assert uuid.UUID(result["topic_id"]).hex == read_topic_id(directory)
+        # 3 below zero now: the next topic is refused and never created.
+        refused = admin.create_topics(
+            {"refused": {"num_partitions": 1, "replication_factor": 1}}, raise_errors=False
+        )
+        [result] = refused["topics"]
+        assert result["error_code"] == ErrorCode.THROTTLING_QUOTA_EXCEEDED
+        assert (result["num_partitions"], result.get("configs")) == (-1, None)  # null: absent
+        assert result["topic_id"] is None  # the zero uuid: nothing was created
+    finally:
+        admin.close()
+    with SyncAdmin(cluster.bootstrap) as native:
+        assert "refused" not in native.list_topics()
