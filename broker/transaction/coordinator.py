@@ -55,6 +55,8 @@ class TransactionCoordinator:
         # AddPartitionsToTxn waiting for its id's change in flight, watched by id.
         self.busy = busy_purgatory
         self._to_wake: list[str] = []
+        # The same requests by id, for the follow-on write (_complete) to claim.
+        self._waiting: dict[str, list[DelayedAddPartitions]] = {}
         # An InitProducerId answer for a fresh id (the controller's blocks, producer_ids.py).
         self.new_producer_id = new_producer_id
         self.timed_out = 0
@@ -162,7 +164,7 @@ class TransactionCoordinator:
         transit = txn.prepare_epoch_bump(timeout_ms, self._wall(), new_id)
         return self._write(
             txn,
-            transit,
+            [transit],
             lambda code: (
                 init_answer(code, transit.producer_id, transit.producer_epoch)
                 if code is E.NONE
@@ -186,7 +188,9 @@ class TransactionCoordinator:
             lambda: self._add_partitions(transactional_id, producer_id, epoch, partitions),
             wait_ms,
         )
-        self.busy.try_complete_else_watch(op, (transactional_id,))
+        op.request = (producer_id, epoch, frozenset(partitions))
+        if not self.busy.try_complete_else_watch(op, (transactional_id,)):
+            self._waiting.setdefault(transactional_id, []).append(op)
         return op.response.body if op.response.body is not None else op.response
 
     def _busy(self, transactional_id: str, producer_id: int, epoch: int) -> bool:
@@ -204,7 +208,12 @@ class TransactionCoordinator:
         if len(self._to_wake) > 1:
             return
         while self._to_wake:
-            self.busy.check_and_complete(self._to_wake[0])
+            transactional_id = self._to_wake[0]
+            self.busy.check_and_complete(transactional_id)
+            if waiting := self._waiting.get(transactional_id):
+                waiting[:] = [op for op in waiting if not op.is_completed]
+                if not waiting:
+                    del self._waiting[transactional_id]
             del self._to_wake[0]
 
     def _add_partitions(
@@ -227,7 +236,7 @@ class TransactionCoordinator:
                 self._watch_timeout(txn)
             return code
 
-        return self._write(txn, transit, written)
+        return self._write(txn, [transit], written)
 
     def _watch_timeout(self, txn: TransactionMetadata, delay_ms: int | None = None) -> None:
         op = TxnTimeout(self, txn, txn.timeout_ms if delay_ms is None else max(delay_ms, 0))
@@ -281,7 +290,7 @@ class TransactionCoordinator:
                 self.send_markers(txn)
             return error_only(code)
 
-        return self._write(txn, transit, written)
+        return self._write(txn, [transit], written)
 
     def send_markers(self, txn: TransactionMetadata) -> None:
         """PrepareCommit/PrepareAbort is in the log: mark every partition, then complete."""
@@ -308,9 +317,23 @@ class TransactionCoordinator:
         )
 
     def _complete(self, txn: TransactionMetadata) -> None:
+        """CompleteCommit/CompleteAbort; with it, in the same append, the producer's next
+        transaction when its AddPartitionsToTxn is already waiting (the follow-on).
+
+        librdkafka begins the next transaction 1-2 ms after EndTxn is answered, while the
+        markers take longer: written one after the other, CompleteCommit and the next
+        Ongoing would cost two replicated writes in series. The log holds the same two
+        records either way (the last one per id wins on replay), and the waiting requests
+        are answered by that write, as their own would have answered them."""
         if txn.pending_state is not None or txn.state not in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
             return
-        transit = txn.prepare_complete(self._wall())
+        now = self._wall()
+        transit = txn.prepare_complete(now)
+        follow_on = PendingResponse()
+        added = self._claim_waiting(txn, follow_on)
+        transits = [transit]
+        if added:
+            transits.append(txn.after(transit).prepare_add_partitions(added, now))
 
         def written(code: ErrorCode) -> None:
             if code is E.NONE:
@@ -319,15 +342,33 @@ class TransactionCoordinator:
                     transactional_id=txn.transactional_id,
                     state=transit.state.value,
                     producer_id=txn.producer_id,
+                    next_begun=bool(added),
                 )
+                if added:
+                    self._watch_timeout(txn)
             else:  # still prepared: the next leader (or a reload) sends the markers again
                 self.log.warning(
                     "txn_complete_write_failed",
                     transactional_id=txn.transactional_id,
                     error=code.name,
                 )
+            if added:
+                follow_on.set(code)
 
-        self._write(txn, transit, written)
+        self._write(txn, transits, written)
+
+    def _claim_waiting(
+        self, txn: TransactionMetadata, outcome: PendingResponse
+    ) -> set[tuple[str, int]]:
+        """The partitions the id's current producer is waiting to add: each of its parked
+        requests is claimed (answered by ``outcome``); another producer's are left to be
+        refused as they stand once the id is free."""
+        added: set[tuple[str, int]] = set()
+        for op in self._waiting.pop(txn.transactional_id, ()):
+            producer_id, epoch, partitions = op.request
+            if (producer_id, epoch) == (txn.producer_id, txn.producer_epoch) and op.claim(outcome):
+                added |= partitions
+        return added
 
     # --- timeouts and loading ------------------------------------------------------------
 
@@ -394,15 +435,17 @@ class TransactionCoordinator:
     def _write(
         self,
         txn: TransactionMetadata,
-        transit: TxnTransit,
+        transits: list[TxnTransit],
         answer: Callable[[ErrorCode], Any],
     ) -> Any:
-        """Write ``transit``; apply it when stored (abandon it if not); ``answer(code)``."""
+        """Write ``transits`` (one append); apply them in order when stored (abandon the
+        prepared change if not); ``answer(code)``."""
         response = PendingResponse()
 
         def done(code: ErrorCode) -> None:
             if code is E.NONE:
-                txn.complete(transit)
+                for transit in transits:
+                    txn.complete(transit)
             else:
                 txn.abandon()
             result = answer(code)
@@ -411,7 +454,7 @@ class TransactionCoordinator:
             # The id may no longer be busy: an AddPartitionsToTxn waiting on it proceeds.
             self._wake(txn.transactional_id)
 
-        self.manager.write(txn, transit, done)
+        self.manager.write(txn, transits, done)
         return response.body if response.body is not None else response
 
 

@@ -46,7 +46,7 @@ class DelayedAddPartitions(DelayedOperation):
     and that bound only caps the wait: then it is handled as it stands (still busy:
     CONCURRENT_TRANSACTIONS, as Kafka answers)."""
 
-    __slots__ = ("attempt", "busy", "response")
+    __slots__ = ("attempt", "busy", "request", "response")
 
     def __init__(self, busy: Callable[[], bool], attempt: Callable[[], Any], delay_ms: int) -> None:
         super().__init__(delay_ms)
@@ -54,9 +54,17 @@ class DelayedAddPartitions(DelayedOperation):
         # The request handled now: an ErrorCode, or a PendingResponse of one (a write).
         self.attempt = attempt
         self.response = PendingResponse()
+        # (producer_id, producer_epoch, partitions): what a follow-on write may add.
+        self.request: tuple[int, int, frozenset[tuple[str, int]]] = (-1, -1, frozenset())
 
     def try_complete(self) -> bool:
         return not self.busy() and self.force_complete()
+
+    def claim(self, outcome: PendingResponse) -> bool:
+        """Answered by a write already under way, which adds this request's partitions
+        (the coordinator's follow-on); False if it was answered already."""
+        self.attempt = lambda: outcome
+        return self.force_complete()
 
     def on_complete(self) -> None:
         """Handled once, on a wake-up or at the deadline (the order Kafka's purgatory

@@ -85,13 +85,14 @@ class TransactionStateManager(CoordinatorPartitions):
     def write(
         self,
         txn: TransactionMetadata,
-        transit: TxnTransit | None,
+        transits: list[TxnTransit | None],
         done: Callable[[ErrorCode], None],
     ) -> None:
-        """Write the id's new value (``transit``; None: its tombstone), acks=all."""
+        """Write the id's new values (None: its tombstone) as one batch, acks=all: all of
+        them are stored, or none."""
         self.append(
             txn.partition,
-            txn_batch(txn.transactional_id, transit, self.wall_ms()),
+            txn_batch(txn.transactional_id, transits, self.wall_ms()),
             APPEND_TIMEOUT_MS,
             done,
         )

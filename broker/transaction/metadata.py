@@ -11,6 +11,7 @@ applied (``complete``) only once the in-sync replicas have it.
 
 from __future__ import annotations
 
+import copy
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -202,6 +203,13 @@ class TransactionMetadata:
         self.partitions = set(transit.partitions)
         self.start_ms = transit.start_ms
         self.last_update_ms = transit.last_update_ms
+
+    def after(self, transit: TxnTransit) -> TransactionMetadata:
+        """A detached copy as it will be once ``transit`` is applied: the next change is
+        prepared on it, to be written in the same append (coordinator.py's follow-on)."""
+        shadow = copy.copy(self)
+        shadow.complete(transit)
+        return shadow
 
     def abandon(self) -> None:
         """The prepared change could not be written: nothing changed."""

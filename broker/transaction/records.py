@@ -15,6 +15,7 @@ This is the one place they are decoded: the coordinator's loader.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -66,10 +67,14 @@ def read_txn_value(value: dict) -> TxnTransit:
     )
 
 
-def txn_batch(transactional_id: str, transit: TxnTransit | None, timestamp_ms: int) -> bytes:
-    """One record: the id's new value, or its tombstone."""
-    value = None if transit is None else txn_value(transit)
-    return encode_batch([(timestamp_ms, txn_key(transactional_id), value, ())])
+def txn_batch(
+    transactional_id: str, transits: Sequence[TxnTransit | None], timestamp_ms: int
+) -> bytes:
+    """The id's new values in order (the last one wins on replay), or its tombstone."""
+    key = txn_key(transactional_id)
+    return encode_batch(
+        [(timestamp_ms, key, None if t is None else txn_value(t), ()) for t in transits]
+    )
 
 
 class TxnLogContents:

@@ -263,7 +263,7 @@ class TransactionService:
                     self.expired_ids += 1
                     self.log.info("txn_id_expired", transactional_id=txn.transactional_id)
 
-            self.manager.write(txn, None, removed)
+            self.manager.write(txn, [None], removed)
         return len(expired)
 
     async def run(self) -> None:

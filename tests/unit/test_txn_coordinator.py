@@ -437,6 +437,68 @@ async def test_the_next_transaction_waits_for_the_previous_to_complete_not_for_a
     assert h.end(pid, epoch, commit=True) is E.NONE  # the new transaction commits as usual
 
 
+def record_writes(h: Harness) -> list[list[S]]:
+    """The states of each __transaction_state append from now on (one list per append)."""
+    writes: list[list[S]] = []
+    write = h.service.manager.write
+
+    def recorded(txn, transits, done):
+        writes.append([t.state for t in transits])
+        write(txn, transits, done)
+
+    h.service.manager.write = recorded
+    return writes
+
+
+async def test_a_waiting_add_is_written_with_the_completion_in_one_append(h):
+    """The next transaction's Ongoing rides on CompleteCommit's append: one replicated
+    write instead of two in series."""
+    pid, epoch = await committing(h)
+    writes = record_writes(h)
+    parked = h.add_parked(pid, epoch, partitions=[2])
+    h.sender.gate.set()
+    await settle()
+    assert writes == [[S.COMPLETE_COMMIT, S.ONGOING]]
+    assert add_code(parked.body) is E.NONE
+    txn = h.txn()
+    assert (txn.state, txn.partitions, txn.pending_state) == (S.ONGOING, {("t", 2)}, None)
+    assert txn.start_ms == h.clock.now_ms()
+    h.clock.advance(TIMEOUT)  # the new transaction has its timeout
+    assert h.txn().state is S.PREPARE_ABORT
+
+
+async def test_a_coordinator_loading_the_log_finds_the_follow_on_transaction(tmp_path, nursery):
+    h = Harness(tmp_path, nursery)
+    await h.load()
+    pid, epoch = await committing(h)
+    parked = h.add_parked(pid, epoch, partitions=[2])
+    h.sender.gate.set()
+    await settle()
+    assert add_code(parked.body) is E.NONE
+    h.service._unload(0)
+    h.rm.close()
+    fresh = Harness(tmp_path, nursery)
+    fresh.clock.advance(h.clock.now_ms())
+    await fresh.load()
+    txn = fresh.txn()
+    assert (txn.state, txn.partitions, txn.producer_epoch) == (S.ONGOING, {("t", 2)}, epoch)
+    fresh.clock.advance(TIMEOUT)  # its timeout, from when it began
+    assert fresh.txn().state is S.PREPARE_ABORT
+    fresh.rm.close()
+
+
+async def test_a_failed_follow_on_write_answers_the_waiting_add_with_its_error(h):
+    pid, epoch = await committing(h)
+    write = h.service.manager.write
+    h.service.manager.write = lambda txn, transits, done: done(E.NOT_ENOUGH_REPLICAS)
+    parked = h.add_parked(pid, epoch, partitions=[2])
+    h.sender.gate.set()
+    await settle()
+    assert add_code(parked.body) is E.NOT_ENOUGH_REPLICAS  # as its own write would answer
+    assert h.txn().state is S.PREPARE_COMMIT  # still prepared: completed again later
+    h.service.manager.write = write
+
+
 async def test_a_held_add_partitions_is_answered_by_the_next_coordinator_check(h):
     """The coordinator loses the id while the add waits: answered NOT_COORDINATOR at once."""
     pid, epoch = await committing(h)
@@ -520,12 +582,12 @@ async def test_a_timed_out_abort_that_cannot_be_written_is_tried_again(h):
     write = h.service.manager.write
     refused = []
 
-    def refuse_once(txn, transit, done):  # the replicas refuse the first write
+    def refuse_once(txn, transits, done):  # the replicas refuse the first write
         if not refused:
-            refused.append(transit.state)
+            refused.extend(t.state for t in transits)
             done(E.NOT_ENOUGH_REPLICAS)
         else:
-            write(txn, transit, done)
+            write(txn, transits, done)
 
     h.service.manager.write = refuse_once
     h.clock.advance(5_000)
