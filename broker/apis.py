@@ -37,6 +37,7 @@ from minibroker.broker.network.faults import FaultError, FaultInjector
 from minibroker.broker.network.pending import PendingResponse, then
 from minibroker.broker.network.session import ConnectionSession
 from minibroker.broker.quota import ClientQuotas
+from minibroker.broker.quota.topic_mutations import MUTATING_APIS, count_native
 from minibroker.broker.raft.driver import QuorumDriver
 from minibroker.broker.raft.wire import QUORUM_APIS, SENDER_FIELDS
 from minibroker.broker.replication.fetch_request import FetchRequest
@@ -331,13 +332,37 @@ class RequestHandler:
     def handle(
         self, header: RequestHeader, body: Any, session: ConnectionSession
     ) -> dict | PendingResponse | None:
+        """A native-listener request: :meth:`dispatch` under its client's quotas."""
         quotas = self.quotas
         if quotas is not None and quotas.request.enabled and session.principal is None:
             return quotas.timed(
-                partial(self.dispatch, header, body, session),
+                partial(self._from_client, header, body, session),
                 session,
                 header.client_id,
                 carries_throttle(header.api_key, header.api_version),
+            )
+        return self._from_client(header, body, session)
+
+    def _from_client(
+        self, header: RequestHeader, body: Any, session: ConnectionSession
+    ) -> dict | PendingResponse | None:
+        """A client's topic changes count against its controller_mutation_rate (the Kafka
+        listener counts its own, before they reach :meth:`dispatch`)."""
+        quotas = self.quotas
+        if (
+            header.api_key in MUTATING_APIS
+            and quotas is not None
+            and quotas.mutation.enabled
+            and session.principal is None
+        ):
+            return count_native(
+                quotas,
+                self.cache.metadata,
+                self.config["num.partitions"],
+                header,
+                body,
+                session,
+                lambda admitted: self.dispatch(header, admitted, session),
             )
         return self.dispatch(header, body, session)
 

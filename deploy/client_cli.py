@@ -22,6 +22,7 @@ from minibroker.deploy import exit_codes, interrupt
 from minibroker.protocol.errors import (
     BrokerNotAvailable,
     KafkaError,
+    ThrottlingQuotaExceeded,
     TopicAlreadyExists,
     UnknownTopicOrPartition,
 )
@@ -206,6 +207,12 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> str:
         return f"{exc}{hint}"
     if isinstance(exc, TopicAlreadyExists):
         return f"{exc}: choose another name, or 'minibroker topics describe' it"
+    if isinstance(exc, ThrottlingQuotaExceeded):
+        return (
+            f"{exc.code.name}: this client id's controller_mutation_rate (partitions created "
+            "or deleted a second) is spent; try again in a few seconds, or see 'minibroker "
+            "configs describe --entity-type clients'"
+        )
     if isinstance(exc, KafkaError):
         return str(exc)
     if isinstance(exc, ValueError):

@@ -178,22 +178,25 @@ CREATE_TOPICS_REQ = struct(
     },
     {"timeout_ms": (integer("int32", min=0), 30000), "validate_only": (BOOL, False)},
 )
-CREATE_TOPICS_RESP = struct(
+_CREATED = {"name": TOPIC_NAME, "error_code": ERROR}
+_CREATED_OPTIONAL = {
+    "error_message": ERROR_MESSAGE,
+    "num_partitions": (INT32, -1),
+    "replication_factor": (INT16, -1),
+}
+_TOP_ERROR = {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE}
+# A quota throttle in the answer (KIP-219: the connection is muted for as long).
+THROTTLE = {"throttle_time_ms": (INT32, 0)}
+CREATE_TOPICS_RESP = struct({"topics": array(struct(_CREATED, _CREATED_OPTIONAL))}, _TOP_ERROR)
+# v1: each created topic's id (as Metadata's topic_id; "" when none was created), and
+# controller_mutation_rate refusing topics with THROTTLING_QUOTA_EXCEEDED (Kafka's v6-v7).
+CREATE_TOPICS_RESP_V1 = struct(
     {
         "topics": array(
-            struct(
-                {"name": TOPIC_NAME, "error_code": ERROR},
-                {
-                    "error_message": ERROR_MESSAGE,
-                    "num_partitions": (INT32, -1),
-                    "replication_factor": (INT16, -1),
-                    # The created topic's id (as Metadata's topic_id); "" when not created.
-                    "topic_id": (string(max_len=64), ""),
-                },
-            )
+            struct(_CREATED, {**_CREATED_OPTIONAL, "topic_id": (string(max_len=64), "")})
         )
     },
-    {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
+    {**_TOP_ERROR, **THROTTLE},
 )
 
 # --- ElectLeaders (KIP-183, KIP-460) ------------------------------------------------------
@@ -241,14 +244,14 @@ ELECT_LEADERS_RESP = struct(
 DELETE_TOPICS_REQ = struct(
     {"topic_names": array(TOPIC_NAME)}, {"timeout_ms": (integer("int32", min=0), 30000)}
 )
-DELETE_TOPICS_RESP = struct(
-    {
-        "responses": array(
-            struct({"name": TOPIC_NAME, "error_code": ERROR}, {"error_message": ERROR_MESSAGE})
-        )
-    },
-    {"error_code": (ERROR, 0), "error_message": ERROR_MESSAGE},
-)
+_DELETED = {
+    "responses": array(
+        struct({"name": TOPIC_NAME, "error_code": ERROR}, {"error_message": ERROR_MESSAGE})
+    )
+}
+DELETE_TOPICS_RESP = struct(_DELETED, _TOP_ERROR)
+# v1: controller_mutation_rate refuses topics with THROTTLING_QUOTA_EXCEEDED (Kafka's v5).
+DELETE_TOPICS_RESP_V1 = struct(_DELETED, {**_TOP_ERROR, **THROTTLE})
 
 # --- Produce -------------------------------------------------------------------------------
 
@@ -720,9 +723,15 @@ FAULTS_RESP = struct(
 SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.API_VERSIONS: {0: (API_VERSIONS_REQ, API_VERSIONS_RESP)},
     ApiKey.METADATA: {0: (METADATA_REQ, METADATA_RESP), 1: (METADATA_REQ_V1, METADATA_RESP)},
-    ApiKey.CREATE_TOPICS: {0: (CREATE_TOPICS_REQ, CREATE_TOPICS_RESP)},
+    ApiKey.CREATE_TOPICS: {
+        0: (CREATE_TOPICS_REQ, CREATE_TOPICS_RESP),
+        1: (CREATE_TOPICS_REQ, CREATE_TOPICS_RESP_V1),
+    },
     ApiKey.ELECT_LEADERS: {0: (ELECT_LEADERS_REQ, ELECT_LEADERS_RESP)},
-    ApiKey.DELETE_TOPICS: {0: (DELETE_TOPICS_REQ, DELETE_TOPICS_RESP)},
+    ApiKey.DELETE_TOPICS: {
+        0: (DELETE_TOPICS_REQ, DELETE_TOPICS_RESP),
+        1: (DELETE_TOPICS_REQ, DELETE_TOPICS_RESP_V1),
+    },
     ApiKey.PRODUCE: {0: (PRODUCE_REQ, PRODUCE_RESP), 1: (PRODUCE_REQ, PRODUCE_RESP_V1)},
     ApiKey.FETCH: {0: (FETCH_REQ, FETCH_RESP), 1: (FETCH_REQ, FETCH_RESP_V1)},
     ApiKey.LIST_OFFSETS: {0: (LIST_OFFSETS_REQ, LIST_OFFSETS_RESP)},
@@ -797,8 +806,11 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
     ApiKey.LIST_TRANSACTIONS: {0: (txn_api.LIST_TRANSACTIONS_REQ, txn_api.LIST_TRANSACTIONS_RESP)},
     ApiKey.OFFSET_DELETE: {0: (group_api.OFFSET_DELETE_REQ, group_api.OFFSET_DELETE_RESP)},
     # topic changes after creation (protocol/admin_api.py)
+    # v1: the same shapes; a v1 client knows controller_mutation_rate's refusal
+    # (THROTTLING_QUOTA_EXCEEDED, Kafka's CreatePartitions v3).
     ApiKey.CREATE_PARTITIONS: {
-        0: (admin_api.CREATE_PARTITIONS_REQ, admin_api.CREATE_PARTITIONS_RESP)
+        0: (admin_api.CREATE_PARTITIONS_REQ, admin_api.CREATE_PARTITIONS_RESP),
+        1: (admin_api.CREATE_PARTITIONS_REQ, admin_api.CREATE_PARTITIONS_RESP),
     },
     ApiKey.INCREMENTAL_ALTER_CONFIGS: {
         0: (admin_api.INCREMENTAL_ALTER_CONFIGS_REQ, admin_api.INCREMENTAL_ALTER_CONFIGS_RESP)

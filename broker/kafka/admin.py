@@ -16,9 +16,16 @@ from typing import Any
 
 import trio
 
-from minibroker.broker.kafka.mutation_quota import THROTTLED, THROTTLED_MESSAGE, Mutations
+from minibroker.broker.kafka.mutation_quota import kafka_mutations
 from minibroker.broker.kafka.translate import within
 from minibroker.broker.network.pending import PendingResponse, then
+from minibroker.broker.quota.topic_mutations import (
+    THROTTLED,
+    THROTTLED_MESSAGE,
+    added,
+    deleted,
+    refusal,
+)
 from minibroker.protocol import ApiKey
 from minibroker.protocol.errors import ErrorCode, KafkaError
 from minibroker.protocol.kafka import KafkaApi
@@ -90,10 +97,9 @@ class AdminApis:
                                         "Duplicate topic name."))  # fmt: skip
         ids = dict(asked)
         names = []
-        mutations = Mutations(self.native.quotas, header, session)
+        mutations = kafka_mutations(self.native.quotas, header, session)
         for name in (name for name in counts if counts[name] == 1):
-            topic = self.cache.metadata.topics.get(name)  # partitions it would delete
-            if mutations.admit(0 if topic is None else len(topic.partitions)):
+            if mutations.admit(deleted(name, self.cache.metadata)):
                 names.append(name)
             else:
                 refused.append(_deleted(name, ids[name], THROTTLED, THROTTLED_MESSAGE))
@@ -203,14 +209,10 @@ class AdminApis:
         messages and codes); a request-wide failure is named on every topic."""
         topics = []
         throttled = []
-        mutations = Mutations(self.native.quotas, header, session)
+        mutations = kafka_mutations(self.native.quotas, header, session)
         for t in body["topics"]:
-            known = self.cache.metadata.topics.get(t["name"])
-            # The partitions it would add (none when the controller will refuse it).
-            if not mutations.admit(0 if known is None else t["count"] - len(known.partitions)):
-                throttled.append(
-                    {"name": t["name"], "error_code": THROTTLED, "error_message": THROTTLED_MESSAGE}
-                )
+            if not mutations.admit(added(t["name"], t["count"], self.cache.metadata)):
+                throttled.append(refusal(t["name"]))
                 continue
             assignments = t["assignments"]
             topics.append(

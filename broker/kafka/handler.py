@@ -23,7 +23,7 @@ from minibroker.broker.kafka.configs import ConfigApis
 from minibroker.broker.kafka.fetch_session import FetchSessionCache
 from minibroker.broker.kafka.groups import GroupApis
 from minibroker.broker.kafka.metadata import MetadataApis
-from minibroker.broker.kafka.mutation_quota import THROTTLED, THROTTLED_MESSAGE, Mutations
+from minibroker.broker.kafka.mutation_quota import kafka_mutations
 from minibroker.broker.kafka.quotas import QuotaApis
 from minibroker.broker.kafka.transactions import TransactionApis
 from minibroker.broker.kafka.translate import failed
@@ -32,6 +32,7 @@ from minibroker.broker.metadata.check import topic_name_error
 from minibroker.broker.metadata.config_view import topic_config_entries
 from minibroker.broker.network.pending import PendingResponse, then
 from minibroker.broker.network.session import ConnectionSession
+from minibroker.broker.quota.topic_mutations import created, refusal
 from minibroker.protocol import ApiKey, RequestHeader, validate_request
 from minibroker.protocol.api import NEWEST_VERSIONS
 from minibroker.protocol.errors import ErrorCode, InvalidRequest
@@ -310,8 +311,8 @@ class KafkaRequestHandler(
     def create_topics(self, header, body, session) -> Any:
         topics = []
         refused = []
-        mutations = Mutations(self.native.quotas, header, session)
-        existing = self.cache.metadata.topics
+        mutations = kafka_mutations(self.native.quotas, header, session)
+        metadata = self.cache.metadata
         for t in body["topics"]:
             assignments = None
             if t["assignments"]:
@@ -328,28 +329,17 @@ class KafkaRequestHandler(
                     )
                     continue
                 assignments = [by_index[i] for i in range(len(by_index))]
-            # The partitions it would create (none for one the controller will refuse).
-            count = t["num_partitions"]
-            if count == -1:
-                count = self.native.config["num.partitions"]
-            if not mutations.admit(
-                0 if t["name"] in existing else len(assignments) if assignments else count
-            ):
-                refused.append(
-                    {"name": t["name"], "error_code": THROTTLED, "error_message": THROTTLED_MESSAGE}
-                )
-                continue
-            topics.append(
-                {
-                    "name": t["name"],
-                    "assignments": assignments,
-                    "num_partitions": t["num_partitions"],
-                    "replication_factor": t["replication_factor"],
-                    "configs": {
-                        c["name"]: c["value"] for c in t["configs"] if c["value"] is not None
-                    },
-                }
-            )
+            topic = {
+                "name": t["name"],
+                "assignments": assignments,
+                "num_partitions": t["num_partitions"],
+                "replication_factor": t["replication_factor"],
+                "configs": {c["name"]: c["value"] for c in t["configs"] if c["value"] is not None},
+            }
+            if mutations.admit(created(topic, metadata, self.native.config["num.partitions"])):
+                topics.append(topic)
+            else:
+                refused.append(refusal(t["name"]))
         native = {
             "topics": topics,
             "timeout_ms": max(body["timeout_ms"], 0),

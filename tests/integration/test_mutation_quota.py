@@ -13,7 +13,7 @@ from kafka.admin import KafkaAdminClient
 from minibroker.broker.storage.partition_metadata import read_topic_id
 from minibroker.client import NewTopic, SyncAdmin
 from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
-from minibroker.protocol.errors import ErrorCode
+from minibroker.protocol.errors import ErrorCode, ThrottlingQuotaExceeded
 from tests.integration.cluster_helpers import cli
 from tests.waiting import wait_until
 
@@ -67,7 +67,9 @@ def test_kafka_python_is_refused_with_throttling_quota_exceeded_once_in_debt(clu
         ]
     finally:
         again.close()
-    assert partitions(cluster, "grow") == 30  # the refused growth never reached the controller
+    # A stock admin's answer comes when the controller commits; the broker's metadata
+    # follows (Kafka's too): wait for the growth, then it stays (31 never reached it).
+    wait_until(lambda: partitions(cluster, "grow") == 30, 30, "the growth to 30 partitions")
     assert partitions(cluster, "gone") == 5
 
 
@@ -88,7 +90,7 @@ def test_librdkafka_old_version_is_served_then_throttled(cluster):
     for total in (30, 40):
         admin.create_partitions([NewPartitions("wide", total)])["wide"].result(30)
         admin.poll(0)
-    assert partitions(cluster, "wide") == 40
+    wait_until(lambda: partitions(cluster, "wide") == 40, 30, "the growth to 40 partitions")
     admin.poll(1)
     assert throttles and max(throttles) > 1.0  # seconds: 17 partitions in debt at 2/s
 
@@ -127,3 +129,41 @@ def test_kafka_python_create_topics_v7_answers_counts_configs_id_then_is_throttl
         admin.close()
     with SyncAdmin(cluster.bootstrap) as native:
         assert "refused" not in native.list_topics()
+
+
+def test_the_bundled_admin_is_refused_over_its_quota_on_the_native_listener(cluster):
+    limit(cluster, "native")
+    with SyncAdmin(cluster.bootstrap) as other:  # another client id: its own quota
+        other.create_topics([NewTopic("native-kept", 1, 1)])
+    with SyncAdmin(cluster.bootstrap, {"client.id": "native"}) as admin:
+        # 25 partitions from a full bucket of 22: created; the bucket is 3 below zero and
+        # the next topic of the same request is refused.
+        outcome = admin.create_topics(
+            [NewTopic("native-big", 25, 1), NewTopic("native-small", 1, 1)], raise_errors=False
+        )
+        assert outcome["native-big"] is None
+        assert type(outcome["native-small"]) is ThrottlingQuotaExceeded
+        # The client waits out the answer's throttle (1.5 s): the bucket is back at zero,
+        # the 25 partitions' deletion goes through and the next topic is refused.
+        deleted = admin.delete_topics(["native-big", "native-kept"], raise_errors=False)
+        assert deleted["native-big"] is None
+        assert type(deleted["native-kept"]) is ThrottlingQuotaExceeded
+
+    def native_topics() -> set[str]:
+        with SyncAdmin(cluster.bootstrap) as other:
+            return {t for t in other.list_topics() if t.startswith("native")}
+
+    wait_until(lambda: native_topics() == {"native-kept"}, 30, "native-big deleted")
+
+
+def test_the_cli_says_in_one_line_what_to_do_when_refused(cluster):
+    limit(cluster, "cli-creator")
+    as_client = ["--property", "client.id=cli-creator", "--bootstrap", cluster.bootstrap]
+    made = cli("topics", "create", "cli-big", "--partitions", "25", *as_client)
+    assert made.returncode == 0, made.stderr
+    # A new process, a new connection: nothing waited out the debt of 3 partitions.
+    refused = cli("topics", "create", "cli-small", "--partitions", "1", *as_client)
+    assert refused.returncode != 0
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith("error: THROTTLING_QUOTA_EXCEEDED: this client id's")
+    assert "controller_mutation_rate" in line and "try again" in line
