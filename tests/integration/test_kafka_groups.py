@@ -46,6 +46,10 @@ PY_SETTINGS = {
     "enable_auto_commit": False,
     "session_timeout_ms": SESSION_MS,
     "heartbeat_interval_ms": HEARTBEAT_MS,
+    # A broker whose metadata has not caught up with a topic just created makes the
+    # leader assign nothing ("No partition metadata"); the consumer rejoins once its next
+    # metadata refresh shows the partitions: soon, not after the default 5 minutes.
+    "metadata_max_age_ms": 1000,
 }
 
 
