@@ -46,8 +46,20 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644, replace: bool = 
 
 def fsync_dir(directory: Path) -> None:
     """Make the renames and unlinks done in ``directory`` durable."""
-    dir_fd = os.open(directory, os.O_RDONLY)
+    fsync_path(directory)
+
+
+def fsync_path(path: Path, *, missing_ok: bool = False) -> None:
+    """fsync a file or directory by name, on a descriptor of its own (a flush in a worker
+    thread never shares one the loop may close). ``missing_ok``: a file deleted meanwhile
+    needs no durability."""
     try:
-        os.fsync(dir_fd)
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        if missing_ok:
+            return
+        raise
+    try:
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
