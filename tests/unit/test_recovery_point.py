@@ -12,8 +12,19 @@ import threading
 from pathlib import Path
 
 import pytest
+import structlog
 
+from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.metadata.image import PartitionState
+from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
+from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.broker.storage import Log, LogConfig, flusher
+from minibroker.broker.storage.offset_checkpoint import (
+    RECOVERY_POINT_FILE,
+    CorruptCheckpoint,
+    read_checkpoint,
+    write_checkpoint,
+)
 from minibroker.protocol import encode_batch
 
 
@@ -148,3 +159,82 @@ def test_the_first_flush_after_unclean_recovery_covers_the_recovered_segments(
     log.append_as_leader(batch("e"), 0)  # rolls 9: its flush covers 6 (recovered) too
     assert log.recovery.wait() == 12
     log.close()
+
+
+# --- the recovery-point-offset-checkpoint file -------------------------------------------
+
+
+def test_the_checkpoint_file_round_trips_in_kafkas_format(tmp_path: Path) -> None:
+    path = tmp_path / RECOVERY_POINT_FILE
+    assert read_checkpoint(path) == {}  # none yet
+    offsets = {("orders", 0): 1200, ("orders", 11): 0, ("a.b-c_d", 3): 2**40}
+    write_checkpoint(path, offsets)
+    assert path.read_text().splitlines()[:3] == ["0", "3", "orders 0 1200"]
+    assert read_checkpoint(path) == offsets
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("", "malformed"),
+        ("0\n2\nt 0 5\n", "expected 2 entries, found 1"),
+        ("1\n0\n", "unrecognised version 1"),
+        ("0\n1\nt zero 5\n", "malformed"),
+        ("0\n1\nt 0\n", "malformed"),
+        (b"\xff\xfe", "cannot read it"),
+    ],
+)
+def test_a_corrupt_checkpoint_file_is_refused_with_the_reason(
+    tmp_path: Path, text: str | bytes, why: str
+) -> None:
+    path = tmp_path / RECOVERY_POINT_FILE
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(CorruptCheckpoint, match=why) as caught:
+        read_checkpoint(path)
+    assert str(path) in str(caught.value)
+
+
+def _manager(data_dir: Path) -> ReplicaManager:
+    clock = ManualClock()
+    timer = ManualTimer(clock)
+    fetches, produces = Purgatory("Fetch", timer), Purgatory("Produce", timer)
+    return ReplicaManager(
+        0, data_dir, BrokerConfig(), structlog.get_logger(), fetches, produces, clock.now_ms
+    )
+
+
+def _host(manager: ReplicaManager, index: int) -> Log:
+    state = PartitionState(0, 1, [0], [0], 1)
+    return manager.host_partition("t", index, state).log
+
+
+def test_a_clean_close_checkpoints_every_log_at_its_end(tmp_path: Path) -> None:
+    manager = _manager(tmp_path)
+    manager.load_recovery_points(clean_shutdown=False)  # a first start: no file yet
+    assert manager.recovery_points == {}
+    for index in (0, 1):
+        log = _host(manager, index)
+        for tag in "ab"[: index + 1]:
+            log.append_as_leader(batch(tag), 1)
+    manager.close()
+    assert read_checkpoint(tmp_path / RECOVERY_POINT_FILE) == {("t", 0): 3, ("t", 1): 6}
+
+
+def test_an_unclean_start_recovers_from_the_checkpoint_or_from_0_when_it_is_corrupt(
+    tmp_path: Path,
+) -> None:
+    manager = _manager(tmp_path)
+    manager.load_recovery_points(clean_shutdown=True)
+    _host(manager, 0).append_as_leader(batch("a"), 1)
+    manager.close()
+    manager = _manager(tmp_path)
+    manager.load_recovery_points(clean_shutdown=False)
+    assert manager.recovery_points == {("t", 0): 3}
+    assert _host(manager, 0).recovery_point == 3
+    manager.close()
+    (tmp_path / RECOVERY_POINT_FILE).write_text("0\n7\n")
+    manager = _manager(tmp_path)
+    manager.load_recovery_points(clean_shutdown=False)
+    assert manager.recovery_points == {}  # Kafka: reset to 0, every segment recovered
+    assert _host(manager, 0).recovery_point == 0
+    manager.close()
