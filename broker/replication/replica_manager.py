@@ -180,7 +180,9 @@ class ReplicaManager:
         cache = LeaderEpochCache(directory)
         if state.leader == self.broker_id:
             cache.assign(state.leader_epoch, log.log_end_offset)
-        return Partition(topic, index, log, self.broker_id, cache, self._propose_isr)
+        partition = Partition(topic, index, log, self.broker_id, cache, self._propose_isr)
+        partition.on_truncated = self.checkpoint_recovery_points
+        return partition
 
     def log_config_for(self, topic: str) -> LogConfig:
         """The topic's LogConfig: its overrides over this broker's (dynamic) settings."""
@@ -316,6 +318,14 @@ class ReplicaManager:
             self.logger.warning("recovery_point_checkpoint_unreadable", error=str(exc))
             self.recovery_points = {}
         self.logger.info("recovery_points_loaded", partitions=len(self.recovery_points))
+
+    def checkpoint_recovery_points(self) -> None:
+        """Write the checkpoint now: a truncation moved a recovery point back, and a crash
+        before the next periodic write must not trust what is appended after it."""
+        try:
+            write_checkpoint(*self.recovery_checkpoint())
+        except OSError as exc:
+            self.storage_failed(exc, "checkpointing recovery points after a truncation")
 
     def recovery_checkpoint(self) -> tuple[Path, dict[Key, int]]:
         """The checkpoint's path and every hosted log's recovery point, as of now. A rolled

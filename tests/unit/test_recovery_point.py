@@ -238,3 +238,20 @@ def test_an_unclean_start_recovers_from_the_checkpoint_or_from_0_when_it_is_corr
     assert manager.recovery_points == {}  # Kafka: reset to 0, every segment recovered
     assert _host(manager, 0).recovery_point == 0
     manager.close()
+
+
+def test_a_follower_truncation_checkpoints_the_lowered_point_at_once(tmp_path: Path) -> None:
+    manager = _manager(tmp_path)
+    manager.topic_configs["t"] = {"internal.segment.bytes": "14"}  # a batch a segment
+    log = _host(manager, 0)
+    for tag in "abcd":
+        log.append_as_leader(batch(tag), 1)
+    assert log.recovery.wait() == 9
+    manager.checkpoint_recovery_points()
+    assert read_checkpoint(tmp_path / RECOVERY_POINT_FILE) == {("t", 0): 9}
+    manager.partitions[("t", 0)].truncate_to(4)  # a follower finding its log diverged
+    # A crash now, before the periodic write, must not trust segment 3's next bytes.
+    assert read_checkpoint(tmp_path / RECOVERY_POINT_FILE) == {("t", 0): 3}
+    manager.partitions[("t", 0)].truncate_fully_and_start_at(0)
+    assert read_checkpoint(tmp_path / RECOVERY_POINT_FILE) == {("t", 0): 0}
+    manager.close()
