@@ -536,11 +536,14 @@ class Log(TransactionalLog):
         segment.activate()
         self.segments.append(segment)
         self._bases.append(segment.base_offset)
-        files = self._unflushed_files()
-        if files:
-            self.recovery.schedule(files, segment.base_offset)
         # Kafka snapshots producer state on roll: a crash then replays one segment at most.
-        self._snapshot_producers(segment.base_offset)
+        # Its fsyncs go with the segment's, in the flusher thread.
+        files = self._unflushed_files()
+        snapshot = self._snapshot_producers(segment.base_offset, sync=False)
+        if snapshot is not None:
+            files.append(snapshot)
+        if files:
+            self.recovery.schedule([*files, self.dir], segment.base_offset)
         self.log.debug("segment_rolled", base_offset=segment.base_offset)
         return segment
 
@@ -832,8 +835,8 @@ class Log(TransactionalLog):
     # --- durability -----------------------------------------------------------------------
 
     def _unflushed_files(self) -> list[Path]:
-        """The files of sealed segments no flush has covered yet (the one just rolled; after
-        an unclean open, also those recovery validated), and the directory naming them."""
+        """The files of sealed segments no flush has covered yet: the one just rolled; after
+        an unclean open, also those recovery validated. (Their directory needs one too.)"""
         files: list[Path] = []
         reached = self.recovery.scheduled
         segments = self.segments
@@ -843,24 +846,26 @@ class Log(TransactionalLog):
                 break
             files += (segment.path, segment.index_path, segment.time_path)
             files.append(txn_index_path(self.dir, segment.base_offset))
-        if files:
-            files.append(self.dir)
         return files
 
     def flush(self) -> None:
         """fsync everything up to the log end, here and now (flush.messages, close)."""
-        fsync_all(self._unflushed_files())
+        files = self._unflushed_files()
+        if files:
+            fsync_all([*files, self.dir])
         self.active.flush()
         self.recovery.flushed(self.log_end_offset)
         self._unflushed = 0
 
-    def _snapshot_producers(self, offset: int) -> None:
+    def _snapshot_producers(self, offset: int, *, sync: bool = True) -> Path | None:
+        """The snapshot file written, or None (none needed, or it failed)."""
         if not self.producers and not self.producers.snapshot_offsets():
-            return  # a log no idempotent producer ever wrote to keeps no snapshot files
+            return None  # a log no idempotent producer ever wrote to keeps no snapshot files
         try:
-            self.producers.take_snapshot(offset)
+            return self.producers.take_snapshot(offset, sync=sync)
         except OSError as exc:  # an optimisation only: the next open replays the log
             self.log.warning("producer_snapshot_failed", offset=offset, error=str(exc))
+            return None
 
     def close(self) -> None:
         self.closed = True

@@ -28,8 +28,8 @@ from minibroker.broker.storage.offset_checkpoint import (
 from minibroker.protocol import encode_batch
 
 
-def batch(tag: str) -> bytes:
-    return encode_batch([(1000 + i, None, f"{tag}{i}".encode(), []) for i in range(3)])
+def batch(tag: str, **producer: int) -> bytes:
+    return encode_batch([(1000 + i, None, f"{tag}{i}".encode(), []) for i in range(3)], **producer)
 
 
 def open_log(path: Path, recovery_point: int | None = None) -> Log:
@@ -56,16 +56,18 @@ def test_a_roll_fsyncs_the_sealed_segment_in_the_flusher_thread(tmp_path: Path, 
         fsyncs.append((threading.current_thread().name, os.readlink(f"/proc/self/fd/{fd}")))
         real_fsync(fd)
 
+    idempotent = {"producer_id": 7, "producer_epoch": 0}
     log = open_log(tmp_path)
-    log.append_as_leader(batch("a"), 0)
+    log.append_as_leader(batch("a", **idempotent, base_sequence=0), 0)
     monkeypatch.setattr(os, "fsync", observed)
-    log.append_as_leader(batch("b"), 0)  # rolls: segment 0 is sealed
+    log.append_as_leader(batch("b", **idempotent, base_sequence=3), 0)  # rolls segment 0
     log.recovery.wait()
-    sealed = str(tmp_path / f"{0:020d}.log")
     me = threading.current_thread().name
     assert [path for thread, path in fsyncs if thread == me] == []
     by_flusher = {path for thread, path in fsyncs if thread.startswith("segment-flush")}
-    assert {sealed, str(tmp_path / f"{0:020d}.index"), str(tmp_path)} <= by_flusher
+    # The sealed segment's files, the producer snapshot taken at the roll, the directory.
+    wanted = [f"{0:020d}.log", f"{0:020d}.index", f"{3:020d}.snapshot"]
+    assert {str(tmp_path / name) for name in wanted} | {str(tmp_path)} <= by_flusher
     assert log.recovery_point == 3
     log.close()
 
