@@ -14,7 +14,6 @@ from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.broker.storage.cleaner_batch import Budget
 from minibroker.broker.storage.cleaner_manager import LogCleanerManager
-from minibroker.broker.storage.offset_checkpoint import write_checkpoint
 
 
 async def run_housekeeping(
@@ -68,8 +67,7 @@ async def _checkpoint_recovery_points(rm: ReplicaManager, interval_ms: int) -> N
     while True:
         await trio.sleep(interval_ms / 1000)
         try:
-            path, points = rm.recovery_checkpoint()
-            await trio.to_thread.run_sync(write_checkpoint, path, points)
+            await trio.to_thread.run_sync(rm.take_recovery_checkpoint())
         except OSError as exc:  # a segment's flush or the checkpoint's write failed
             rm.storage_failed(exc, "flushing segments and checkpointing recovery points")
 

@@ -8,6 +8,7 @@ an append checks the fetch purgatory; an HW increase checks produce and fetch.
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -129,6 +130,12 @@ class ReplicaManager:
         # unclean one, the checkpointed recovery points logs recover from (see
         # load_recovery_points).
         self.recovery_points: dict[Key, int] | None = None
+        # The checkpoint is written from the loop (a truncation, shutdown) and from a
+        # worker thread (the periodic task): one write at a time, never an older set of
+        # recovery points over a newer one (numbered as they are taken).
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoints_taken = 0
+        self._checkpoint_written = 0
         self.cleaner: Any = None  # the LogCleanerManager housekeeping runs, if enabled
         # The topic id each hosted topic's replicas were made for: a namesake created after
         # a DeleteTopics has another, and the old replicas go (drop_deleted).
@@ -298,7 +305,7 @@ class ReplicaManager:
                     "log_close_failed", topic=partition.topic, partition=partition.index
                 )
         try:
-            write_checkpoint(*self.recovery_checkpoint())
+            self.take_recovery_checkpoint()()
         except OSError as exc:
             self.logger.error("recovery_point_checkpoint_failed", error=str(exc))
 
@@ -323,15 +330,26 @@ class ReplicaManager:
         """Write the checkpoint now: a truncation moved a recovery point back, and a crash
         before the next periodic write must not trust what is appended after it."""
         try:
-            write_checkpoint(*self.recovery_checkpoint())
+            self.take_recovery_checkpoint()()
         except OSError as exc:
             self.storage_failed(exc, "checkpointing recovery points after a truncation")
 
-    def recovery_checkpoint(self) -> tuple[Path, dict[Key, int]]:
-        """The checkpoint's path and every hosted log's recovery point, as of now. A rolled
-        segment's failed flush raises its OSError here (the log dir is failing)."""
+    def take_recovery_checkpoint(self) -> Callable[[], None]:
+        """Every hosted log's recovery point as of now (on the loop), and the write of them
+        to run here or in a worker thread, a no-op if a later set was written first. A
+        rolled segment's failed flush raises its OSError here (the log dir is failing)."""
         points = {key: p.log.recovery_point for key, p in self.partitions.items()}
-        return self.data_dir / RECOVERY_POINT_FILE, points
+        self._checkpoints_taken += 1
+        taken = self._checkpoints_taken
+        path = self.data_dir / RECOVERY_POINT_FILE
+
+        def write() -> None:
+            with self._checkpoint_lock:
+                if taken > self._checkpoint_written:
+                    write_checkpoint(path, points)
+                    self._checkpoint_written = taken
+
+        return write
 
     def remove_expired_producers(self, now_ms: int) -> int:
         """Kafka's producer-id expiration task, over every partition."""

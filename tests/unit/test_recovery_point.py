@@ -251,8 +251,11 @@ def test_a_follower_truncation_checkpoints_the_lowered_point_at_once(tmp_path: P
     assert log.recovery.wait() == 9
     manager.checkpoint_recovery_points()
     assert read_checkpoint(tmp_path / RECOVERY_POINT_FILE) == {("t", 0): 9}
+    periodic = manager.take_recovery_checkpoint()  # the periodic task's, taken at 9 ...
     manager.partitions[("t", 0)].truncate_to(4)  # a follower finding its log diverged
     # A crash now, before the periodic write, must not trust segment 3's next bytes.
+    assert read_checkpoint(tmp_path / RECOVERY_POINT_FILE) == {("t", 0): 3}
+    periodic()  # ... and written by its worker thread after the truncation's: a no-op
     assert read_checkpoint(tmp_path / RECOVERY_POINT_FILE) == {("t", 0): 3}
     manager.partitions[("t", 0)].truncate_fully_and_start_at(0)
     assert read_checkpoint(tmp_path / RECOVERY_POINT_FILE) == {("t", 0): 0}
