@@ -62,7 +62,7 @@ from minibroker.broker.replication.housekeeping import run_housekeeping
 from minibroker.broker.replication.metadata_publisher import MetadataPublisher
 from minibroker.broker.replication.partition import Partition
 from minibroker.broker.replication.replica_manager import ReplicaManager
-from minibroker.broker.storage.dir_lock import lock_data_dir, mark_clean_shutdown
+from minibroker.broker.storage.dir_lock import mark_clean_shutdown, open_data_dir
 from minibroker.broker.transaction import TransactionService
 from minibroker.broker.transaction.sender import PeerMarkerSender
 from minibroker.protocol import ApiKey
@@ -644,8 +644,9 @@ def run_broker(
     # The timer thread must not wait 5 ms (CPython's default) for the GIL while the trio
     # thread is busy: that would be 5 ms of lateness on every timeout.
     sys.setswitchinterval(switch_interval_for(config["timer.tick.ms"]))
-    fd = lock_data_dir(data_dir)
+    fd, clean = open_data_dir(data_dir)
     try:
+        broker.replica_manager.load_recovery_points(clean)
         broker.load_state()
         collect_garbage_rarely()
         trio.run(serve, broker)

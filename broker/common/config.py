@@ -112,6 +112,13 @@ DEFS: dict[str, ConfigDef] = {
         "fsync after this many records (durability comes mainly from replication).",
         1,
     ),
+    "log.flush.offset.checkpoint.interval.ms": ConfigDef(
+        int,
+        60000,
+        "How often each partition's recovery point is checkpointed.",
+        1,
+        max=_INT_MAX,
+    ),
     "message.max.bytes": ConfigDef(
         int, 1048588, "Largest record batch the broker accepts.", 0, max=_INT_MAX
     ),

@@ -5,9 +5,10 @@ are opened only to be written, sealed segments share a small cache), for connect
 in (clients and the other brokers) and out (one replica-fetch link per leader it
 follows, the controller and quorum links), and for itself (std streams, the poller and
 its wake-up pipe, trio's wake-up socket pair, the listener, the data-dir lock, the
-quorum's log, checkpoint files while written, a spare kept to refuse connections at
-the limit). Connections and partitions draw on one shared budget: the controller
-refuses a partition over the partition cap (which leaves a floor of connections), and
+quorum's log, checkpoint files while written, the one file the segment flusher
+thread is fsyncing, a spare kept to refuse connections at the limit). Connections
+and partitions draw on one shared budget: the controller refuses a partition over the
+partition cap (which leaves a floor of connections), and
 the acceptor stops accepting when the descriptors left would not cover the partitions
 open now plus a headroom for ones still to open. So the default admits as many
 connections as the limit allows (a fixed quarter for connections held 15,000 of a

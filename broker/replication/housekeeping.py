@@ -1,6 +1,6 @@
-"""A broker's periodic replica chores (Kafka's scheduled isr-expiration, log retention
-and producer-id expiration tasks, and its log cleaner): each a loop on its config key's
-interval."""
+"""A broker's periodic replica chores (Kafka's scheduled isr-expiration, log retention,
+recovery-point checkpoint and producer-id expiration tasks, and its log cleaner): each a
+loop on its config key's interval."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ async def run_housekeeping(
         nursery.start_soon(_shrink_isr, rm, config["replica.lag.time.max.ms"], clock)
         nursery.start_soon(
             _delete_old_segments, rm, config["log.retention.check.interval.ms"], logger
+        )
+        nursery.start_soon(
+            _checkpoint_recovery_points, rm, config["log.flush.offset.checkpoint.interval.ms"]
         )
         nursery.start_soon(
             _expire_producers, rm, config["producer.id.expiration.check.interval.ms"], logger
@@ -57,6 +60,16 @@ async def _delete_old_segments(rm: ReplicaManager, interval_ms: int, logger: Any
             continue
         if deleted:
             logger.info("retention_deleted_segments", count=deleted)
+
+
+async def _checkpoint_recovery_points(rm: ReplicaManager, interval_ms: int) -> None:
+    """Kafka's kafka-recovery-point-checkpoint task; the file's fsyncs off the loop."""
+    while True:
+        await trio.sleep(interval_ms / 1000)
+        try:
+            await trio.to_thread.run_sync(rm.take_recovery_checkpoint())
+        except OSError as exc:  # a segment's flush or the checkpoint's write failed
+            rm.storage_failed(exc, "flushing segments and checkpointing recovery points")
 
 
 async def _expire_producers(rm: ReplicaManager, interval_ms: int, logger: Any) -> None:

@@ -71,6 +71,7 @@ class Partition:
         "log",
         "maximal_isr",
         "min_insync_replicas",
+        "on_truncated",
         "partition_epoch",
         "propose_isr",
         "replica_states",
@@ -110,6 +111,9 @@ class Partition:
         # Kafka's AlterPartitionManager: sends an ISR change to the controller. The
         # leader proposes; it changes its ISR only when the answer comes back.
         self.propose_isr = propose_isr
+        # Told after a truncation moved the log's recovery point back: the checkpoint on
+        # disk must not stay above it (Kafka's LogManager.truncateTo checkpoints at once).
+        self.on_truncated: Callable[[], None] | None = None
 
     # --- role -----------------------------------------------------------------------------
 
@@ -398,6 +402,8 @@ class Partition:
         self.epoch_cache.truncate_from_end(log.log_end_offset)
         if self.high_watermark > log.log_end_offset:
             self.high_watermark = log.log_end_offset
+        if self.on_truncated is not None:
+            self.on_truncated()
         return True
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
@@ -408,6 +414,8 @@ class Partition:
         self.log.truncate_fully_and_start_at(offset)
         self.epoch_cache.clear()
         self.high_watermark = offset
+        if self.on_truncated is not None:
+            self.on_truncated()
 
     # --- both sides -----------------------------------------------------------------------
 

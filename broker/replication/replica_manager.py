@@ -8,6 +8,7 @@ an append checks the fetch purgatory; an HW increase checks produce and fetch.
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,6 +35,12 @@ from minibroker.broker.replication.partition import Partition
 from minibroker.broker.replication.txn_markers import write_txn_markers
 from minibroker.broker.storage import Log, LogConfig
 from minibroker.broker.storage.epoch_cache import LeaderEpochCache
+from minibroker.broker.storage.offset_checkpoint import (
+    RECOVERY_POINT_FILE,
+    CorruptCheckpoint,
+    read_checkpoint,
+    write_checkpoint,
+)
 from minibroker.broker.storage.partition_metadata import claim_partition_dir, read_topic_id
 from minibroker.broker.storage.results import ReadResult
 from minibroker.protocol import GROUP_METADATA_TOPIC, INTERNAL_TOPICS
@@ -119,6 +126,16 @@ class ReplicaManager:
         # Parked operations by the connection that asked: they die with it.
         self._parked: dict[ConnectionSession, set[DelayedOperation]] = {}
         self.topic_configs: dict[str, dict[str, str]] = {}
+        # None: the last shutdown was clean (logs trust their sealed segments). After an
+        # unclean one, the checkpointed recovery points logs recover from (see
+        # load_recovery_points).
+        self.recovery_points: dict[Key, int] | None = None
+        # The checkpoint is written from the loop (a truncation, shutdown) and from a
+        # worker thread (the periodic task): one write at a time, never an older set of
+        # recovery points over a newer one (numbered as they are taken).
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoints_taken = 0
+        self._checkpoint_written = 0
         self.cleaner: Any = None  # the LogCleanerManager housekeeping runs, if enabled
         # The topic id each hosted topic's replicas were made for: a namesake created after
         # a DeleteTopics has another, and the old replicas go (drop_deleted).
@@ -159,16 +176,20 @@ class ReplicaManager:
             self.logger.info(
                 "stale_replica_removed", topic=topic, partition=index, topic_id=topic_id
             )
+        points = self.recovery_points
         log = Log.open(
             directory,
             self.log_config_for(topic),
             now_ms=lambda: int(time.time() * 1000),
             logger=self.logger.bind(topic=topic, partition=index),
+            recovery_point=None if points is None else points.get((topic, index), 0),
         )
         cache = LeaderEpochCache(directory)
         if state.leader == self.broker_id:
             cache.assign(state.leader_epoch, log.log_end_offset)
-        return Partition(topic, index, log, self.broker_id, cache, self._propose_isr)
+        partition = Partition(topic, index, log, self.broker_id, cache, self._propose_isr)
+        partition.on_truncated = self.checkpoint_recovery_points
+        return partition
 
     def log_config_for(self, topic: str) -> LogConfig:
         """The topic's LogConfig: its overrides over this broker's (dynamic) settings."""
@@ -274,6 +295,8 @@ class ReplicaManager:
         return int(value) if value is not None else self.config["min.insync.replicas"]
 
     def close(self) -> None:
+        """Close every log (each flushed to its end), then checkpoint their recovery points:
+        at the next start nothing needs recovering (Kafka's LogManager.shutdown)."""
         for partition in self.partitions.values():
             try:
                 partition.log.close()
@@ -281,6 +304,52 @@ class ReplicaManager:
                 self.logger.exception(
                     "log_close_failed", topic=partition.topic, partition=partition.index
                 )
+        try:
+            self.take_recovery_checkpoint()()
+        except OSError as exc:
+            self.logger.error("recovery_point_checkpoint_failed", error=str(exc))
+
+    # --- recovery points --------------------------------------------------------------------
+
+    def load_recovery_points(self, clean_shutdown: bool) -> None:
+        """Before any log opens: after an unclean shutdown, read the recovery points its
+        logs recover from; one that cannot be read means recovering everything (Kafka
+        resets them to 0 with a warning)."""
+        if clean_shutdown:
+            self.recovery_points = None
+            return
+        path = self.data_dir / RECOVERY_POINT_FILE
+        try:
+            self.recovery_points = read_checkpoint(path)
+        except CorruptCheckpoint as exc:
+            self.logger.warning("recovery_point_checkpoint_unreadable", error=str(exc))
+            self.recovery_points = {}
+        self.logger.info("recovery_points_loaded", partitions=len(self.recovery_points))
+
+    def checkpoint_recovery_points(self) -> None:
+        """Write the checkpoint now: a truncation moved a recovery point back, and a crash
+        before the next periodic write must not trust what is appended after it."""
+        try:
+            self.take_recovery_checkpoint()()
+        except OSError as exc:
+            self.storage_failed(exc, "checkpointing recovery points after a truncation")
+
+    def take_recovery_checkpoint(self) -> Callable[[], None]:
+        """Every hosted log's recovery point as of now (on the loop), and the write of them
+        to run here or in a worker thread, a no-op if a later set was written first. A
+        rolled segment's failed flush raises its OSError here (the log dir is failing)."""
+        points = {key: p.log.recovery_point for key, p in self.partitions.items()}
+        self._checkpoints_taken += 1
+        taken = self._checkpoints_taken
+        path = self.data_dir / RECOVERY_POINT_FILE
+
+        def write() -> None:
+            with self._checkpoint_lock:
+                if taken > self._checkpoint_written:
+                    write_checkpoint(path, points)
+                    self._checkpoint_written = taken
+
+        return write
 
     def remove_expired_producers(self, now_ms: int) -> int:
         """Kafka's producer-id expiration task, over every partition."""

@@ -13,7 +13,6 @@ cleanly, or killed/crashed.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 from pathlib import Path
@@ -29,6 +28,13 @@ class DataDirInUse(RuntimeError):
 
 def lock_data_dir(data_dir: Path) -> int:
     """Take the data dir (or raise DataDirInUse); the fd, to keep open while the broker runs."""
+    return open_data_dir(data_dir)[0]
+
+
+def open_data_dir(data_dir: Path) -> tuple[int, bool]:
+    """``lock_data_dir``, and whether the last broker shut down cleanly: read under the
+    lock, before this life removes the marker (Kafka's LogManager deletes it before
+    loading a log, so a crash while loading counts as unclean too)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -39,9 +45,11 @@ def lock_data_dir(data_dir: Path) -> int:
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     # This life has begun: until it ends cleanly, the dir's last shutdown was not clean.
-    with contextlib.suppress(FileNotFoundError):
+    try:
         os.unlink(data_dir / CLEAN_SHUTDOWN_FILE)
-    return fd
+    except FileNotFoundError:
+        return fd, False
+    return fd, True
 
 
 def mark_clean_shutdown(data_dir: Path) -> None:

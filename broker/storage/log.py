@@ -4,8 +4,9 @@ Invariants: offsets strictly increase from batch to batch and segment to segment
 gaps only where the log cleaner removed records (a compacted topic, as in Kafka: a
 read at an offset in a gap gets the next batch); the active (last) segment is the
 only one written; every byte below ``size`` of every segment is a whole batch
-(recovery enforces it for the active segment, which is the only one a crash can
-tear). Reads are served with pread straight from the files.
+(recovery enforces it for the active segment and, after an unclean shutdown, for every
+segment above the recovery point: the ones a crash can tear). Reads are served with
+pread straight from the files.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from minibroker.broker.storage.flusher import RecoveryPoint, fsync_all
 from minibroker.broker.storage.log_txn import TransactionalLog
 from minibroker.broker.storage.producer_state import ProducerStateManager
 from minibroker.broker.storage.recompress import PRODUCER, recompressed
@@ -35,6 +37,7 @@ from minibroker.broker.storage.segment import (
 from minibroker.broker.storage.start_offset import read_start_offset, write_start_offset
 from minibroker.broker.storage.swap import discard_pending, recover_swaps
 from minibroker.broker.storage.txn_index import AbortedTxn, TransactionIndex
+from minibroker.broker.storage.txn_index import index_path as txn_index_path
 from minibroker.protocol.batch import (
     BASE_AND_LENGTH,
     CONTROL_FLAG,
@@ -130,6 +133,8 @@ class Log(TransactionalLog):
         self._bases: list[int] = []
         self.log_start_offset = 0
         self._unflushed = 0
+        # Every offset below it is on disk (set by _load; see flusher.py).
+        self.recovery = RecoveryPoint(0)
         self.producers = ProducerStateManager(directory, self.log)
         self.txn_index = TransactionIndex(directory)
         # The log cleaner's clean/dirty boundary (its checkpoint, read on first use).
@@ -150,7 +155,14 @@ class Log(TransactionalLog):
         *,
         now_ms: Callable[[], int] | None = None,
         logger: Any = None,
+        recovery_point: int | None = None,
     ) -> Log:
+        """Open (or create) the log in ``directory``.
+
+        ``recovery_point``: None after a clean shutdown; after an unclean one, the
+        partition's checkpointed recovery point (0 when none is known): every segment
+        reaching above it is validated batch by batch (see ``_load``).
+        """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         log = cls(
@@ -159,14 +171,16 @@ class Log(TransactionalLog):
             now_ms or (lambda: int(time.time() * 1000)),
             logger or structlog.get_logger("minibroker.log"),
         )
-        log._load()
+        log._load(recovery_point)
         return log
 
-    def _load(self) -> None:
-        """Open every segment, check they chain, and recover the active one.
+    def _load(self, recovery_point: int | None) -> None:
+        """Open every segment, check they chain, and recover the unflushed ones.
 
-        Older segments get a header-only scan (they were fsynced when they were rolled);
-        the active one is validated batch by batch, CRC included. At the first
+        The active segment is validated batch by batch, CRC included, and so, after an
+        unclean shutdown (``recovery_point`` not None), is every segment reaching above
+        the recovery point: a crash may have torn any segment whose flush had not ended
+        (Kafka's LogLoader.recoverLog). The rest get a header-only scan. At the first
         inconsistency, as in Kafka's recovery, the log is cut there: the damaged segment
         keeps its good prefix and becomes the active one, later segments are deleted
         (their offsets would no longer continue the log).
@@ -199,7 +213,9 @@ class Log(TransactionalLog):
                 break
             if i == len(segments) - 1:
                 break  # the active segment is recovered below, with full validation
-            scan = scan_segment(segment, verify=False, gaps=self.config.compact)
+            # Below the recovery point a segment was on disk before the crash.
+            verify = recovery_point is not None and segments[i + 1].base_offset > recovery_point
+            scan = scan_segment(segment, verify=verify, gaps=self.config.compact)
             segment.next_offset = scan.next_offset
             segment.max_timestamp = scan.max_timestamp
             self._index_rebuilt(segment.rebuild_index(scan.batches))
@@ -228,6 +244,10 @@ class Log(TransactionalLog):
         checkpoint = read_start_offset(self.dir)  # DeleteRecords inside the first segment
         if self.log_start_offset < checkpoint <= self.log_end_offset:
             self.log_start_offset = checkpoint
+        # Kafka's rule: after a clean shutdown everything is on disk; after an unclean one
+        # recovery made nothing durable, so the point moves only when a flush ends.
+        leo = self.log_end_offset
+        self.recovery = RecoveryPoint(leo if recovery_point is None else min(recovery_point, leo))
         self._rebuild_producer_state(scans)
 
     def _rebuild_producer_state(self, scans: dict[int, list[BatchInfo]] | None = None) -> None:
@@ -301,6 +321,11 @@ class Log(TransactionalLog):
     @property
     def log_end_offset(self) -> int:
         return self.segments[-1].next_offset
+
+    @property
+    def recovery_point(self) -> int:
+        """Every offset below it is on disk (what the recovery-point checkpoint records)."""
+        return self.recovery.get()
 
     @property
     def size_bytes(self) -> int:
@@ -492,7 +517,9 @@ class Log(TransactionalLog):
             self.flush()
 
     def roll(self) -> Segment:
-        """Start a new active segment at the LEO; the old one is fsynced first.
+        """Start a new active segment at the LEO; the old one is fsynced off this thread
+        (Kafka's roll schedules flushUptoOffsetExclusive): the recovery point reaches the
+        new segment's base when that flush ends.
 
         Rolling an empty active segment is a no-op: the new one would have the same base
         offset, hence the same file names, as the one it replaced.
@@ -500,8 +527,7 @@ class Log(TransactionalLog):
         old = self.active
         if old.size == 0:
             return old
-        old.flush()
-        self.txn_index.flush(old.base_offset)
+        old.write_index()  # its entries onto their files; the flush fsyncs them
         segment = Segment(
             self.dir, old.next_offset, self.config.index_interval_bytes, self.now_ms(), fresh=True
         )
@@ -511,7 +537,13 @@ class Log(TransactionalLog):
         self.segments.append(segment)
         self._bases.append(segment.base_offset)
         # Kafka snapshots producer state on roll: a crash then replays one segment at most.
-        self._snapshot_producers(segment.base_offset)
+        # Its fsyncs go with the segment's, in the flusher thread.
+        files = self._unflushed_files()
+        snapshot = self._snapshot_producers(segment.base_offset, sync=False)
+        if snapshot is not None:
+            files.append(snapshot)
+        if files:
+            self.recovery.schedule([*files, self.dir], segment.base_offset)
         self.log.debug("segment_rolled", base_offset=segment.base_offset)
         return segment
 
@@ -632,6 +664,7 @@ class Log(TransactionalLog):
             self.log_start_offset = segment.next_offset
             write_start_offset(self.dir, segment.next_offset)
         self._dirty_from(segment.next_offset)
+        self.recovery.truncated(segment.next_offset)
         self.log.info("log_truncated", to_offset=segment.next_offset, bytes_removed=removed)
         self._rebuild_producer_state()
         return removed
@@ -653,6 +686,7 @@ class Log(TransactionalLog):
         self.log_start_offset = offset
         write_start_offset(self.dir, offset)
         self._unflushed = 0
+        self.recovery.reset(offset)
         self.producers.reset()
         self.txn_index.reset()
         self._dirty_from(offset)
@@ -800,22 +834,44 @@ class Log(TransactionalLog):
 
     # --- durability -----------------------------------------------------------------------
 
+    def _unflushed_files(self) -> list[Path]:
+        """The files of sealed segments no flush has covered yet: the one just rolled; after
+        an unclean open, also those recovery validated. (Their directory needs one too.)"""
+        files: list[Path] = []
+        reached = self.recovery.scheduled
+        segments = self.segments
+        for i in range(len(segments) - 2, -1, -1):  # no copy: flush.messages=1 runs it often
+            segment = segments[i]
+            if segment.next_offset <= reached:
+                break
+            files += (segment.path, segment.index_path, segment.time_path)
+            files.append(txn_index_path(self.dir, segment.base_offset))
+        return files
+
     def flush(self) -> None:
+        """fsync everything up to the log end, here and now (flush.messages, close)."""
+        files = self._unflushed_files()
+        if files:
+            fsync_all([*files, self.dir])
         self.active.flush()
+        self.recovery.flushed(self.log_end_offset)
         self._unflushed = 0
 
-    def _snapshot_producers(self, offset: int) -> None:
+    def _snapshot_producers(self, offset: int, *, sync: bool = True) -> Path | None:
+        """The snapshot file written, or None (none needed, or it failed)."""
         if not self.producers and not self.producers.snapshot_offsets():
-            return  # a log no idempotent producer ever wrote to keeps no snapshot files
+            return None  # a log no idempotent producer ever wrote to keeps no snapshot files
         try:
-            self.producers.take_snapshot(offset)
+            return self.producers.take_snapshot(offset, sync=sync)
         except OSError as exc:  # an optimisation only: the next open replays the log
             self.log.warning("producer_snapshot_failed", offset=offset, error=str(exc))
+            return None
 
     def close(self) -> None:
         self.closed = True
         try:
             self.flush()
+            self.recovery.wait()  # the rolled segments' flushes: all on disk at close
             self._snapshot_producers(self.log_end_offset)
         finally:
             for segment in self.segments:

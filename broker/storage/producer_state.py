@@ -367,8 +367,10 @@ class ProducerStateManager:
     def _path(self, offset: int) -> Path:
         return self.dir / f"{offset:020d}{SNAPSHOT_SUFFIX}"
 
-    def take_snapshot(self, offset: int) -> None:
-        """Write the state as of ``offset`` (the log end); keep the newest few snapshots."""
+    def take_snapshot(self, offset: int, *, sync: bool = True) -> Path:
+        """Write the state as of ``offset`` (the log end); keep the newest few snapshots.
+        ``sync=False``: not fsynced (the caller does, with the file returned); a torn one
+        fails its CRC on load and an older one, or a replay, serves instead."""
         body = msgpack.packb(
             [
                 _VERSION,
@@ -390,9 +392,11 @@ class ProducerStateManager:
                 ],
             ]
         )
-        write_atomic(self._path(offset), _CRC.pack(zlib.crc32(body)) + body)
+        path = self._path(offset)
+        write_atomic(path, _CRC.pack(zlib.crc32(body)) + body, sync=sync)
         for old in self.snapshot_offsets()[:-SNAPSHOTS_KEPT]:
             self._path(old).unlink(missing_ok=True)
+        return path
 
     def delete_snapshots_above(self, offset: int) -> None:
         """A truncation: snapshots past the new log end describe records that are gone."""

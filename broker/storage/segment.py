@@ -255,6 +255,11 @@ class Segment:
             _append_file(self.time_path, index.time_entries, sync=sync)
             index.time_entries.clear()
 
+    def write_index(self) -> None:
+        """The indexes' unwritten entries onto their files, not fsynced (a roll's flush
+        fsyncs them with the log file, off the loop)."""
+        self._write_pending_index()
+
     def flush(self) -> None:
         self._write_pending_index(sync=True)
         os.fsync(self.fd)

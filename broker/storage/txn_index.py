@@ -129,18 +129,6 @@ class TransactionIndex:
             os.close(fd)
         self._add(entry)
 
-    def flush(self, segment_base: int) -> None:
-        """fsync one segment's file (on roll: a sealed segment's index is trusted on open)."""
-        path = index_path(self.dir, segment_base)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
     def truncate_from(self, offset: int, bases: list[int]) -> None:
         """Forget entries whose marker is at or above ``offset`` (a truncation, or the
         part of the log recovery replays); files of ``bases`` are cut to match."""

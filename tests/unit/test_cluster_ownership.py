@@ -22,6 +22,7 @@ from minibroker.broker.storage.dir_lock import (
     lock_data_dir,
     lock_holder,
     mark_clean_shutdown,
+    open_data_dir,
     shut_down_cleanly,
 )
 from minibroker.deploy.cluster import ClusterState, data_dir_holders
@@ -118,9 +119,13 @@ def test_stopped_cleanly_or_dead_by_the_clean_shutdown_marker(tmp_path):
     mark_clean_shutdown(data)
     os.close(fd)
     assert shut_down_cleanly(data) and state.status_of(0) == "stopped"
-    fd = lock_data_dir(data)  # a new life: until it ends cleanly, it is not clean
+    fd, clean = open_data_dir(data)  # a new life: until it ends cleanly, it is not clean
     os.close(fd)
+    assert clean  # what the broker's logs are told: the last life ended cleanly
     assert not (data / CLEAN_SHUTDOWN_FILE).exists() and state.status_of(0) == "dead"
+    fd, clean = open_data_dir(data)
+    os.close(fd)
+    assert not clean  # the life before was killed: logs recover from their recovery points
 
 
 def test_data_dir_holders_names_every_held_lock_in_the_data_dir(tmp_path, holder):
