@@ -61,8 +61,9 @@ _FETCH_KEY = bytes([ApiKey.FETCH])  # a positive fixint: the envelope's second b
 _FETCHES_KEPT = 1024  # distinct Fetch bodies kept prepared (a hostile mix only clears it)
 # A pass of the reactor serves ready sockets for about _PASS_BUDGET_S, then yields: the
 # timer's hand-offs (unmutes, expiries), accepts and writers wait at most that long. A
-# fixed 256 sockets a pass was 13-25 ms of produces with 10,000 throttled connections,
-# and the broker's own unmute lateness averaged 11 ms (bench quotas --sockets).
+# fixed 256 sockets a pass was 13-25 ms of produces with 10,000 throttled connections:
+# the broker's own unmute lateness averaged 31-57 ms, 4-6 ms with the budget (bench
+# quotas --sockets 10000, alternated in one sitting).
 _EVENTS_PER_PASS = 256  # the most ready sockets one pass takes
 _EVENTS_PER_PASS_MIN = 8  # the fewest: each pass costs a trio checkpoint and a poll
 _PASS_BUDGET_S = 0.002
