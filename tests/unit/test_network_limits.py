@@ -13,7 +13,13 @@ from minibroker.broker.metadata.image import PartitionState
 from minibroker.broker.network.outbox import Outbox
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.network.session import ConnectionSession
-from minibroker.broker.network.socket_server import ConnectionHandler
+from minibroker.broker.network.socket_server import (
+    _EVENTS_PER_PASS,
+    _EVENTS_PER_PASS_MIN,
+    _PASS_BUDGET_S,
+    ConnectionHandler,
+    next_pass_size,
+)
 from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
 from minibroker.broker.replication.fetch_request import MAX_FETCH_WAIT_MS, FetchRequest
 from minibroker.broker.replication.replica_manager import ReplicaManager, duplicate_partition
@@ -49,6 +55,19 @@ def test_duplicate_partition_names_the_first_repeat():
     assert duplicate_partition(_topics(("a", 0), ("b", 0), ("a", 0))) == "a-0"
     long = "t" * 500
     assert duplicate_partition(_topics((long, 3), (long, 3))) == "t" * 100 + "...-3"
+
+
+def test_a_reactor_pass_is_sized_to_its_time_budget():
+    # 100 us a produce: a pass of 256 held the timer's unmutes up ~25 ms; 20 fit in 2 ms.
+    per_socket = _PASS_BUDGET_S / 20
+    assert next_pass_size(_EVENTS_PER_PASS, 256, 256 * per_socket) == 20
+    # Cheap sockets (an empty long poll, a hang-up) grow it back, up to the cap.
+    assert next_pass_size(20, 20, 20 * per_socket / 8) == 160
+    assert next_pass_size(160, 160, 160 * 1e-7) == _EVENTS_PER_PASS
+    # A pass stretched by a slow socket or a preemption never goes below the floor.
+    assert next_pass_size(20, 20, 1.0) == _EVENTS_PER_PASS_MIN
+    # Nothing served says nothing about the cost: the size stays.
+    assert next_pass_size(37, 0, 0.0) == 37
 
 
 def test_fetch_request_is_capped_by_the_broker():

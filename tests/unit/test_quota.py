@@ -360,6 +360,36 @@ def test_a_client_inventing_client_ids_does_not_grow_the_broker_without_bound():
     assert manager.record("ANONYMOUS", "busy", 1, 10**6) > 0
 
 
+def test_many_active_client_ids_are_looked_over_rarely_and_resolved_once():
+    # 10,000 throttled connections, each its own client id (bench quotas --sockets): past
+    # MAX_ENTITIES a fixed bound looked over every entity for each new one and cleared the
+    # resolution cache every MAX_ENTITIES requests.
+    from minibroker.broker.quota.manager import MAX_ENTITIES
+
+    class Counted(ClientQuotaManager):
+        looks = 0
+
+        def _drop_idle(self, now_ms: int) -> None:
+            self.looks += 1
+            super()._drop_idle(now_ms)
+
+    configs = QuotaConfigs()
+    configs.set(QuotaEntity.of({CLIENT_ID: None}), PRODUCER_BYTE_RATE, 1000)
+    manager = Counted(PRODUCER_BYTE_RATE, configs, 11, 1000)
+    active = 2 * MAX_ENTITIES + 1
+    for now_ms in (0, 1000):  # every id active twice within the window: none is idle
+        for i in range(active):
+            manager.record("ANONYMOUS", f"id-{i}", 10, now_ms)
+    assert len(manager.usage) == active  # each active id keeps its own rate
+    assert manager.looks == 2  # at MAX_ENTITIES and at twice that, not once per new id
+    assert len(manager._resolved) == active  # the second round resolved nothing anew
+    # Once they go idle, the next look drops them all.
+    for i in range(active):
+        manager.record("ANONYMOUS", f"new-{i}", 10, now_ms=60_000)
+    assert manager.looks == 3
+    assert not any(client_id.startswith("id-") for _, client_id in manager.usage)
+
+
 def test_request_time_throttle_is_the_answers_when_larger_than_the_apis_own():
     """Kafka's KafkaApis: throttle_time_ms is the larger of the API's quota throttle (bytes,
     mutations) and request_percentage's; answers without the field are left alone."""
