@@ -46,10 +46,6 @@ PY_SETTINGS = {
     "enable_auto_commit": False,
     "session_timeout_ms": SESSION_MS,
     "heartbeat_interval_ms": HEARTBEAT_MS,
-    # A broker whose metadata has not caught up with a topic just created makes the
-    # leader assign nothing ("No partition metadata"); the consumer rejoins once its next
-    # metadata refresh shows the partitions: soon, not after the default 5 minutes.
-    "metadata_max_age_ms": 1000,
 }
 
 
@@ -150,15 +146,21 @@ class Kp:
         from kafka import KafkaConsumer
 
         self.c = KafkaConsumer(
-            topic,
             bootstrap_servers=bootstrap.split(","),
             group_id=group,
             client_id=f"{self.name}-{group}",
             **PY_SETTINGS,
         )
+        # kafka-python 3.0.12 joins before it has the topic's metadata, assigns nothing,
+        # and rejoins when the metadata comes; if a poll's timeout ends while that second
+        # join is in flight, it never applies the assignment the join brought (no
+        # partitions, no heartbeats: the member expires). Under load that lost a test's
+        # records for good. With the metadata first, the first join assigns the partitions.
+        assert self.c.partitions_for_topic(topic), f"kafka-python has no metadata for {topic}"
+        self.c.subscribe([topic])
 
     def poll(self) -> list[tuple[int, int]]:
-        batches = self.c.poll(timeout_ms=200)
+        batches = self.c.poll(timeout_ms=1000)
         return [(m.partition, m.offset) for records in batches.values() for m in records]
 
     def assigned(self) -> set[int]:
