@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -229,11 +230,11 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    interrupt.raise_on_signals()
+    interrupt.note_signals()
     try:
         return run_piped(lambda: _run(sys.argv[1:] if argv is None else argv))
-    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM outside a command's trio loop
-        return interrupt.status_of(exc)
+    except KeyboardInterrupt:  # Ctrl-C in a command that runs with Python's own handler
+        return interrupt.exit_status(signal.SIGINT)
     finally:
         interrupt.ignore_late_signals()
 
@@ -242,6 +243,8 @@ def _run(argv: Sequence[str]) -> int:
     args = build_parser(argv).parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     if not interrupt.handles(func):
+        if (status := interrupt.noted_status()) is not None:
+            return status  # a signal while it was starting: never started
         interrupt.default_signals()
     try:
         return func(args) or 0

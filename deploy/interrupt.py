@@ -13,9 +13,12 @@ SIGTERM and turns them into cancellation:
   than after session.timeout.ms), a producer delivers the lines it has read.
 - a second one cancels that cleanup too (a cluster that no longer answers).
 
-Outside trio (imports, argument parsing) SIGINT raises :class:`Interrupted` and SIGTERM
-:class:`Terminated`, both KeyboardInterrupt's subclasses; the entry point turns either
-into its exit status, without a word.
+Before a command runs (imports, argument parsing) SIGINT and SIGTERM are only noted
+(:func:`note_signals`), and the command is not started: the entry point exits with the
+signal's status, without a word. Raised there instead, a signal's exception could land
+anywhere: inside an import (CPython then remembered a bare KeyboardInterrupt and killed
+the process with SIGINT after it had exited 130) or in a weakref callback of the import
+machinery, where it is printed as "Exception ignored" and the command runs on.
 """
 
 from __future__ import annotations
@@ -34,32 +37,18 @@ def exit_status(signum: int) -> int:
     return 128 + signum
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGINT, raised as a subclass of what Python raises. Where a bare KeyboardInterrupt
-    leaves some code run by the interpreter (an import Ctrl-C cut short), CPython notes it
-    and, once the process has exited cleanly with our status, kills itself with SIGINT
-    (status -2, no word said). The note is taken for KeyboardInterrupt itself only."""
+_NOTED: list[int] = []  # signals that came before the command's own handling took over
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where Python raises KeyboardInterrupt for SIGINT: code that stops
-    cleanly on Ctrl-C stops the same way on SIGTERM."""
-
-
-def status_of(exc: KeyboardInterrupt) -> int:
-    """130 for Ctrl-C, 143 for SIGTERM."""
-    return exit_status(signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
-
-
-def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise Terminated if signum == signal.SIGTERM else Interrupted
-
-
-def raise_on_signals() -> None:
-    """Until a command's trio loop takes over: SIGINT raises Interrupted, SIGTERM
-    Terminated."""
+def note_signals() -> None:
+    """From the entry point on: SIGINT and SIGTERM are noted, never raised (see above)."""
     for s in SIGNALS:
-        signal.signal(s, _raise_interrupted)
+        signal.signal(s, lambda signum, _frame: _NOTED.append(signum))
+
+
+def noted_status() -> int | None:
+    """The status of the first signal noted so far (None: none came)."""
+    return exit_status(_NOTED[0]) if _NOTED else None
 
 
 def ignore_late_signals() -> None:
@@ -70,9 +59,9 @@ def ignore_late_signals() -> None:
 
 
 def default_signals() -> None:
-    """For a command that runs trio without :func:`run`: an exception raised by a signal
-    handler inside trio's loop is the bug above, so SIGTERM ends it as it always did and
-    SIGINT is Python's own again, which trio.run knows how to deliver."""
+    """For a command that runs without :func:`run`: SIGTERM ends it as it always did, and
+    SIGINT is Python's own KeyboardInterrupt again (which trio.run knows how to deliver;
+    an exception raised by our own handler inside trio's loop is the bug above)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -136,6 +125,9 @@ def run(main: Callable[..., Awaitable[int]], *args: Any) -> int:
     # From here until trio's receiver is open (and again after it closed) a signal is
     # only noted: raising it inside trio's loop is what this module exists to avoid.
     with held() as noted:
+        noted.extend(_NOTED)  # one that came while the command was starting: not started
+        if noted:
+            return exit_status(noted[0])
         status = trio.run(_supervised, main, args, noted)
     return exit_status(noted[0]) if noted else status
 
