@@ -243,9 +243,9 @@ def _run(argv: Sequence[str]) -> int:
     args = build_parser(argv).parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     if not interrupt.handles(func):
+        interrupt.default_signals()  # from here a signal interrupts it as Python's would
         if (status := interrupt.noted_status()) is not None:
-            return status  # a signal while it was starting: never started
-        interrupt.default_signals()
+            return status  # one came while it was starting: never started
     try:
         return func(args) or 0
     except CommandError as exc:
