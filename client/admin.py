@@ -3,7 +3,7 @@ stats."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from minibroker.protocol.errors import (
     BrokerNotAvailable,
     KafkaError,
     NotController,
+    ThrottlingQuotaExceeded,
     error_class,
     raise_for,
 )
@@ -73,19 +74,21 @@ class TopicDescription:
     partitions: list[PartitionInfo]
 
 
-def _outcome(results: list[dict], raise_errors: bool) -> dict[str, KafkaError | None]:
-    """Per topic: None, or the error the controller named (raised first if asked)."""
-    outcome: dict[str, KafkaError | None] = {}
-    for t in results:
-        code = t["error_code"]
-        outcome[t["name"]] = (
-            error_class(code)(t.get("error_message") or t["name"]) if code else None
-        )
+def _outcome(results: list[dict]) -> dict[str, KafkaError | None]:
+    """Per topic: None, or the error the controller named."""
+    return {
+        t["name"]: error_class(t["error_code"])(t.get("error_message") or t["name"])
+        if t["error_code"]
+        else None
+        for t in results
+    }
+
+
+def _raise_first(outcome: dict[str, KafkaError | None], raise_errors: bool) -> None:
     if raise_errors:
         for error in outcome.values():
             if error is not None:
                 raise error
-    return outcome
 
 
 class Admin(ClusterClient):
@@ -108,30 +111,38 @@ class Admin(ClusterClient):
         validate_only: bool = False,
         wait_for_leaders: bool = True,
         raise_errors: bool = True,
+        retry_on_quota_violation: bool = True,
     ) -> dict[str, KafkaError | None]:
         """Create topics through the controller; per-topic outcome (None: created).
 
         With ``raise_errors`` the first failure is raised (e.g. TopicAlreadyExists). With
         ``wait_for_leaders`` it returns once every new partition has a leader in the
         metadata, so producing right after does not race the metadata propagation.
+        ``retry_on_quota_violation``: see ``_mutate``.
         """
-        topics = list(topics)
-        body = {
-            "topics": [
-                {
-                    "name": t.name,
-                    "num_partitions": t.num_partitions,
-                    "replication_factor": t.replication_factor,
-                    "configs": {k: str(v) for k, v in t.configs.items()},
-                    "assignments": t.replica_assignments,
-                }
-                for t in topics
-            ],
-            "timeout_ms": timeout_ms,
-            "validate_only": validate_only,
+        specs = {
+            t.name: {
+                "name": t.name,
+                "num_partitions": t.num_partitions,
+                "replication_factor": t.replication_factor,
+                "configs": {k: str(v) for k, v in t.configs.items()},
+                "assignments": t.replica_assignments,
+            }
+            for t in topics
         }
-        response = await self._controller_request(ApiKey.CREATE_TOPICS, body, timeout_ms / 1000 + 5)
-        outcome = _outcome(response["topics"], raise_errors)
+        outcome = await self._mutate(
+            ApiKey.CREATE_TOPICS,
+            lambda names, ms: {
+                "topics": [specs[n] for n in names],
+                "timeout_ms": ms,
+                "validate_only": validate_only,
+            },
+            "topics",
+            list(specs),
+            timeout_ms,
+            retry_on_quota_violation,
+        )
+        _raise_first(outcome, raise_errors)
         created = [name for name, error in outcome.items() if error is None]
         if wait_for_leaders and created and not validate_only:
             await self._wait_for_leaders(created, timeout_ms / 1000)
@@ -144,6 +155,7 @@ class Admin(ClusterClient):
         timeout_ms: int = 30000,
         wait_for_removal: bool = True,
         raise_errors: bool = True,
+        retry_on_quota_violation: bool = True,
     ) -> dict[str, KafkaError | None]:
         """Delete topics through the controller (Kafka's DeleteTopics); per-topic outcome
         (None: deleted). A missing topic is UnknownTopicOrPartition; a cluster with
@@ -152,10 +164,15 @@ class Admin(ClusterClient):
         With ``wait_for_removal`` it returns once every broker it can reach has dropped the
         topics (their replicas and files), so the name can be created again at once.
         """
-        names = list(names)
-        body = {"topic_names": names, "timeout_ms": timeout_ms}
-        response = await self._controller_request(ApiKey.DELETE_TOPICS, body, timeout_ms / 1000 + 5)
-        outcome = _outcome(response["responses"], raise_errors)
+        outcome = await self._mutate(
+            ApiKey.DELETE_TOPICS,
+            lambda names, ms: {"topic_names": names, "timeout_ms": ms},
+            "responses",
+            list(dict.fromkeys(names)),
+            timeout_ms,
+            retry_on_quota_violation,
+        )
+        _raise_first(outcome, raise_errors)
         deleted = [name for name, error in outcome.items() if error is None]
         if wait_for_removal and deleted:
             await self._wait_for_removal(deleted, timeout_ms / 1000)
@@ -169,6 +186,7 @@ class Admin(ClusterClient):
         validate_only: bool = False,
         wait_for_leaders: bool = True,
         raise_errors: bool = True,
+        retry_on_quota_violation: bool = True,
     ) -> dict[str, KafkaError | None]:
         """Grow topics to a new partition count (Kafka's createPartitions); per topic None
         when grown, else its error: InvalidPartitions for a count that is not an increase,
@@ -181,21 +199,64 @@ class Admin(ClusterClient):
             name: spec if isinstance(spec, NewPartitions) else NewPartitions(spec)
             for name, spec in new_partitions.items()
         }
-        body = {
-            "topics": [
-                {"name": name, "count": spec.total_count, "assignments": spec.assignments}
-                for name, spec in wanted.items()
-            ],
-            "timeout_ms": timeout_ms,
-            "validate_only": validate_only,
-        }
-        response = await self._controller_request(
-            ApiKey.CREATE_PARTITIONS, body, timeout_ms / 1000 + 5
+        outcome = await self._mutate(
+            ApiKey.CREATE_PARTITIONS,
+            lambda names, ms: {
+                "topics": [
+                    {
+                        "name": n,
+                        "count": wanted[n].total_count,
+                        "assignments": wanted[n].assignments,
+                    }
+                    for n in names
+                ],
+                "timeout_ms": ms,
+                "validate_only": validate_only,
+            },
+            "results",
+            list(wanted),
+            timeout_ms,
+            retry_on_quota_violation,
         )
-        outcome = _outcome(response["results"], raise_errors)
+        _raise_first(outcome, raise_errors)
         grown = {n: wanted[n].total_count for n, error in outcome.items() if error is None}
         if wait_for_leaders and grown and not validate_only:
             await self._wait_for_leaders(list(grown), timeout_ms / 1000, grown)
+        return outcome
+
+    async def _mutate(
+        self,
+        api_key: int,
+        body: Callable[[list[str], int], dict],
+        results_key: str,
+        names: list[str],
+        timeout_ms: int,
+        retry_on_quota_violation: bool,
+    ) -> dict[str, KafkaError | None]:
+        """Send a topic mutation to the controller; per topic its outcome.
+
+        Topics refused THROTTLING_QUOTA_EXCEEDED (``controller_mutation_rate``, KIP-599)
+        are sent again, alone, once the answer's throttle has passed, as long as that is
+        within ``timeout_ms`` of the call: Kafka's Admin does so by default
+        (``retryOnQuotaViolation``), so an application creating many topics is paced
+        rather than failed. Past the deadline they keep the refusal. The CLI asks for it
+        at once (kafka-topics.sh's choice), so a user sees what stopped them.
+        """
+        outcome: dict[str, KafkaError | None] = {}
+        deadline = trio.current_time() + timeout_ms / 1000
+        while names:
+            left_ms = max(int((deadline - trio.current_time()) * 1000), 0)
+            response = await self._controller_request(
+                api_key, body(names, left_ms), left_ms / 1000 + 5
+            )
+            answered = _outcome(response[results_key])
+            outcome.update(answered)
+            names = [n for n, e in answered.items() if isinstance(e, ThrottlingQuotaExceeded)]
+            # The connection holds the next request until the throttle has passed
+            # (client/connection.py): only whether that is before the deadline is ours.
+            throttle_s = response.get("throttle_time_ms", 0) / 1000
+            if not retry_on_quota_violation or trio.current_time() + throttle_s >= deadline:
+                break
         return outcome
 
     async def _wait_for_removal(self, names: list[str], timeout: float) -> None:

@@ -4,6 +4,7 @@ bucket is in debt), librdkafka CreatePartitions v1 (permissive: done, then throt
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -139,13 +140,17 @@ def test_the_bundled_admin_is_refused_over_its_quota_on_the_native_listener(clus
         # 25 partitions from a full bucket of 22: created; the bucket is 3 below zero and
         # the next topic of the same request is refused.
         outcome = admin.create_topics(
-            [NewTopic("native-big", 25, 1), NewTopic("native-small", 1, 1)], raise_errors=False
+            [NewTopic("native-big", 25, 1), NewTopic("native-small", 1, 1)],
+            raise_errors=False,
+            retry_on_quota_violation=False,
         )
         assert outcome["native-big"] is None
         assert type(outcome["native-small"]) is ThrottlingQuotaExceeded
         # The client waits out the answer's throttle (1.5 s): the bucket is back at zero,
         # the 25 partitions' deletion goes through and the next topic is refused.
-        deleted = admin.delete_topics(["native-big", "native-kept"], raise_errors=False)
+        deleted = admin.delete_topics(
+            ["native-big", "native-kept"], raise_errors=False, retry_on_quota_violation=False
+        )
         assert deleted["native-big"] is None
         assert type(deleted["native-kept"]) is ThrottlingQuotaExceeded
 
@@ -154,6 +159,33 @@ def test_the_bundled_admin_is_refused_over_its_quota_on_the_native_listener(clus
             return {t for t in other.list_topics() if t.startswith("native")}
 
     wait_until(lambda: native_topics() == {"native-kept"}, 30, "native-big deleted")
+
+
+def test_the_bundled_admin_sends_a_refused_topic_again_once_its_throttle_has_passed(cluster):
+    limit(cluster, "paced")
+    with SyncAdmin(cluster.bootstrap, {"client.id": "paced"}) as admin:
+        # 25 partitions from a full bucket of 22: the second topic is refused with a 1.5 s
+        # throttle; by default it goes again after it, when the bucket is out of debt.
+        started = time.monotonic()
+        outcome = admin.create_topics([NewTopic("paced-big", 25, 1), NewTopic("paced-small", 1, 1)])
+        assert outcome == {"paced-big": None, "paced-small": None}
+        assert time.monotonic() - started >= 1.0  # after the throttle, not at once
+        assert partitions(cluster, "paced-small") == 1
+
+
+def test_a_refusal_whose_throttle_outlasts_the_timeout_is_returned(cluster):
+    limit(cluster, "hurried")
+    with SyncAdmin(cluster.bootstrap, {"client.id": "hurried"}) as admin:
+        # The refusal's 1.5 s throttle ends after the call's 1 s: Kafka's Admin gives up
+        # with the refusal itself, not a timeout.
+        outcome = admin.create_topics(
+            [NewTopic("hurried-big", 25, 1), NewTopic("hurried-small", 1, 1)],
+            timeout_ms=1000,
+            raise_errors=False,
+        )
+        assert outcome["hurried-big"] is None
+        assert type(outcome["hurried-small"]) is ThrottlingQuotaExceeded
+        assert "hurried-small" not in admin.list_topics()
 
 
 def test_the_cli_says_in_one_line_what_to_do_when_refused(cluster):
