@@ -45,7 +45,10 @@ def _quota_lines(stats: dict) -> list[str]:
     """Client quotas: each entity's bound, rate and throttling (docs/quotas.md)."""
     quotas = stats.get("quotas") or {}
     entities = [
-        (k, e) for k, v in quotas.items() if k not in ("throttler", "replication") for e in v
+        (k, e)
+        for k, v in quotas.items()
+        if k not in ("throttler", "replication", "entities")
+        for e in v
     ]
     replication = quotas.get("replication") or {}
     if not entities and not replication:
@@ -59,6 +62,9 @@ def _quota_lines(stats: dict) -> list[str]:
         f"{'quota':<20} {'user':<12} {'client-id':<16} {'limit':>12} {'rate':>12} "
         f"{'throttled':>9} {'throttle ms':>11}",
     ]
+    for key, count in (quotas.get("entities") or {}).items():
+        if count > len(quotas.get(key) or ()):
+            lines.append(f"{key}: the {len(quotas[key])} of {count} entities given most throttle")
     for key, e in entities:
         lines.append(
             f"{key:<20} {e['user'] or '-':<12} {e['client_id'] or '-':<16} {e['quota']:>12g} "

@@ -118,17 +118,7 @@ class ControllerMutationQuotaManager(ClientQuotaManager):
             return 0
         return quota.throttle_time_ms(now_ms)
 
-    def stats(self, now_ms: int) -> list[dict]:
-        """Per entity: its bound, the tokens left (Kafka's ``tokens`` metric; read without
-        refilling, so a scrape on another thread writes nothing) and throttling so far."""
-        return [
-            {
-                "user": user,
-                "client_id": client_id,
-                "quota": usage.bound,
-                "tokens": usage.rate.tokens,
-                "throttle_time_ms_total": usage.throttle_ms_total,
-                "throttled": usage.throttle_count,
-            }
-            for (user, client_id), usage in list(self.usage.items())
-        ]
+    def _figures(self, usage: EntityUsage, now_ms: int) -> dict:
+        """Kafka's ``tokens`` metric: read without refilling, so a scrape on another thread
+        writes nothing."""
+        return {"tokens": usage.rate.tokens}

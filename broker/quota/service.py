@@ -32,6 +32,9 @@ from minibroker.broker.quota.throttle import ChannelThrottler
 from minibroker.protocol.errors import ErrorCode
 
 ANONYMOUS = "ANONYMOUS"
+# Entities per quota type a stats answer lists (the rest are counted, and all are on the
+# Prometheus endpoint): a table of 10,000 client ids is read by no one.
+STATS_TOP_ENTITIES = 50
 
 
 class ClientQuotas:
@@ -152,11 +155,15 @@ class ClientQuotas:
     def managers(self) -> tuple[ClientQuotaManager, ...]:
         return (self.produce, self.fetch, self.request, self.mutation)
 
-    def stats(self) -> dict:
+    def stats(self, top: int = STATS_TOP_ENTITIES) -> dict:
+        """The throttler's figures, how many entities each quota type counts, and the
+        ``top`` of them by throttle time given."""
         now_ms = self.clock.now_ms()
+        used = [m for m in self.managers() if m.usage]
         return {
             "throttler": self.throttler.stats(),
-            **{m.key: m.stats(now_ms) for m in self.managers() if m.usage},
+            "entities": {m.key: len(m.usage) for m in used},
+            **{m.key: m.stats(now_ms, top) for m in used},
         }
 
 

@@ -89,6 +89,20 @@ def test_manager_throttles_only_past_the_bound_and_holds_the_rate_to_it():
     assert usage["client_id"] == "p" and usage["throttled"] > 0
 
 
+def test_stats_with_top_list_the_entities_given_the_most_throttle_time():
+    # A default quota gives every client id a rate of its own: the stats answer (built on
+    # the broker's loop) lists the few that were throttled most, not all of them.
+    configs = QuotaConfigs()
+    configs.set(QuotaEntity.of({CLIENT_ID: None}), PRODUCER_BYTE_RATE, 1000)
+    manager = ClientQuotaManager(PRODUCER_BYTE_RATE, configs, samples=11, window_ms=1000)
+    for n in range(20):
+        manager.record("ANONYMOUS", f"c{n}", 10_000 + n * 1000, 0)
+    top = manager.stats(0, top=3)
+    assert [e["client_id"] for e in top] == ["c19", "c18", "c17"]
+    assert top[0]["throttle_time_ms_total"] > top[2]["throttle_time_ms_total"] > 0
+    assert len(manager.stats(0)) == 20
+
+
 def test_manager_ignores_entities_without_a_quota():
     configs = QuotaConfigs()
     configs.set(QuotaEntity.of({CLIENT_ID: "p"}), PRODUCER_BYTE_RATE, 1000)
