@@ -100,6 +100,7 @@ class Step:
     name: str
     argv: tuple[str, ...]
     cluster: bool = True
+    produced_mb: float | None = None  # what the step produces, when it is a producing bench
 
 
 def parse_steps(words: Sequence[str]) -> list[Step]:
@@ -142,13 +143,27 @@ def check_arguments(
     checked = []
     for step in steps:
         argv = [*step.argv, "--bootstrap", "127.0.0.1:1"]
-        _, extra = bench_parser(argv).parse_known_args(argv)
+        parsed, extra = bench_parser(argv).parse_known_args(argv)
         cluster = "--bootstrap" not in extra
         extra = [word for word in extra if word not in argv[-2:]]
         if extra:
             raise CommandError(f"bench {step.argv[0]}: unrecognized arguments: {' '.join(extra)}")
-        checked.append(Step(step.name, step.argv, cluster))
+        checked.append(Step(step.name, step.argv, cluster, produced_mb(step.argv[0], parsed)))
     return checked
+
+
+# The producing benches, by the option holding each record's value size.
+_VALUE_SIZE = {"produce": "record_size", "kafka-clients": "size"}
+
+
+def produced_mb(bench: str, args: argparse.Namespace) -> float | None:
+    """Megabytes of values a producing bench sends (a paced second pass counted too), read
+    from its arguments so a baseline build that does not report it is measured alike."""
+    size = _VALUE_SIZE.get(bench)
+    if size is None:
+        return None
+    passes = 2 if getattr(args, "rate_of_max", 0) else 1
+    return args.records * getattr(args, size) * passes / 1e6
 
 
 def run_order(rounds: int) -> list[str]:
@@ -270,7 +285,10 @@ def _bench(
     _, out = _cli(build, cwd, ["bench", *step.argv, *target], timeout)
     figures = flatten_figures(last_json_line(out) or {}, step.name)
     if step.cluster:
-        figures[f"{step.name}.broker_cpu_s"] = round(_cpu_seconds(brokers) - broker_cpu, 3)
+        cpu = _cpu_seconds(brokers) - broker_cpu
+        figures[f"{step.name}.broker_cpu_s"] = round(cpu, 3)
+        if step.produced_mb:  # everything the brokers did in the step, per MB produced
+            figures[f"{step.name}.broker_cpu_s_per_mb"] = round(cpu / step.produced_mb, 4)
     figures[f"{step.name}.client_cpu_s"] = round(_children_cpu_seconds() - client_cpu, 3)
     return figures
 

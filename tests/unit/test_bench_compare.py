@@ -93,6 +93,18 @@ def test_an_in_process_bench_is_compared_without_a_cluster():
     ]
 
 
+def test_a_producing_step_knows_the_megabytes_it_produces_from_its_arguments():
+    # broker_cpu_s_per_mb divides by this: read from the arguments, not the bench's JSON,
+    # so a baseline build from before the figure is measured alike.
+    argv = ["bench", "compare", "--baseline", "HEAD", "--", "consume"]
+    args = build_parser(argv).parse_args(argv)
+    words = ["produce", "--records", "1000", "--record-size", "500", "--then"]
+    words += ["kafka-clients", "--records", "2000", "--size", "100", "--rate-of-max", "0.8"]
+    words += ["--then", "consume", "--records", "1000"]
+    steps = check_arguments(parse_steps(words), args.bench_parser)
+    assert [step.produced_mb for step in steps] == [0.5, 0.4, None]
+
+
 def test_each_round_runs_both_builds_and_swaps_which_goes_first():
     assert run_order(1) == ["baseline", "working"]
     assert run_order(4) == ["baseline", "working", "working", "baseline"] * 2
