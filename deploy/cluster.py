@@ -385,13 +385,17 @@ def _wait_exit(proc: psutil.Process, timeout: float) -> bool:
     """Wait until the process has exited (gone, or a zombie); False if not by ``timeout``.
 
     Watched by pid, not by the proof of ownership: a broker releases its data dir a
-    little before its process ends, and "stopped" must mean the process is gone."""
+    little before its process ends, and "stopped" must mean the process is gone. A zombie
+    is not yet gone while it has other threads: after SIGKILL the main thread turns zombie
+    first, and the descriptors it shares with the others (its listening sockets) close
+    only when the last thread has exited, so a restart that checked its ports at once
+    found them taken."""
     deadline = time.monotonic() + max(timeout, 0)
     while True:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(proc.pid, os.WNOHANG)  # reap it if it is our child
         try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
+            if proc.status() == psutil.STATUS_ZOMBIE and proc.num_threads() <= 1:
                 return True
         except psutil.NoSuchProcess:
             return True

@@ -26,6 +26,7 @@ from minibroker.broker.storage.dir_lock import (
     shut_down_cleanly,
 )
 from minibroker.deploy.cluster import ClusterState, data_dir_holders
+from minibroker.deploy.launcher import free_port, port_in_use
 
 HOLD = """
 import sys
@@ -36,15 +37,31 @@ print("locked", flush=True)
 sys.stdin.read()
 """
 
+# A broker's shape at SIGKILL: a listening socket and threads that keep running.
+HOLD_PORT_WITH_THREADS = """
+import socket, sys, threading
+from pathlib import Path
+from minibroker.broker.storage.dir_lock import lock_data_dir
+lock_data_dir(Path(sys.argv[1]))
+listener = socket.create_server(("127.0.0.1", int(sys.argv[2])))
+def spin():
+    while True:
+        sum(range(1000))
+for _ in range(6):
+    threading.Thread(target=spin, daemon=True).start()
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
 
 @pytest.fixture
 def holder():
     """Start processes that hold a data dir's lock until their stdin closes (or a signal)."""
     procs: list[subprocess.Popen] = []
 
-    def start(data_dir: Path) -> subprocess.Popen:
+    def start(data_dir: Path, *args: str, code: str = HOLD) -> subprocess.Popen:
         proc = subprocess.Popen(
-            [sys.executable, "-c", HOLD, str(data_dir)],
+            [sys.executable, "-c", code, str(data_dir), *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -109,6 +126,20 @@ def test_stop_waits_for_the_process_to_exit_not_just_for_the_lock(tmp_path, hold
     state.pids[0], state.started[0] = proc.pid, 0.0  # a start time that matches nothing
     assert state.stop(0) == "exited"
     assert not psutil.pid_exists(proc.pid)  # exited, and reaped (it is our child)
+
+
+def test_kill_returns_once_the_port_is_free_not_when_the_main_thread_is_a_zombie(tmp_path, holder):
+    """After SIGKILL the main thread turns zombie while the others still exit, holding the
+    descriptors they share: a restart that checked its port then found it taken (CI, stop
+    45: test_recovery_point). Without the thread count, about half of these kills did."""
+    state = cluster(tmp_path, brokers=1)
+    for _ in range(6):
+        port = free_port()
+        proc = holder(state.broker_dir(0), str(port), code=HOLD_PORT_WITH_THREADS)
+        state.pids[0], state.started[0] = proc.pid, psutil.Process(proc.pid).create_time()
+        state.kill(0)
+        assert not port_in_use("127.0.0.1", port)
+        proc.wait(10)
 
 
 def test_stopped_cleanly_or_dead_by_the_clean_shutdown_marker(tmp_path):
