@@ -38,17 +38,18 @@ PURGE_CHUNK_MIN = 16
 
 
 class _ListScan:
-    """One watcher list under a purge: scanned up to ``pos`` of the ``end`` entries it had
-    when the purge began; ``live`` gathers the live ops seen so far (``ops`` None: void)."""
+    """One watcher list under a purge: ``done`` of the ``end`` entries it had when the
+    purge began are scanned, and the next one is at ``pos`` (the live ops scanned so far
+    are ``ops[:pos]``, compacted in place). ``ops`` None: the scan is void."""
 
-    __slots__ = ("end", "key", "live", "ops", "pos")
+    __slots__ = ("done", "end", "key", "ops", "pos")
 
     def __init__(self, key: Hashable, ops: list[DelayedOperation]) -> None:
         self.key = key
         self.ops: list[DelayedOperation] | None = ops
         self.end = len(ops)
+        self.done = 0
         self.pos = 0
-        self.live: list[DelayedOperation] | None = []
 
 
 class Purgatory:
@@ -107,7 +108,6 @@ class Purgatory:
         self._scan_rounds = 1
         self._scan_round = 0
         self._scan_next = 0  # the next list of the round, an index in _scan_order
-        self._purge_debt = 0  # entries a step overdrew (<= 0)
         self._purge_budget = PURGE_STEP_MIN  # entries per step, set as each purge starts
         self._checking = False
 
@@ -175,7 +175,7 @@ class Purgatory:
             scan = self._scans.pop(key, None)
             if scan is not None and scan.ops is ops:
                 # Just compacted here: the purge's partial scan of it is void.
-                scan.ops = scan.live = None
+                scan.ops = None
         if not ops and self._watchers.get(key) is ops:
             del self._watchers[key]
         return completed
@@ -255,7 +255,6 @@ class Purgatory:
         self._scan_order = list(scans.values())
         self._scan_next = 0
         self._scan_round = 0
-        self._purge_debt = 0
         entries = sum(scan.end for scan in self._scan_order)
         # Rounds of about PURGE_ROUND entries, each list scanned by the same share in each
         # round, but at least PURGE_CHUNK_MIN entries a list on average (a visit costs a
@@ -263,8 +262,7 @@ class Purgatory:
         chunked = entries // (PURGE_CHUNK_MIN * max(1, len(scans)))
         self._scan_rounds = max(1, min(entries // PURGE_ROUND, chunked))
         steps = max(pending, self.purge_interval) * PURGE_PACE / (PURGE_STEP_MASK + 1)
-        # Each entry is scanned once and rewritten once (the compaction, charged as much).
-        self._purge_budget = max(PURGE_STEP_MIN, int(2 * entries / steps) + 1)
+        self._purge_budget = max(PURGE_STEP_MIN, int(entries / steps) + 1)
 
     def _purge_step(self, budget: int | None) -> None:
         """Scan about ``budget`` watcher entries (None: finish the purge now).
@@ -273,9 +271,9 @@ class Purgatory:
         of ``R`` scans each list's ``r``-th ``R``-th. Lists are in watch order, so a round
         covers about the same span of watches in every list, and an op watched on three
         keys is read three times within one round, from cache, instead of three times a
-        list apart (a cache miss each: the scan's main cost, ~100 ns an entry). A list's
-        live ops are gathered as it is scanned and put in place in the last round; entries
-        appended meanwhile (past the scanned end) are kept as they are.
+        list apart (a cache miss each: the scan's main cost, ~100 ns an entry). Each
+        scanned slice is compacted in place at once, so a dead op is released while it is
+        still in cache too; entries appended meanwhile (past the scanned ones) are kept.
         """
         if self._checking:
             return  # never compact a list check_and_complete is iterating
@@ -283,8 +281,7 @@ class Purgatory:
         rounds = self._scan_rounds
         rnd = self._scan_round
         i = self._scan_next
-        # A compaction may overdraw a step's budget; the debt is paid by the next steps.
-        left = budget if budget is None else budget + self._purge_debt
+        left = budget
         while left is None or left > 0:
             if i == len(order):
                 i = 0
@@ -296,44 +293,32 @@ class Purgatory:
             ops = scan.ops
             if ops is None:
                 i += 1
-                continue  # compacted by a trigger meanwhile, or done
-            pos = scan.pos
-            end = scan.end
+                continue  # compacted by a trigger meanwhile
+            done = scan.done
             last = rnd == rounds - 1
-            target = end if last else end * (rnd + 1) // rounds
-            stop = target if left is None else min(target, pos + left)
-            if stop > pos:
-                scan.live += [op for op in ops[pos:stop] if not op.is_completed]
-                scan.pos = stop
+            target = scan.end if last else scan.end * (rnd + 1) // rounds
+            size = target - done
+            if left is not None and size > left:
+                size = left
+            if size > 0:
+                pos = scan.pos
+                stop = pos + size
+                live = [op for op in ops[pos:stop] if not op.is_completed]
+                if len(live) != size:
+                    ops[pos:stop] = live
+                scan.pos = pos + len(live)
+                scan.done = done = done + size
                 if left is not None:
-                    left -= stop - pos
-            if stop < target:
+                    left -= size
+            if done < target:
                 break  # out of budget within this list's share: go on from here next step
             i += 1
-            if last:
-                self._compact(scan)
-                if left is not None:
-                    # Compacting costs about a scan's worth per entry (the dead ops are
-                    # released here): charged, or the last round would do all of it at once.
-                    left -= end
+            if last and not ops:
+                key = scan.key
+                if self._watchers.get(key) is ops:
+                    del self._watchers[key]
         self._scan_round = rnd
         self._scan_next = i
-        if left is not None:
-            self._purge_debt = min(0, left)
-
-    def _compact(self, scan: _ListScan) -> None:
-        """Put a scanned list's live ops in place, unless it left the map meanwhile."""
-        ops = scan.ops
-        live = scan.live
-        end = scan.end
-        scan.ops = scan.live = None
-        key = scan.key
-        watchers = self._watchers
-        if watchers.get(key) is ops:
-            if not live and len(ops) == end:
-                del watchers[key]
-            elif len(live) != end:
-                ops[:end] = live
 
     def _end_purge(self) -> None:
         self._purging = False

@@ -353,7 +353,7 @@ def test_trigger_on_the_list_a_purge_is_scanning(clock: ManualClock):
     fresh: list[MockOp] = []
 
     def partly_scanned() -> list:
-        return [s.key for s in purgatory._scans.values() if s.ops and 0 < s.pos < s.end]
+        return [s.key for s in purgatory._scans.values() if s.ops and 0 < s.done < s.end]
 
     while not partly_scanned():
         op = MockOp(1_000_000)
