@@ -351,12 +351,16 @@ def test_trigger_on_the_list_a_purge_is_scanning(clock: ManualClock):
     keys = ["a", "b"]
     old = _watch_then_complete(purgatory, keys, 4000, 3000)
     fresh: list[MockOp] = []
-    while not (purgatory._purge_list is not None and purgatory._purge_pos > 0):
+
+    def partly_scanned() -> list:
+        return [s.key for s in purgatory._scans.values() if s.ops and 0 < s.done < s.end]
+
+    while not partly_scanned():
         op = MockOp(1_000_000)
         purgatory.try_complete_else_watch(op, [keys[len(fresh) % 2]])
         fresh.append(op)
         assert len(fresh) < 5000
-    key = purgatory._purge_key
+    key = partly_scanned()[0]
     for op in old[3000:3500]:  # a trigger completes some ops on that key
         op.completable = True
     completed = purgatory.check_and_complete(key)
