@@ -22,9 +22,10 @@ class FileRegion:
     __slots__ = ("fd", "position", "size")
 
     def __init__(self, fd: int, position: int, size: int) -> None:
-        self.fd = os.dup(fd)
         self.position = position
         self.size = size
+        self.fd = -1  # set before the dup can fail: __del__ runs on a failed __init__ too
+        self.fd = os.dup(fd)
 
     def __len__(self) -> int:
         return self.size

@@ -695,7 +695,12 @@ class Log(TransactionalLog):
             return self.read(offset, max_bytes, max_offset=max_offset, min_one_batch=min_one_batch)
         if end == begin:
             return ReadResult(b"", offset, offset)
-        return ReadResult(FileRegion(fd, begin, end - begin), first, next_offset)
+        try:
+            region = FileRegion(fd, begin, end - begin)
+        except OSError:
+            # No descriptor to spare (each queued region holds one): the bytes, as before.
+            return ReadResult(segment.pread(end - begin, begin), first, next_offset)
+        return ReadResult(region, first, next_offset)
 
     # --- truncation -----------------------------------------------------------------------
 

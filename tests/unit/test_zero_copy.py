@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import socket
 
 import msgpack
@@ -136,8 +137,14 @@ def test_a_followers_answer_in_parts_is_the_packed_frame(tmp_path) -> None:
     assert msgpack.unpackb(joined[4:])[1]["topics"][0]["partitions"][0]["records"]
 
 
-def _pair() -> tuple[trio.SocketStream, socket.socket]:
-    a, b = socket.socketpair()
+def _pair(family: str = "unix") -> tuple[trio.SocketStream, socket.socket]:
+    if family == "unix":
+        a, b = socket.socketpair()
+    else:  # TCP on loopback, as a follower connection
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            b = socket.create_connection(server.getsockname())
+            a, _ = server.accept()
+        a.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for s in (a, b):  # small buffers: every big frame goes out in many short sends
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -154,9 +161,12 @@ async def _drain(sock: socket.socket, want: int) -> bytes:
     return bytes(got)
 
 
-async def test_frames_in_parts_keep_order_resume_short_sends_and_count_bytes(tmp_path) -> None:
+@pytest.mark.parametrize("family", ["unix", "tcp"])
+async def test_frames_in_parts_keep_order_resume_short_sends_and_count_bytes(
+    tmp_path, family
+) -> None:
     body, plain = _region_body(tmp_path)
-    stream, peer = _pair()
+    stream, peer = _pair(family)
     outbox = Outbox(limit=1 << 20, stall_s=30)
     frames = [
         b"first" * 3,
@@ -235,3 +245,26 @@ def test_a_region_cut_under_the_send_breaks_the_frame(tmp_path) -> None:
     assert b.recv(1000) == b"head" + b"z" * 100
     a.close()
     b.close()
+
+
+def test_without_a_descriptor_to_spare_a_region_read_returns_the_bytes(tmp_path) -> None:
+    log = _log(tmp_path)
+    want = log.read(0, 20_000)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    spare = []
+    highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 8, hard))
+        while True:  # use every descriptor left, so os.dup fails (EMFILE)
+            try:
+                spare.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        got = log.read_region(0, 20_000)
+    finally:
+        for fd in spare:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert spare and type(got.data) is bytes
+    assert got.data == want.data and got.next_offset == want.next_offset
+    log.close()
