@@ -681,6 +681,11 @@ class Log(TransactionalLog):
                     end += batch_size
                     continue
                 begin, limit = end, end + max_bytes
+                if segment.next_offset <= upper and size <= limit:
+                    # The rest of the segment is whole batches below ``upper`` and fits:
+                    # no walk over them (a follower at the tail, nearly every fetch).
+                    first, next_offset, end = base, segment.next_offset, size
+                    break
             if batch_next > upper:
                 break
             if end + batch_size > limit and not (end == begin and min_one_batch):

@@ -26,7 +26,7 @@ from minibroker.broker.network.parts import PartsFrame
 from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.broker.storage import Log, LogConfig
-from minibroker.protocol import encode_batch, encode_response, encode_response_parts
+from minibroker.protocol import encode_batch, encode_response, encode_response_parts, iter_batches
 
 
 def _log(tmp_path) -> Log:
@@ -35,6 +35,25 @@ def _log(tmp_path) -> Log:
     for i, n in enumerate([1, 3, 40, 2, 1, 25, 7, 1, 1, 33, 4]):
         log.append_as_leader(encode_batch([(1000 + i, None, bytes([i]) * 300, [])] * n), 0)
     return log
+
+
+def _expected(log: Log, offset: int, max_bytes: int, upper: int, min_one: bool) -> bytes:
+    """What a read returns, by its definition, from every batch of the (one) segment."""
+    (segment,) = log.segments
+    data = segment.pread(segment.size, 0)
+    out = b""
+    for pos, header in iter_batches(data, verify=False):
+        last = header.base_offset + header.last_offset_delta
+        if last < offset:
+            continue
+        if last + 1 > upper:
+            break
+        if len(out) + header.size > max_bytes and not (min_one and not out):
+            break
+        out += data[pos : pos + header.size]
+        if len(out) > max_bytes:
+            break
+    return out
 
 
 def test_a_region_read_is_the_bytes_read(tmp_path) -> None:
@@ -52,6 +71,7 @@ def test_a_region_read_is_the_bytes_read(tmp_path) -> None:
                     got = log.read_region(offset, max_bytes, **args)
                     data = got.data.read() if isinstance(got.data, FileRegion) else got.data
                     assert data == want.data, (offset, max_bytes, min_one, upper)
+                    assert data == _expected(log, offset, max_bytes, upper or leo, min_one)
                     assert (got.first_offset, got.next_offset) == (
                         want.first_offset,
                         want.next_offset,
