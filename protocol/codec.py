@@ -11,6 +11,8 @@ that correlation id.
 
 from __future__ import annotations
 
+import os
+import struct
 from typing import Any, NamedTuple
 
 import msgpack
@@ -28,6 +30,8 @@ from minibroker.protocol.framing import encode_frame, encode_frame_of
 # one request with bulk bytes, carries them as a few ``bin`` values; 2,000 topics created
 # in one request are ~20,000 values.
 MAX_REQUEST_VALUES = 1 << 17
+_MARKER_INDEX = struct.Struct(">I")
+_FRAME_LEN = struct.Struct(">I")
 
 
 class RequestHeader(NamedTuple):
@@ -238,6 +242,47 @@ def encode_packed_response(correlation_id: int, packed_body: bytes) -> bytes:
     """The frame ``encode_response`` makes, from a body packed beforehand: a body many
     answers share (thousands of long polls woken by one append) is packed once."""
     return encode_frame_of(b"\x92", pack(correlation_id), packed_body)  # fixarray of 2
+
+
+def encode_response_parts(correlation_id: int, body: dict, external: type) -> list:
+    """``encode_response``'s frame as parts: bytes, and each ``external`` value of the body
+    (a ``bin`` field whose bytes the caller sends from elsewhere, e.g. a file) in place.
+
+    A bytes part ends with the ``bin`` header of the external part after it, so the
+    concatenation of the parts is exactly ``encode_response`` of the body with those
+    values' bytes. Each external value is packed as a marker first (unique to this call,
+    and found in order), then the packed body is cut at the markers: only the small
+    packed body is searched, never the external bytes.
+    """
+    externals: list = []
+    nonce = os.urandom(12)
+
+    def marker(value: Any) -> bytes:
+        if not isinstance(value, external):
+            raise TypeError(f"cannot serialize {type(value).__name__}")
+        externals.append(value)
+        return nonce + _MARKER_INDEX.pack(len(externals))
+
+    packed = msgpack.packb([correlation_id, body], use_bin_type=True, default=marker)
+    parts: list = []
+    pos = 0
+    for n, value in enumerate(externals, 1):
+        # The marker packs as a bin 8 of 16 bytes: 0xc4 0x10, then the marker.
+        at = packed.index(b"\xc4\x10" + nonce + _MARKER_INDEX.pack(n), pos)
+        parts.append(packed[pos:at] + _bin_header(len(value)))
+        parts.append(value)
+        pos = at + 18
+    parts.append(packed[pos:])
+    parts[0] = _FRAME_LEN.pack(sum(map(len, parts))) + parts[0]
+    return parts
+
+
+def _bin_header(length: int) -> bytes:
+    if length < 1 << 8:
+        return b"\xc4" + bytes([length])
+    if length < 1 << 16:
+        return b"\xc5" + length.to_bytes(2, "big")
+    return b"\xc6" + length.to_bytes(4, "big")
 
 
 def error_body(code: ErrorCode, message: str | None = None) -> dict:

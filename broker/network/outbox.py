@@ -25,6 +25,8 @@ from collections.abc import Callable
 
 import trio
 
+from minibroker.broker.network.parts import PartsFrame
+
 # Small frames are joined into one send (fewer syscalls); big ones go out as slices of a
 # memoryview, never copied, each slice under the stall timeout.
 _COALESCE_BYTES = 1 << 18
@@ -56,7 +58,7 @@ class Outbox:
         self._corked = False  # answers to one burst of requests: queue, write once
         self._start_writer: Callable[[], None] | None = None
         # None while nothing waits (``not self._frames`` reads the same either way).
-        self._frames: deque[bytes | memoryview] | None = None
+        self._frames: deque[bytes | memoryview | PartsFrame] | None = None
         self.queued = 0  # bytes in _frames or being written now
         self.reserved = 0  # bytes promised to parked requests, not answered yet
         # Called when a full connection has room again (the reactor reads it again).
@@ -89,25 +91,33 @@ class Outbox:
     def full(self) -> bool:
         return self.queued + self.reserved >= self.limit
 
-    def put(self, frame: bytes) -> None:
+    def put(self, frame: bytes | PartsFrame) -> None:
         """Queue ``frame``; when nothing is queued or being sent, write it at once.
 
         Written in the caller's turn (the read loop answering, or a purgatory completing a
         parked request), a frame costs no wake-up of the writer task: with thousands of
         long polls expiring in one tick that wake-up was the larger part of each answer.
-        What the socket does not take now is queued for the writer.
+        What the socket does not take now is queued for the writer. A frame in parts
+        (broker/network/parts.py) goes the same way, its rest queued as it is.
         """
         if self._closed:
             return
         if self._fd >= 0 and not self._frames and not self._busy and not self._corked:
-            try:
-                sent = os.write(self._fd, frame)
-            except OSError:  # would block, or the peer is gone: the writer will see
-                sent = 0
-            if sent == len(frame):
-                return
-            if sent:
-                frame = memoryview(frame)[sent:]
+            if type(frame) is PartsFrame:
+                try:
+                    if frame.send(self._fd):
+                        return
+                except OSError:  # the peer is gone, or a file was cut: the writer will see
+                    pass
+            else:
+                try:
+                    sent = os.write(self._fd, frame)
+                except OSError:  # would block, or the peer is gone: the writer will see
+                    sent = 0
+                if sent == len(frame):
+                    return
+                if sent:
+                    frame = memoryview(frame)[sent:]
         if self._frames is None:
             self._frames = deque()
         self._frames.append(frame)
@@ -156,12 +166,24 @@ class Outbox:
         fd = self._fd
         while frames:
             first = frames.popleft()
+            if type(first) is PartsFrame:
+                size = len(first)
+                if not await self._send_parts(stream, fd, first):
+                    return False
+                self.queued -= size
+                self._wake_reader()
+                continue
             if len(first) >= _COALESCE_BYTES:
                 chunk: bytes | memoryview = first
             else:
                 parts = [first]
                 size = len(first)
-                while frames and len(parts) < _COALESCE_FRAMES and size < _COALESCE_BYTES:
+                while (
+                    frames
+                    and len(parts) < _COALESCE_FRAMES
+                    and size < _COALESCE_BYTES
+                    and type(frames[0]) is not PartsFrame  # sent in place, never joined
+                ):
                     part = frames.popleft()
                     parts.append(part)
                     size += len(part)
@@ -173,6 +195,21 @@ class Outbox:
         if self._frames is frames:  # not closed meanwhile: drop the emptied queue
             self._frames = None
         self._busy = False
+        return True
+
+    async def _send_parts(self, stream: trio.abc.SendStream, fd: int, frame: PartsFrame) -> bool:
+        """Send a frame in parts, waiting for room while the socket is full; False when
+        the socket took nothing for ``stall_s`` (as ``_send``'s slices)."""
+        if fd < 0:
+            return await self._send(stream, fd, frame.flatten())
+        sock = stream.socket
+        while not frame.send(fd):
+            with trio.move_on_after(self.stall_s) as stalled:
+                await trio.lowlevel.wait_writable(sock)
+            if stalled.cancelled_caught:
+                return False
+            if self._closed:  # the descriptor may belong to another connection by now
+                raise trio.ClosedResourceError("connection closed during a send")
         return True
 
     async def _send(self, stream: trio.abc.SendStream, fd: int, chunk: bytes | memoryview) -> bool:

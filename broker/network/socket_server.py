@@ -32,7 +32,9 @@ from typing import Any, Protocol
 import trio
 
 from minibroker.broker.common.descriptors import fd_limit
+from minibroker.broker.common.file_region import FileRegion, RegionBody
 from minibroker.broker.network.outbox import Outbox
+from minibroker.broker.network.parts import PartsFrame
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.network.poller import Poller, choose_backend, open_poller
 from minibroker.broker.network.request_metrics import RequestMetrics
@@ -46,6 +48,7 @@ from minibroker.protocol import (
     decode_request_envelope,
     encode_packed_response,
     encode_response,
+    encode_response_parts,
     error_body,
     pack,
     split_request_envelope,
@@ -119,7 +122,11 @@ class _SharedBodyPacker:
         self._body: dict | None = None
         self._packed = b""
 
-    def __call__(self, correlation_id: int, body: dict) -> bytes:
+    def __call__(self, correlation_id: int, body: dict) -> bytes | PartsFrame:
+        if type(body) is RegionBody:
+            # Records sent from the segment files (a follower's fetch): never shared, as
+            # each region is one send's (broker/network/parts.py).
+            return PartsFrame(encode_response_parts(correlation_id, body, FileRegion))
         if body is not self._body:
             self._packed = pack(body)
             self._body = body

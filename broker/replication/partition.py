@@ -459,8 +459,12 @@ class Partition:
         for_follower: bool,
         min_one_batch: bool = True,
         committed: bool = False,
+        region: bool = False,
     ) -> ReadResult:
-        """``read`` with where the bytes end (a read_committed answer's aborted range)."""
+        """``read`` with where the bytes end (a read_committed answer's aborted range).
+
+        ``region``: the data may be a FileRegion of the segment (Log.read_region), for an
+        answer sent from the file (a follower's fetch on the native listener)."""
         log = self.log
         upper = self._upper(for_follower, committed)
         if fetch_offset > log.log_end_offset or fetch_offset < log.log_start_offset:
@@ -470,7 +474,8 @@ class Partition:
             )
         if fetch_offset >= upper:
             return ReadResult(b"", fetch_offset, fetch_offset)
-        return log.read(fetch_offset, max_bytes, max_offset=upper, min_one_batch=min_one_batch)
+        read = log.read_region if region else log.read
+        return read(fetch_offset, max_bytes, max_offset=upper, min_one_batch=min_one_batch)
 
     def available_bytes(
         self, fetch_offset: int, for_follower: bool, wanted: int, committed: bool = False

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from minibroker.broker.common.config import BrokerConfig
+from minibroker.broker.common.file_region import FileRegion, RegionBody
 from minibroker.broker.common.topic_config import log_config_values
 from minibroker.broker.metadata.check import topic_name_error
 from minibroker.broker.metadata.image import PartitionState, TopicState
@@ -594,6 +595,7 @@ class ReplicaManager:
         budget = fetch.max_bytes
         total = 0
         stop_now = False
+        regions = False
         known_hw = fetch.known_hw
         count_fetches = fetch.for_follower and update_follower_state
         for key, offset, max_bytes in fetch.targets:
@@ -675,6 +677,7 @@ class ReplicaManager:
                         for_follower=fetch.for_follower,
                         min_one_batch=total == 0,
                         committed=fetch.committed,
+                        region=fetch.for_follower,
                     )
                     if throttled:
                         quota.record(len(result.data))
@@ -685,6 +688,8 @@ class ReplicaManager:
                 continue
             data = result.data
             entry["records"] = data
+            if type(data) is FileRegion:
+                regions = True
             if fetch.committed and fetch.transactions:
                 # Kafka's: the aborted transactions with records in what is returned.
                 entry["aborted_transactions"] = (
@@ -706,6 +711,8 @@ class ReplicaManager:
             ):
                 self.produce_purgatory.check_and_complete(key)  # a DeleteRecords may wait
         body = {"topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}
+        if regions:  # sent from the segment files (broker/network/parts.py)
+            body = RegionBody(body)
         return body, total, stop_now
 
     # --- ISR changes -----------------------------------------------------------------------

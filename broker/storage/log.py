@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from minibroker.broker.common.file_region import FileRegion
 from minibroker.broker.storage.flusher import RecoveryPoint, fsync_all
 from minibroker.broker.storage.log_txn import TransactionalLog
 from minibroker.broker.storage.producer_state import ProducerStateManager
@@ -64,6 +65,10 @@ from minibroker.protocol.errors import (
     OffsetOutOfRange,
     RecordListTooLarge,
 )
+
+# How much of a segment a region read's walk takes at a time: several small batches'
+# headers in one pread, and little read past a large batch's header.
+_WALK_CHUNK = 1 << 13
 
 
 @dataclass(frozen=True, slots=True)
@@ -621,6 +626,86 @@ class Log(TransactionalLog):
             return ReadResult(b"", offset, offset)
         out = data if begin == 0 and end == len(data) else data[begin:end]
         return ReadResult(out, first, next_offset)
+
+    def read_region(
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        min_one_batch: bool = True,
+    ) -> ReadResult:
+        """``read``, answered with a FileRegion of the segment file instead of its bytes.
+
+        Kafka's FileRecords.slice: only batch headers are read (the walk), the batches
+        themselves go from the file to the socket with sendfile. Headers are read a
+        chunk at a time, so many small batches cost one pread per chunk and a batch
+        larger than a chunk costs one small pread, whatever its size. Anything the walk
+        does not expect (an index that lies) is left to ``read``, which handles it.
+        """
+        leo = self.log_end_offset
+        upper = leo if max_offset is None else min(max_offset, leo)
+        if offset < self.log_start_offset or offset > leo or offset >= upper:
+            return self.read(offset, max_bytes, max_offset=max_offset, min_one_batch=min_one_batch)
+        i = bisect_right(self._bases, offset) - 1
+        segment = self.segments[i]
+        while offset >= segment.next_offset or segment.next_offset == segment.base_offset:
+            i += 1
+            if i == len(self.segments):
+                return ReadResult(b"", offset, offset)
+            segment = self.segments[i]
+        position = segment.lookup_span(offset)[0]
+        fd = segment.fd
+        size = segment.size
+        chunk = b""
+        chunk_at = position  # the file position of chunk[0]
+        begin = -1
+        limit = 0
+        first = -1
+        next_offset = offset
+        end = position
+        while end + HEADER_SIZE <= size:
+            at = end - chunk_at
+            if at + HEADER_SIZE > len(chunk):
+                chunk = os.pread(fd, min(_WALK_CHUNK, size - end), end)
+                chunk_at, at = end, 0
+                if len(chunk) < HEADER_SIZE:
+                    break
+            base, length = BASE_AND_LENGTH.unpack_from(chunk, at)
+            batch_next = base + LAST_DELTA.unpack_from(chunk, at + LAST_DELTA_AT)[0] + 1
+            batch_size = length + LOG_OVERHEAD
+            if batch_size < HEADER_SIZE:
+                break  # not a batch: let read() judge
+            if begin < 0:
+                if batch_next <= offset:  # before the batch holding offset: walk on
+                    end += batch_size
+                    continue
+                begin, limit = end, end + max_bytes
+                if segment.next_offset <= upper and size <= limit:
+                    # The rest of the segment is whole batches below ``upper`` and fits:
+                    # no walk over them (a follower at the tail, nearly every fetch).
+                    first, next_offset, end = base, segment.next_offset, size
+                    break
+            if batch_next > upper:
+                break
+            if end + batch_size > limit and not (end == begin and min_one_batch):
+                break
+            if first < 0:
+                first = base
+            next_offset = batch_next
+            end += batch_size
+            if end > limit:
+                break  # the first batch, whole past max_bytes (as read)
+        if begin < 0 or end > size:
+            return self.read(offset, max_bytes, max_offset=max_offset, min_one_batch=min_one_batch)
+        if end == begin:
+            return ReadResult(b"", offset, offset)
+        try:
+            region = FileRegion(fd, begin, end - begin)
+        except OSError:
+            # No descriptor to spare (each queued region holds one): the bytes, as before.
+            return ReadResult(segment.pread(end - begin, begin), first, next_offset)
+        return ReadResult(region, first, next_offset)
 
     # --- truncation -----------------------------------------------------------------------
 

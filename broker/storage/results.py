@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minibroker.broker.common.file_region import FileRegion
+
 
 class AppendInfo:
     """Where an append landed: the broker answers the producer and moves the HW with it.
@@ -37,11 +42,14 @@ class AppendInfo:
 
 
 class ReadResult:
-    """File bytes to send as they are, plus the offset the next fetch should ask for."""
+    """File bytes to send as they are, plus the offset the next fetch should ask for.
+
+    ``data`` is bytes, or a FileRegion of the segment (Log.read_region) for an answer
+    sent from the file; both have ``len()`` and are false when empty (b"")."""
 
     __slots__ = ("data", "first_offset", "next_offset")
 
-    def __init__(self, data: bytes, first_offset: int, next_offset: int) -> None:
+    def __init__(self, data: bytes | FileRegion, first_offset: int, next_offset: int) -> None:
         self.data = data
         self.first_offset = first_offset
         self.next_offset = next_offset
