@@ -8,7 +8,6 @@ import trio
 import trio.testing
 
 import minibroker.protocol as p
-from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.metadata.image import PartitionState
 from minibroker.broker.network.outbox import Outbox
 from minibroker.broker.network.pending import PendingResponse
@@ -20,12 +19,12 @@ from minibroker.broker.network.socket_server import (
     ConnectionHandler,
     next_pass_size,
 )
-from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
 from minibroker.broker.replication.fetch_request import MAX_FETCH_WAIT_MS, FetchRequest
-from minibroker.broker.replication.replica_manager import ReplicaManager, duplicate_partition
+from minibroker.broker.replication.replica_manager import duplicate_partition
 from minibroker.deploy.launcher import free_port
 from minibroker.protocol.errors import InvalidRequest
 from minibroker.protocol.schema import MAX_ERROR_CHARS, bounded
+from tests.unit.replica_helpers import manual_replica_manager
 
 
 def test_bounded_cuts_long_messages_and_says_how_much():
@@ -128,12 +127,8 @@ async def test_outbox_writer_gives_up_when_nothing_is_read(autojump_clock):
 
 
 async def test_a_parked_fetch_is_clamped_and_dies_with_its_connection(tmp_path):
-    clock = ManualClock()
-    timer = ManualTimer(clock)
-    fetches, produces = Purgatory("Fetch", timer), Purgatory("Produce", timer)
-    manager = ReplicaManager(
-        0, tmp_path, BrokerConfig(), structlog.get_logger(), fetches, produces, clock.now_ms
-    )
+    manager = manual_replica_manager(tmp_path)
+    fetches, timer, clock = manager.fetch_purgatory, manager.timer, manager.clock
     manager.host_partition("t", 0, PartitionState(0, 0, [0], [0]))
     raw = {
         "max_wait_ms": 2**31 - 1,

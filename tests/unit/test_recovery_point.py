@@ -12,11 +12,8 @@ import threading
 from pathlib import Path
 
 import pytest
-import structlog
 
-from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.metadata.image import PartitionState
-from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.broker.storage import Log, LogConfig, flusher
 from minibroker.broker.storage.offset_checkpoint import (
@@ -26,6 +23,7 @@ from minibroker.broker.storage.offset_checkpoint import (
     write_checkpoint,
 )
 from minibroker.protocol import encode_batch
+from tests.unit.replica_helpers import manual_replica_manager
 
 
 def batch(tag: str, **producer: int) -> bytes:
@@ -197,12 +195,7 @@ def test_a_corrupt_checkpoint_file_is_refused_with_the_reason(
 
 
 def _manager(data_dir: Path) -> ReplicaManager:
-    clock = ManualClock()
-    timer = ManualTimer(clock)
-    fetches, produces = Purgatory("Fetch", timer), Purgatory("Produce", timer)
-    return ReplicaManager(
-        0, data_dir, BrokerConfig(), structlog.get_logger(), fetches, produces, clock.now_ms
-    )
+    return manual_replica_manager(data_dir)
 
 
 def _host(manager: ReplicaManager, index: int) -> Log:

@@ -7,31 +7,19 @@ schema, a leader for partition t-0 with followers 1 and 2 (kafka-semantics.md §
 from __future__ import annotations
 
 import pytest
-import structlog
 
 import minibroker.protocol as p
-from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.metadata.image import PartitionState
 from minibroker.broker.network.pending import PendingResponse
-from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.protocol import encode_batch
 from minibroker.protocol.errors import ErrorCode, InvalidRequest
+from tests.unit.replica_helpers import manual_replica_manager
 
 
 @pytest.fixture
 def manager(tmp_path):
-    clock = ManualClock()
-    timer = ManualTimer(clock)
-    manager = ReplicaManager(
-        0,
-        tmp_path,
-        BrokerConfig(),
-        structlog.get_logger(),
-        Purgatory("Fetch", timer),
-        Purgatory("Produce", timer),
-        clock.now_ms,
-    )
+    manager = manual_replica_manager(tmp_path)
     manager.proposals = []
     manager.on_isr_change = lambda partition, isr: manager.proposals.append(sorted(isr))
     manager.host_partition("t", 0, PartitionState(0, 1, [0, 1, 2], [0, 1, 2], 1))

@@ -6,35 +6,22 @@ and name aborted transactions, and v0 answers carry none of it. Manual clock, no
 from __future__ import annotations
 
 import pytest
-import structlog
 
 import minibroker.protocol as p
-from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.metadata.image import PartitionState
 from minibroker.broker.network.pending import PendingResponse
-from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
 from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.protocol import GROUP_METADATA_TOPIC, encode_batch
 from minibroker.protocol.batch import TRANSACTIONAL_FLAG
 from minibroker.protocol.errors import ErrorCode
+from tests.unit.replica_helpers import manual_replica_manager
 
 PID = 41
 
 
 @pytest.fixture
 def manager(tmp_path):
-    clock = ManualClock()
-    timer = ManualTimer(clock)
-    manager = ReplicaManager(
-        0,
-        tmp_path,
-        BrokerConfig(),
-        structlog.get_logger(),
-        Purgatory("Fetch", timer),
-        Purgatory("Produce", timer),
-        clock.now_ms,
-    )
-    manager.clock, manager.timer = clock, timer
+    manager = manual_replica_manager(tmp_path)
     manager.on_isr_change = lambda partition, isr: None
     for topic in ("t", GROUP_METADATA_TOPIC):
         manager.host_partition(topic, 0, PartitionState(0, 1, [0, 1], [0, 1], 1))

@@ -14,19 +14,16 @@ import socket
 
 import msgpack
 import pytest
-import structlog
 import trio
 
 import minibroker.protocol as p
-from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.common.file_region import FileRegion, RegionBody
 from minibroker.broker.metadata.image import PartitionState
 from minibroker.broker.network.outbox import Outbox
 from minibroker.broker.network.parts import PartsFrame
-from minibroker.broker.purgatory import ManualClock, ManualTimer, Purgatory
-from minibroker.broker.replication.replica_manager import ReplicaManager
 from minibroker.broker.storage import Log, LogConfig
 from minibroker.protocol import encode_batch, encode_response, encode_response_parts, iter_batches
+from tests.unit.replica_helpers import manual_replica_manager
 
 
 def _log(tmp_path) -> Log:
@@ -97,17 +94,7 @@ def test_a_region_outlives_its_segment_and_closes_its_descriptor(tmp_path) -> No
 
 def _region_body(tmp_path) -> tuple[dict, dict]:
     """A follower's fetch answer from a ReplicaManager, and the same body with bytes."""
-    clock = ManualClock()
-    timer = ManualTimer(clock)
-    manager = ReplicaManager(
-        0,
-        tmp_path,
-        BrokerConfig(),
-        structlog.get_logger(),
-        Purgatory("Fetch", timer),
-        Purgatory("Produce", timer),
-        clock.now_ms,
-    )
+    manager = manual_replica_manager(tmp_path)
     manager.on_isr_change = lambda partition, isr: None
     for index in (0, 1):
         manager.host_partition("t", index, PartitionState(0, 1, [0, 1], [0, 1], 1))
