@@ -102,8 +102,8 @@ class Purgatory:
         self.count_completion = self._completions.__next__
         self._completion_reads = 0
         self._purges = 0
-        # The running purge: keys still to compact, and the list being compacted now
-        # (one _ListScan per watcher list, visited a share at a time, round by round).
+        # The running purge: one _ListScan per watcher list, visited a share at a time,
+        # round by round; where the next step goes on (round, index in _scan_order).
         self._purging = False
         self._scans: dict[Hashable, _ListScan] = {}  # by key: a trigger voids its scan
         self._scan_order: list[_ListScan] = []
