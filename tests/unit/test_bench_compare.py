@@ -156,6 +156,14 @@ def test_summary_quotes_medians_and_working_over_baseline():
     assert "\n" not in json.dumps(summary)
 
 
+def test_small_figures_and_ratios_keep_four_significant_digits():
+    summary = summarize([{"cpu_per_mb": 0.8}], [{"cpu_per_mb": 0.020360134}])
+    assert summary["cpu_per_mb"]["working"] == 0.02036
+    # Rounded to three decimals this was 0.025, 2 % off the medians' own ratio.
+    assert summary["cpu_per_mb"]["ratio"] == 0.02545
+    assert summarize([{"r": 3.0}], [{"r": 3.14159}])["r"]["working"] == 3.142
+
+
 def test_a_figure_one_build_lacks_or_a_zero_baseline_has_no_ratio():
     summary = summarize([{"a": 0.0}], [{"a": 0.0, "new": 4.0}, {"a": 2.0, "new": 6.0}])
     assert summary["a"] == {
