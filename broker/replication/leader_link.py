@@ -12,14 +12,19 @@ A round goes out once every member has asked, except members that said they are
 pausing (a backoff, an injected delay): a member wakes, handles its part (synchronous
 partition work) and asks again within a scheduler pass, so waiting for all of them
 costs nothing and keeps the round whole. A member that asks while a round is out
-joins the next one, as a partition added to Kafka's fetch session does; but a member
-asking for the first time (a partition just followed: a new topic, a new leader) calls
-back a Fetch round that is out. A partition the leader leaves out of a Fetch answer
-(nothing new, HW unchanged: FetchRequest.known_hw) is not woken: its ask rides the next
-round as it is, so an idle partition costs its follower nothing per round. That round may be parked at the leader for
-``replica.fetch.wait.max.ms``, and a new topic's first acks=all write waited it out
-(200-500 ms after CreateTopics, against ~10 ms before links were shared): the round's
-asks go out again at once, with the newcomer in them.
+joins the next one, as a partition added to Kafka's fetch session does. Two kinds of
+member call back a Fetch round that is out instead: one asking for the first time (a
+partition just followed: a new topic, a new leader), and one retrying after the leader
+refused its partition for not having caught up with the metadata (``rejoin``). The
+round out does not carry either and may be parked at the leader for
+``replica.fetch.wait.max.ms``: a new topic's first acks=all write waited it out
+(200-500 ms after CreateTopics, against ~10 ms before links were shared; the refused
+retry, in about one topic creation in ten). Called back, the round's asks go out again
+at once, with the member in them.
+
+A partition the leader leaves out of a Fetch answer (nothing new, HW unchanged:
+FetchRequest.known_hw) is not woken: its ask rides the next round as it is, so an idle
+partition costs its follower nothing per round.
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ class LeaderLink:
         self.asks: dict[int, dict[Key, _Ask]] = {api: {} for api in request_fields}
         self.cancel_scope = trio.CancelScope()
         self._arrived = trio.lowlevel.ParkingLot()
-        self._served: set[object] = set()  # members some round has carried
+        self._served: set[object] = set()  # members some Fetch round has carried
         self._fetch_out: trio.CancelScope | None = None  # the Fetch round out, if any
 
     # --- members ----------------------------------------------------------------------------
@@ -93,6 +98,14 @@ class LeaderLink:
             for key in [k for k, ask in asks.items() if ask.member is member]:
                 del asks[key]
         self._arrived.unpark_all()
+
+    def rejoin(self, member: object) -> None:
+        """Treat ``member``'s next ask as a newcomer's: it calls back a Fetch round that is
+        out. For a member retrying shortly after its partition was refused (the leader had
+        not applied the metadata yet): the round that went out while it paused does not
+        carry it and may park for ``replica.fetch.wait.max.ms``, and its partition's
+        acks=all writes would wait that out."""
+        self._served.discard(member)
 
     async def ask(self, member: object, api_key: int, key: Key, part: dict) -> dict:
         """Partition ``key``'s ``part`` of the next ``api_key`` request to the leader:
@@ -157,9 +170,13 @@ class LeaderLink:
             **self.request_fields[api_key],
             "topics": [{"name": name, "partitions": parts} for name, parts in topics.items()],
         }
-        self._served.update(ask.member for ask in asks.values())
         with trio.CancelScope() as scope:
             if api_key == ApiKey.FETCH:
+                # Carried by a Fetch: from now on this member's asks ride the next round
+                # (an OffsetsForLeaderEpoch round does not count: the member's first
+                # Fetch, asked just after it, would wait out the Fetch that went out
+                # without it).
+                self._served.update(ask.member for ask in asks.values())
                 self._fetch_out = scope
             try:
                 answer = await self.conn.request(api_key, body, timeout=self.timeouts[api_key])

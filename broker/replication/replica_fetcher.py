@@ -115,7 +115,7 @@ class ReplicaFetcher:
             )
             error = ErrorCode.parse(answer["error_code"])
             if error is not ErrorCode.NONE:
-                raise KafkaError(
+                raise error_class(error)(
                     f"{error.name} from leader {self.leader.node_id} for OffsetsForLeaderEpoch"
                 )
             target = p.offset_for_truncation(answer["leader_epoch"], answer["end_offset"])
@@ -131,13 +131,14 @@ class ReplicaFetcher:
     async def _loop(self) -> None:
         backoff = self.config["replica.fetch.backoff.ms"] / 1000
         link, key = self.link, self.partition.key
+        retry = FIRST_RETRY_S
         while True:
             try:
                 await self._truncate()
                 break
             except KafkaError as exc:
                 log_peer_failure(self.logger, "truncation_check_failed", exc)
-                await link.pause(self, backoff)
+                retry = await self._pause_after(exc, retry, backoff)
             except Exception:
                 self.logger.exception("truncation_error")
                 await link.pause(self, backoff)
@@ -170,11 +171,7 @@ class ReplicaFetcher:
                 retry = FIRST_RETRY_S
             except KafkaError as exc:
                 log_peer_failure(self.logger, "replica_fetch_failed", exc)
-                if exc.code in LEADER_NOT_CAUGHT_UP:
-                    await link.pause(self, min(retry, backoff))
-                    retry *= 2
-                else:
-                    await link.pause(self, backoff)
+                retry = await self._pause_after(exc, retry, backoff)
             except OSError as exc:
                 # Our disk, not the leader: retrying would keep this replica in the ISR
                 # while it holds nothing new. The log dir goes offline (Kafka's
@@ -186,6 +183,17 @@ class ReplicaFetcher:
                 # A bug or a bad answer must cost this partition a retry, not the broker.
                 self.logger.exception("replica_fetch_error")
                 await link.pause(self, backoff)
+
+    async def _pause_after(self, exc: KafkaError, retry: float, backoff: float) -> float:
+        """Back off after a refusal; returns the next short retry. A leader that has not
+        caught up with the metadata is asked again soon, and the retry calls back the
+        Fetch round that went out meanwhile without this partition (LeaderLink.rejoin)."""
+        if exc.code not in LEADER_NOT_CAUGHT_UP:
+            await self.link.pause(self, backoff)
+            return retry
+        self.link.rejoin(self)
+        await self.link.pause(self, min(retry, backoff))
+        return retry * 2
 
     def _process(self, data: dict) -> None:
         p = self.partition

@@ -57,6 +57,27 @@ async def test_acks_all_round_trip_replicas_identical(cluster_factory):
     assert sorted(r.value for r in seen) == sorted(f"v{i}".encode() for i in range(300))
 
 
+async def test_a_new_topics_first_acks_all_write_never_waits_out_a_parked_replica_fetch(
+    cluster_factory,
+):
+    """A follower often asks for a new partition a moment before its leader has applied
+    the topic; refused, it retries. The retry used to wait behind the replica fetch that
+    went out meanwhile, parked at the leader for replica.fetch.wait.max.ms: about one
+    topic creation in eight held its first acks=all write that long. With the long poll
+    at 20 s, each of 15 new topics' first writes must take a fraction of it."""
+    state = await cluster_factory(3, {"replica.fetch.wait.max.ms": 20000})
+    async with Admin(state.bootstrap) as admin, Producer(state.bootstrap, acks="all") as producer:
+        for i in range(15):
+            name = f"fresh-{i}"
+            await admin.create_topics([NewTopic(name, 3, 3)])
+            started = time.monotonic()
+            with trio.fail_after(60):
+                for p in range(3):
+                    await producer.send(name, b"first", partition=p)
+            took = time.monotonic() - started
+            assert took < 10, f"{name}'s first acks=all writes took {took:.1f} s"
+
+
 async def test_paused_follower_times_out_then_isr_shrinks(cluster_factory):
     # Five voters, so the metadata quorum keeps its majority while both followers of a
     # partition are paused: ISR changes commit through it. The partition is one whose

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
 from minibroker.broker.replication.leader_link import LeaderLink
 from minibroker.protocol import ApiKey
@@ -161,6 +162,95 @@ async def test_a_new_member_calls_back_a_parked_fetch_and_both_ride_the_next_rou
     assert last_api == ApiKey.FETCH
     assert sorted(p["partition"] for p in last_body["topics"][0]["partitions"]) == [0, 1]
     assert answers["old"]["partition"] == 0 and answers["new"]["partition"] == 1
+
+
+async def test_a_new_leaders_follower_fetches_after_its_epoch_check_without_waiting():
+    """A partition whose leader moved asks OffsetsForLeaderEpoch first. The Fetch round
+    of the leader's other partitions goes out right after that answer, before the
+    newcomer asks its first Fetch; the newcomer must call it back, not wait it out."""
+    leader = ParkingLeader()
+    link = link_to(leader)
+    steady, moved = object(), object()
+    answers: dict[str, dict] = {}
+
+    async def follow_steady() -> None:
+        while True:  # a follower partition with nothing new: one parked Fetch after another
+            await link.ask(steady, ApiKey.FETCH, ("t", 0), {"partition": 0})
+
+    async def follow_moved() -> None:
+        answers["epoch"] = await link.ask(
+            moved, ApiKey.OFFSET_FOR_LEADER_EPOCH, ("t", 1), {"partition": 1}
+        )
+        answers["fetch"] = await link.ask(moved, ApiKey.FETCH, ("t", 1), {"partition": 1})
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link.run)
+        link.join(steady)
+        nursery.start_soon(follow_steady)
+        with trio.fail_after(5):
+            while not leader.requests:  # the steady partition's Fetch is out, parked
+                await trio.sleep(0)
+        link.join(moved)
+        nursery.start_soon(follow_moved)
+        with trio.fail_after(5):
+            while "fetch" not in answers:
+                await trio.sleep(0.001)
+        nursery.cancel_scope.cancel()  # the steady member asks on
+    assert not leader.release.is_set()
+    assert answers["fetch"]["partition"] == 1
+
+
+async def test_a_member_retrying_a_refused_partition_calls_back_the_round_parked_meanwhile():
+    """A follower of a new topic asks before its leader knows the topic: refused, it
+    pauses, and the round that goes out meanwhile parks without it. Its retry must not
+    wait that round out (replica.fetch.wait.max.ms: about one topic creation in ten
+    held its first acks=all write ~500 ms)."""
+    leader = ParkingLeader()
+    link = link_to(leader)
+    steady, refused = object(), object()
+    answers: list[dict] = []
+
+    async def fetch(member: object, partition: int) -> dict:
+        return await link.ask(member, ApiKey.FETCH, ("t", partition), {"partition": partition})
+
+    async def retry(rejoin: bool, paused: trio.CancelScope) -> None:
+        if rejoin:
+            link.rejoin(refused)
+        with paused:  # the fetcher's retry pause, ended by the test
+            await link.pause(refused, 3600)
+        answers.append(await fetch(refused, 1))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link.run)
+        link.join(steady)
+        link.join(refused)
+        async with trio.open_nursery() as first_round:  # both carried: neither is new
+            first_round.start_soon(fetch, steady, 0)
+            first_round.start_soon(fetch, refused, 1)
+        for rejoin in (False, True):
+            out = len(leader.requests)
+            paused = trio.CancelScope()
+            nursery.start_soon(retry, rejoin, paused)
+            nursery.start_soon(fetch, steady, 0)
+            with trio.fail_after(5):  # the steady member's round is out alone, parked
+                while len(leader.requests) == out:
+                    await trio.sleep(0)
+            paused.cancel()
+            if not rejoin:
+                # Without rejoin the retry waits behind the parked round.
+                await trio.testing.wait_all_tasks_blocked()
+                assert not answers
+                leader.release.set()  # let it go, then park anew for the second pass
+            with trio.fail_after(5):
+                while not answers:
+                    await trio.sleep(0.001)
+            if not rejoin:
+                answers.clear()
+                leader.release = trio.Event()
+        link.cancel_scope.cancel()
+    # With rejoin, answered without the parked round's release.
+    assert not leader.release.is_set()
+    assert answers[0]["partition"] == 1
 
 
 class OmittingLeader(FakeLeader):
