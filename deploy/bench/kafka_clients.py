@@ -16,6 +16,11 @@ say whether it held the rate (``rate_achieved``, ``held``) and how late its burs
 (``lateness_ms_p99``, ``_max``). Delivery latency is librdkafka's own, from produce() to
 the acknowledgement (Message.latency), of every tenth record. One JSON line, as every benchmark.
 
+``--idle-topics N`` first creates N 3-partition topics nobody writes to, waits until
+their followers are in sync, and deletes them after the run: every replica fetch round
+names every followed partition, so a development cluster that gathered topics pays for
+them on each write.
+
 The clients come with the ``test`` extra (``pip install 'minibroker[test]'``).
 """
 
@@ -95,6 +100,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             help=f"confluent {role} setting, librdkafka's name (bench defaults: {defaults})",
         )
     p.add_argument("--no-consume", action="store_true", help="produce only")
+    p.add_argument(
+        "--idle-topics",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first create N idle 3-partition topics (deleted after the run): what the "
+        "brokers pay for partitions nobody writes to",
+    )
 
 
 def paced(
@@ -211,6 +224,40 @@ def create_rdkafka_topic(bootstrap: str, topic: str, partitions: int) -> None:
         future.result(30)
 
 
+def create_idle_topics(bootstrap: str, topics: list[str], timeout: float = 120) -> None:
+    """Create ``topics`` (3 partitions each, replication factor min(3, brokers)) and wait
+    until every replica of every partition is in sync: only then do the followers fetch
+    them, which is the cost the run is to include."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    rf = min(3, len(admin.list_topics(timeout=10).brokers))
+    for future in admin.create_topics([NewTopic(t, 3, rf) for t in topics]).values():
+        future.result(timeout)
+    deadline = time.monotonic() + timeout
+    wanted = set(topics)
+    while True:
+        listed = admin.list_topics(timeout=10).topics
+        if all(
+            t in listed
+            and len(listed[t].partitions) == 3
+            and all(len(p.isrs) == rf for p in listed[t].partitions.values())
+            for t in wanted
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(topics)} idle topics were not all in sync after {timeout} s")
+        time.sleep(0.1)
+
+
+def delete_topics(bootstrap: str, topics: list[str], timeout: float = 120) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_topics(topics).values():
+        future.result(timeout)
+
+
 def rdkafka_consume(
     conf: dict[str, Any],
     topic: str,
@@ -321,8 +368,13 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     )
     if any(confluent_only) and args.client not in ("confluent", "mock"):
         raise ValueError("--rate, --rate-of-max and the properties are for confluent and mock")
+    if args.idle_topics and args.client == "mock":
+        raise ValueError("--idle-topics needs a cluster: the mock has no replication")
     topic = f"kbench-{uuid.uuid4().hex[:8]}"
+    idle = [f"{topic}-idle-{i}" for i in range(args.idle_topics)]
     try:
+        if idle:
+            create_idle_topics(args.bootstrap, idle)
         if args.client in ("confluent", "mock"):
             out = _confluent(args, topic)
         elif args.client == "kafka-python":
@@ -333,6 +385,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(
             f"error: {exc.name} is not installed: pip install 'minibroker[test]'"
         ) from None
+    finally:
+        if idle:
+            delete_topics(args.bootstrap, idle)
     return {
         "client": args.client,
         "records": args.records,
@@ -340,7 +395,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         **out,
         "params": {"bootstrap": None if args.client == "mock" else args.bootstrap,
                    "rate": args.rate, "rate_of_max": args.rate_of_max, "acks": "all",
-                   "partitions": 3, **_confluent_params(args)},
+                   "partitions": 3, "idle_topics": args.idle_topics,
+                   **_confluent_params(args)},
     }  # fmt: skip
 
 

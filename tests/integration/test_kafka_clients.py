@@ -493,3 +493,33 @@ def test_the_fault_api_fails_kafka_produces_too(cluster):
     finally:
         cluster.clear_faults(leader)
     assert outcome and outcome[0].code() == RdKafkaError.NOT_ENOUGH_REPLICAS
+
+
+def test_bench_kafka_clients_idle_topics_are_followed_in_sync_and_deleted_after(cluster):
+    """`bench kafka-clients --idle-topics N` measures what idle partitions cost the brokers:
+    they must be followed (every replica in sync) before the run, and gone after it."""
+    import argparse
+
+    from minibroker.deploy.bench import kafka_clients
+
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    names = ["idle-check-0", "idle-check-1"]
+    kafka_clients.create_idle_topics(cluster.kafka_bootstrap, names)
+    listed = admin.list_topics(timeout=10).topics
+    for name in names:
+        assert sorted(listed[name].partitions) == [0, 1, 2]
+        assert all(len(p.isrs) == 3 for p in listed[name].partitions.values())
+    kafka_clients.delete_topics(cluster.kafka_bootstrap, names)
+
+    parser = argparse.ArgumentParser()
+    kafka_clients.add_arguments(parser)
+    base = ["--bootstrap", cluster.kafka_bootstrap, "--records", "500", "--no-consume"]
+    out = kafka_clients.bench(parser.parse_args([*base, "--idle-topics", "3"]))
+    assert out["params"]["idle_topics"] == 3 and out["unflushed"] == 0
+    assert out["produce_records_per_s"] > 0
+    deadline = time.monotonic() + 30
+    while any("-idle-" in t for t in admin.list_topics(timeout=10).topics):
+        assert time.monotonic() < deadline, "the idle topics outlived the run"
+        time.sleep(0.1)
+    with pytest.raises(ValueError, match="needs a cluster"):
+        kafka_clients.bench(parser.parse_args([*base, "--client", "mock", "--idle-topics", "1"]))
