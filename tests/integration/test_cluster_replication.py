@@ -64,18 +64,16 @@ async def test_a_new_topics_first_acks_all_write_never_waits_out_a_parked_replic
     the topic; refused, it retries. The retry used to wait behind the replica fetch that
     went out meanwhile, parked at the leader for replica.fetch.wait.max.ms: about one
     topic creation in eight held its first acks=all write that long. With the long poll
-    at 20 s, each of 15 new topics' first writes must take a fraction of it."""
+    at 20 s, each of 15 new topics' first writes is awaited with a bound of half of it."""
     state = await cluster_factory(3, {"replica.fetch.wait.max.ms": 20000})
     async with Admin(state.bootstrap) as admin, Producer(state.bootstrap, acks="all") as producer:
         for i in range(15):
             name = f"fresh-{i}"
             await admin.create_topics([NewTopic(name, 3, 3)])
-            started = time.monotonic()
-            with trio.fail_after(60):
+            with trio.move_on_after(10) as bound:
                 for p in range(3):
                     await producer.send(name, b"first", partition=p)
-            took = time.monotonic() - started
-            assert took < 10, f"{name}'s first acks=all writes took {took:.1f} s"
+            assert not bound.cancelled_caught, f"{name}'s first acks=all writes waited 10 s"
 
 
 async def test_paused_follower_times_out_then_isr_shrinks(cluster_factory):

@@ -194,17 +194,13 @@ def test_a_corrupt_checkpoint_file_is_refused_with_the_reason(
     assert str(path) in str(caught.value)
 
 
-def _manager(data_dir: Path) -> ReplicaManager:
-    return manual_replica_manager(data_dir)
-
-
 def _host(manager: ReplicaManager, index: int) -> Log:
     state = PartitionState(0, 1, [0], [0], 1)
     return manager.host_partition("t", index, state).log
 
 
 def test_a_clean_close_checkpoints_every_log_at_its_end(tmp_path: Path) -> None:
-    manager = _manager(tmp_path)
+    manager = manual_replica_manager(tmp_path)
     manager.load_recovery_points(clean_shutdown=False)  # a first start: no file yet
     assert manager.recovery_points == {}
     for index in (0, 1):
@@ -218,17 +214,17 @@ def test_a_clean_close_checkpoints_every_log_at_its_end(tmp_path: Path) -> None:
 def test_an_unclean_start_recovers_from_the_checkpoint_or_from_0_when_it_is_corrupt(
     tmp_path: Path,
 ) -> None:
-    manager = _manager(tmp_path)
+    manager = manual_replica_manager(tmp_path)
     manager.load_recovery_points(clean_shutdown=True)
     _host(manager, 0).append_as_leader(batch("a"), 1)
     manager.close()
-    manager = _manager(tmp_path)
+    manager = manual_replica_manager(tmp_path)
     manager.load_recovery_points(clean_shutdown=False)
     assert manager.recovery_points == {("t", 0): 3}
     assert _host(manager, 0).recovery_point == 3
     manager.close()
     (tmp_path / RECOVERY_POINT_FILE).write_text("0\n7\n")
-    manager = _manager(tmp_path)
+    manager = manual_replica_manager(tmp_path)
     manager.load_recovery_points(clean_shutdown=False)
     assert manager.recovery_points == {}  # Kafka: reset to 0, every segment recovered
     assert _host(manager, 0).recovery_point == 0
@@ -236,7 +232,7 @@ def test_an_unclean_start_recovers_from_the_checkpoint_or_from_0_when_it_is_corr
 
 
 def test_a_follower_truncation_checkpoints_the_lowered_point_at_once(tmp_path: Path) -> None:
-    manager = _manager(tmp_path)
+    manager = manual_replica_manager(tmp_path)
     manager.topic_configs["t"] = {"internal.segment.bytes": "14"}  # a batch a segment
     log = _host(manager, 0)
     for tag in "abcd":
