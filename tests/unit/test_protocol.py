@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minibroker.protocol as p
+from minibroker.protocol import schema
 from minibroker.protocol.batch import CorruptBatch
 from minibroker.protocol.errors import ErrorCode, KafkaError
 
@@ -107,6 +108,13 @@ def test_request_round_trip_fills_defaults():
     assert body["topics"][0]["partitions"][0]["partition_max_bytes"] == 1048576
 
 
+def _topic(second_partition: dict) -> dict:
+    return {"name": "t", "partitions": [{"partition": 0, "records": b""}, second_partition]}
+
+
+_GOOD_TOPIC = _topic({"partition": 1, "records": b""})
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -123,6 +131,23 @@ def test_request_round_trip_fills_defaults():
             },
             "topics[0].partitions[0].partition",
         ),
+        # Deeper, and past the first element: each container names the one that failed.
+        (
+            {"acks": 1, "timeout_ms": 1, "topics": [_GOOD_TOPIC, _topic({"partition": 0})]},
+            "topics[1].partitions[1]: missing field 'records'",
+        ),
+        (
+            {
+                "acks": 1,
+                "timeout_ms": 1,
+                "topics": [_GOOD_TOPIC, _topic({"partition": 0, "records": b"", "z": 1})],
+            },
+            "topics[1].partitions[1]: unknown field(s) z",
+        ),
+        (
+            {"acks": 1, "timeout_ms": 1, "topics": [_GOOD_TOPIC, {"name": 7, "partitions": []}]},
+            "topics[1].name: expected string, got int",
+        ),
         ([1, 2], "expected map"),
     ],
 )
@@ -131,6 +156,19 @@ def test_wrong_shapes_name_the_problem(body, message):
     with pytest.raises(p.InvalidRequest) as info:
         p.validate_request(header, body)
     assert message in str(info.value)
+
+
+def test_a_mapping_names_the_key_or_value_that_failed():
+    check = schema.struct({"sizes": schema.mapping(schema.STRING, schema.INT32)})
+    assert check({"sizes": {"a": 1, "b": 2}}, "") == {"sizes": {"a": 1, "b": 2}}
+    with pytest.raises(
+        p.InvalidRequest, match=r"INVALID_REQUEST: sizes\.b: expected int32, got str"
+    ):
+        check({"sizes": {"a": 1, "b": "2"}}, "")
+    with pytest.raises(
+        p.InvalidRequest, match=r"INVALID_REQUEST: sizes\.<key>: expected string, got int"
+    ):
+        check({"sizes": {"a": 1, 3: 2}}, "")
 
 
 def test_unknown_api_and_version():
