@@ -495,6 +495,8 @@ class Broker:
             "transactions": self.transactions.stats(),
             # The Kafka listener's incremental fetch sessions (KIP-227).
             "fetch_sessions": self.kafka_handler.fetch_sessions.stats(),
+            # Followers' sessions on this leader (broker/replication/fetch_sessions.py).
+            "replica_fetch_sessions": rm.fetch_sessions.stats(),
             "log_cleaner": rm.cleaner.stats() if rm.cleaner is not None else None,
             "partitions": [
                 {

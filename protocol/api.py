@@ -388,6 +388,25 @@ FETCH_RESP_V1 = struct(
     _FETCH_TOP,
 )
 
+# Version 2: incremental fetch sessions (KIP-227's request side), for followers. A full
+# fetch (session_epoch 0) names every partition and opens a session, whose id the answer
+# gives; then each fetch (epoch 1, 2, ...) names only the partitions whose fields changed,
+# and the ones to drop in forgotten_topics: the leader holds the rest. session_epoch -1:
+# no session (what versions 0 and 1 are). The answer is version 1's, with the session id.
+FETCH_REQ_V2 = struct(
+    FETCH_REQ.fields,
+    {
+        **FETCH_REQ.optional,
+        "session_id": (INT32, 0),
+        "session_epoch": (INT32, -1),
+        "forgotten_topics": (
+            array(struct({"name": TOPIC_NAME, "partitions": array(PARTITION)})),
+            [],
+        ),
+    },
+)
+FETCH_RESP_V2 = struct(FETCH_RESP_V1.fields, {**_FETCH_TOP, "session_id": (INT32, 0)})
+
 # A client quota entity: (entity type, name) pairs, a null name the default (Kafka's
 # EntityData); its values by quota key (producer_byte_rate, ...).
 _QUOTA_ENTITY = array(
@@ -733,7 +752,11 @@ SCHEMAS: dict[int, dict[int, tuple[Validator, Validator]]] = {
         1: (DELETE_TOPICS_REQ, DELETE_TOPICS_RESP_V1),
     },
     ApiKey.PRODUCE: {0: (PRODUCE_REQ, PRODUCE_RESP), 1: (PRODUCE_REQ, PRODUCE_RESP_V1)},
-    ApiKey.FETCH: {0: (FETCH_REQ, FETCH_RESP), 1: (FETCH_REQ, FETCH_RESP_V1)},
+    ApiKey.FETCH: {
+        0: (FETCH_REQ, FETCH_RESP),
+        1: (FETCH_REQ, FETCH_RESP_V1),
+        2: (FETCH_REQ_V2, FETCH_RESP_V2),
+    },
     ApiKey.LIST_OFFSETS: {0: (LIST_OFFSETS_REQ, LIST_OFFSETS_RESP)},
     ApiKey.ALTER_CLIENT_QUOTAS: {0: (ALTER_CLIENT_QUOTAS_REQ, ALTER_CLIENT_QUOTAS_RESP)},
     ApiKey.DESCRIBE_CLIENT_QUOTAS: {0: (DESCRIBE_CLIENT_QUOTAS_REQ, DESCRIBE_CLIENT_QUOTAS_RESP)},

@@ -20,7 +20,8 @@ The cache holds ``max.incremental.fetch.session.cache.slots`` sessions (Kafka's 
 the least recently used session if it has been idle longer than the eviction time (Kafka's
 MIN_INCREMENTAL_FETCH_SESSION_EVICTION_MS, 120 s); else the smallest session older than
 that time if it has fewer partitions than the new one. Simplified from Kafka: one shard,
-no privileged (follower) sessions, since followers fetch on the native listener; and the
+no privileged (follower) sessions, since followers fetch on the native listener (their
+sessions: broker/replication/fetch_sessions.py); and the
 eviction candidates are found by a scan rather than Kafka's sorted trees, which only runs
 when the cache is full and a new session asks for a slot.
 
@@ -32,22 +33,17 @@ from __future__ import annotations
 import random
 
 from minibroker.broker.common.clock import Clock
+from minibroker.broker.replication.fetch_sessions import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    INVALID_SESSION_ID,
+    MAX_EPOCH,
+    Key,
+    next_epoch,
+)
 from minibroker.protocol.errors import ErrorCode
 
-INVALID_SESSION_ID = 0
-INITIAL_EPOCH = 0
-FINAL_EPOCH = -1
-_MAX_EPOCH = (1 << 31) - 1
 EVICTION_MS = 120_000  # Kafka's MIN_INCREMENTAL_FETCH_SESSION_EVICTION_MS
-
-Key = tuple[str, int]
-
-
-def next_epoch(epoch: int) -> int:
-    """Kafka's FetchMetadata.nextEpoch: 0 -> 1 -> ... -> MAX -> 1; FINAL stays FINAL."""
-    if epoch < 0:
-        return FINAL_EPOCH
-    return 1 if epoch == _MAX_EPOCH else epoch + 1
 
 
 class CachedPartition:
@@ -159,7 +155,7 @@ class FetchSessionCache:
             return INVALID_SESSION_ID
         session_id = INVALID_SESSION_ID
         while session_id == INVALID_SESSION_ID or session_id in self.sessions:
-            session_id = random.randint(1, _MAX_EPOCH)  # positive, unique on this broker
+            session_id = random.randint(1, MAX_EPOCH)  # positive, unique on this broker
         self.sessions[session_id] = FetchSession(session_id, partitions, now)
         self.created += 1
         return session_id

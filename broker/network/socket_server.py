@@ -54,7 +54,14 @@ from minibroker.protocol import (
     split_request_envelope,
     validate_request,
 )
-from minibroker.protocol.errors import ErrorCode, InvalidRequest, UnsupportedVersion
+from minibroker.protocol.errors import (
+    ErrorCode,
+    FetchSessionIdNotFound,
+    InvalidFetchSessionEpoch,
+    InvalidRequest,
+    KafkaError,
+    UnsupportedVersion,
+)
 
 _now = time.monotonic
 
@@ -62,6 +69,13 @@ _RECV_BYTES = 1 << 18  # one read's most; the buffer is shared by every connecti
 _FRAMES_PER_TURN = 32
 _FETCH_KEY = bytes([ApiKey.FETCH])  # a positive fixint: the envelope's second byte
 _FETCHES_KEPT = 1024  # distinct Fetch bodies kept prepared (a hostile mix only clears it)
+# What decoding and preparing a request may refuse it for, answered with that error.
+_REFUSED_BEFORE_DISPATCH = (
+    InvalidRequest,
+    UnsupportedVersion,
+    FetchSessionIdNotFound,
+    InvalidFetchSessionEpoch,
+)
 # A pass of the reactor serves ready sockets for about _PASS_BUDGET_S, then yields: the
 # timer's hand-offs (unmutes, expiries), accepts and writers wait at most that long. A
 # fixed 256 sockets a pass was 13-25 ms of produces with 10,000 throttled connections:
@@ -747,14 +761,16 @@ class ConnectionHandler:
             return True
         try:
             if body is None:
-                body = self.dispatcher.prepare(header, validate_request(header, raw))
-                if split is not None:
-                    # Prepared requests are never changed, so one serves every sender.
+                validated = validate_request(header, raw)
+                body = self.dispatcher.prepare(header, validated)
+                if split is not None and validated.get("session_epoch", -1) < 0:
+                    # Prepared requests are never changed, so one serves every sender (not
+                    # a Fetch in a session: it reads what its session holds).
                     fetches = self._fetches
                     if len(fetches) >= _FETCHES_KEPT:
                         fetches.clear()
                     fetches[header.api_version, body_bytes] = body
-        except (InvalidRequest, UnsupportedVersion) as exc:
+        except _REFUSED_BEFORE_DISPATCH as exc:
             self._reject(conn, header, exc)
             return True
         return self._run(conn, header, body, received, self.dispatcher, self._packer)
@@ -828,10 +844,8 @@ class ConnectionHandler:
             metrics.record(header.api_key, started - received, done - started, 0.0, done - received)
         return True
 
-    def _reject(
-        self, conn: _Connection, header: RequestHeader, exc: InvalidRequest | UnsupportedVersion
-    ) -> None:
-        """Answer a request its decoding refused, with the decoder's verdict."""
+    def _reject(self, conn: _Connection, header: RequestHeader, exc: KafkaError) -> None:
+        """Answer a request its decoding (or its fetch session) refused, with the verdict."""
         self.log.info(
             "request_rejected",
             peer=conn.session.peer,

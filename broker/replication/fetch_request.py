@@ -40,6 +40,7 @@ class FetchRequest:
         "min_bytes",
         "replica_id",
         "response_bound",
+        "session_id",
         "shape",
         "targets",
         "transactions",
@@ -79,6 +80,9 @@ class FetchRequest:
             if self.for_follower
             else {}
         )
+        # A follower's fetch session (broker/replication/fetch_sessions.py): its answer names
+        # it. 0: none; set by whoever resolved the session.
+        self.session_id = 0
         self.min_bytes = body["min_bytes"]
         self.max_wait_ms = min(body["max_wait_ms"], MAX_FETCH_WAIT_MS)
         self.max_bytes = min(body["max_bytes"], fetch_max_bytes)

@@ -24,7 +24,8 @@ at once, with the member in them.
 
 A partition the leader leaves out of a Fetch answer (nothing new, HW unchanged:
 FetchRequest.known_hw) is not woken: its ask rides the next round as it is, so an idle
-partition costs its follower nothing per round.
+partition costs its follower nothing per round. Nor is it named again: Fetch rounds go in
+a session (fetch_sessions.py), each naming only the asks that changed since the last.
 """
 
 from __future__ import annotations
@@ -33,18 +34,30 @@ from typing import Protocol
 
 import trio
 
+from minibroker.broker.replication.fetch_sessions import FollowerSession, by_topic
 from minibroker.protocol import ApiKey
-from minibroker.protocol.errors import KafkaError
+from minibroker.protocol.errors import (
+    FetchSessionIdNotFound,
+    InvalidFetchSessionEpoch,
+    KafkaError,
+    UnsupportedVersion,
+)
 
 Key = tuple[str, int]
 
 # Longest a gathered round waits for a member that neither asked nor paused (a bug, a
 # task not scheduled yet): a bound, not a pacing; members ask within a scheduler pass.
 _GATHER_BOUND_S = 0.05
+FETCH_SESSION_VERSION = 2  # the Fetch version with sessions (protocol/api.py)
+# A Fetch refused for its session, not its partitions: they go again in a full Fetch; so
+# do they when the leader does not know the version.
+_SESSION_REFUSED = (FetchSessionIdNotFound, InvalidFetchSessionEpoch, UnsupportedVersion)
 
 
 class Requester(Protocol):
-    async def request(self, api_key: int, body: dict, *, timeout: float) -> dict: ...
+    async def request(
+        self, api_key: int, body: dict, *, timeout: float, version: int = 0
+    ) -> dict: ...
     async def close(self) -> None: ...
 
 
@@ -84,6 +97,9 @@ class LeaderLink:
         self._arrived = trio.lowlevel.ParkingLot()
         self._served: set[object] = set()  # members some Fetch round has carried
         self._fetch_out: trio.CancelScope | None = None  # the Fetch round out, if any
+        # Fetch rounds name only what changed (fetch_sessions.py), unless the leader does
+        # not know Fetch version 2 (a broker of an older build): then every round is full.
+        self.session: FollowerSession | None = FollowerSession()
 
     # --- members ----------------------------------------------------------------------------
 
@@ -163,13 +179,14 @@ class LeaderLink:
                     await self._arrived.park()
 
     async def _round(self, api_key: int, asks: dict[Key, _Ask]) -> None:
-        topics: dict[str, list[dict]] = {}
-        for (topic, _), ask in asks.items():
-            topics.setdefault(topic, []).append(ask.part)
-        body = {
-            **self.request_fields[api_key],
-            "topics": [{"name": name, "partitions": parts} for name, parts in topics.items()],
-        }
+        session = self.session if api_key == ApiKey.FETCH else None
+        asked = {key: ask.part for key, ask in asks.items()}
+        if session is not None:
+            body = {**self.request_fields[api_key], **session.next_fetch(asked)}
+            version = FETCH_SESSION_VERSION
+        else:
+            body = {**self.request_fields[api_key], "topics": by_topic(asked)}
+            version = 0
         with trio.CancelScope() as scope:
             if api_key == ApiKey.FETCH:
                 # Carried by a Fetch: from now on this member's asks ride the next round
@@ -179,8 +196,18 @@ class LeaderLink:
                 self._served.update(ask.member for ask in asks.values())
                 self._fetch_out = scope
             try:
-                answer = await self.conn.request(api_key, body, timeout=self.timeouts[api_key])
+                answer = await self.conn.request(
+                    api_key, body, timeout=self.timeouts[api_key], version=version
+                )
             except KafkaError as exc:
+                if session is not None:
+                    session.reset()
+                    if isinstance(exc, UnsupportedVersion):
+                        self.session = None  # an older leader: full Fetches from now on
+                    if isinstance(exc, _SESSION_REFUSED):
+                        # Nothing wrong with the partitions: they ride a full Fetch, now.
+                        self._requeue(api_key, asks)
+                        return
                 for ask in asks.values():
                     ask.error = exc
                     ask.done.set()
@@ -189,11 +216,14 @@ class LeaderLink:
                 self._fetch_out = None
         if scope.cancelled_caught:
             # Called back for a newcomer: these asks ride the next round, which goes out
-            # at once (they are all asked already).
-            pending = self.asks[api_key]
-            for key, ask in asks.items():
-                pending.setdefault(key, ask)
+            # at once (they are all asked already). Whether the leader saw the abandoned
+            # Fetch is unknown, so its session starts over.
+            if session is not None:
+                session.reset()
+            self._requeue(api_key, asks)
             return
+        if session is not None:
+            session.answered(answer)
         parts = {
             (t["name"], part["partition"]): part
             for t in answer["topics"]
@@ -215,3 +245,8 @@ class LeaderLink:
                     f"{ApiKey(api_key).name} answer"
                 )
             ask.done.set()
+
+    def _requeue(self, api_key: int, asks: dict[Key, _Ask]) -> None:
+        pending = self.asks[api_key]
+        for key, ask in asks.items():
+            pending.setdefault(key, ask)

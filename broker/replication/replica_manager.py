@@ -31,6 +31,7 @@ from minibroker.broker.replication.delayed import (
 )
 from minibroker.broker.replication.delete_records import DelayedDeleteRecords, delete_records
 from minibroker.broker.replication.fetch_request import FetchRequest
+from minibroker.broker.replication.fetch_sessions import ReplicaFetchSessions
 from minibroker.broker.replication.offset_queries import list_offsets, offsets_for_leader_epoch
 from minibroker.broker.replication.partition import Partition
 from minibroker.broker.replication.txn_markers import write_txn_markers
@@ -124,6 +125,7 @@ class ReplicaManager:
         self._shared_answers: dict[tuple, tuple[dict, int, bool]] = {}
         self._shared_bytes = 0  # records held by those answers
         self.fetch_max_bytes: int = config["fetch.max.bytes"]
+        self.fetch_sessions = ReplicaFetchSessions(self._follows_here)
         # Parked operations by the connection that asked: they die with it.
         self._parked: dict[ConnectionSession, set[DelayedOperation]] = {}
         self.topic_configs: dict[str, dict[str, str]] = {}
@@ -523,7 +525,19 @@ class ReplicaManager:
             raise InvalidRequest(
                 f"partition {duplicate} appears more than once in one fetch request"
             )
-        return FetchRequest(body, self.fetch_max_bytes, version)
+        # Version 2: a follower's session fills in the partitions it did not name
+        # (broker/replication/fetch_sessions.py); such a Fetch is its session's, never shared.
+        session_id = self.fetch_sessions.resolve(body) if version >= 2 else 0
+        fetch = FetchRequest(body, self.fetch_max_bytes, version)
+        fetch.session_id = session_id
+        return fetch
+
+    def _follows_here(self, replica_id: int) -> bool:
+        """Whether ``replica_id`` follows a partition this broker leads (fetch sessions)."""
+        return any(
+            p.is_leader and replica_id in p.replicas and replica_id != self.broker_id
+            for p in self.partitions.values()
+        )
 
     def fetch(
         self, fetch: FetchRequest, session: ConnectionSession | None = None
@@ -598,8 +612,8 @@ class ReplicaManager:
         regions = False
         known_hw = fetch.known_hw
         count_fetches = fetch.for_follower and update_follower_state
+        now_ms = self.now_ms()  # one read: a follower's fetch may name hundreds of partitions
         for key, offset, max_bytes in fetch.targets:
-            entry = {"partition": key[1], "error_code": 0, "high_watermark": -1, "records": b""}
             partition = self.partitions.get(key)
             counted = not count_fetches
             if (
@@ -620,11 +634,12 @@ class ReplicaManager:
                 if partition.note_follower_start(fetch.replica_id, fetch.known_start.get(key, -1)):
                     self.produce_purgatory.check_and_complete(key)  # a DeleteRecords waits
                 if counted or not partition.update_follower_fetch_state(
-                    fetch.replica_id, offset, self.now_ms()
+                    fetch.replica_id, offset, now_ms
                 ):
                     continue
                 self._hw_increased(key)
                 counted = True
+            entry = {"partition": key[1], "error_code": 0, "high_watermark": -1, "records": b""}
             topics.setdefault(key[0], []).append(entry)
             if partition is None:
                 entry["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -703,7 +718,7 @@ class ReplicaManager:
             total += len(data)
             budget = max(0, budget - len(data))
             if not counted and partition.update_follower_fetch_state(
-                fetch.replica_id, offset, self.now_ms()
+                fetch.replica_id, offset, now_ms
             ):
                 self._hw_increased(key)
             if fetch.for_follower and partition.note_follower_start(
@@ -711,6 +726,8 @@ class ReplicaManager:
             ):
                 self.produce_purgatory.check_and_complete(key)  # a DeleteRecords may wait
         body = {"topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}
+        if fetch.session_id:
+            body["session_id"] = fetch.session_id
         if regions:  # sent from the segment files (broker/network/parts.py)
             body = RegionBody(body)
         return body, total, stop_now

@@ -16,6 +16,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
 from minibroker.protocol.errors import ErrorCode
 from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader, decode_response, encode_request
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -121,3 +122,33 @@ def test_an_unknown_session_is_refused_on_the_wire(cluster):
         answer = decode_response(header, stream.read(size))
     assert answer["error_code"] == ErrorCode.FETCH_SESSION_ID_NOT_FOUND
     assert (answer["session_id"], answer["responses"]) == (0, [])
+
+
+def test_followers_replicate_through_sessions_holding_every_partition_they_follow(cluster):
+    """Between brokers a Fetch names only what changed (broker/replication/fetch_sessions.py):
+    acks=all writes still complete, and each leader's sessions, one per follower, hold
+    every partition a follower follows from it, the idle ones included."""
+    topic = "replicated-through-sessions"
+    create(cluster, topic)
+    produce(cluster, topic, 20)  # acks=all: both followers of each partition caught up
+
+    def sessions_hold_every_followed_partition() -> bool:
+        for broker in range(3):
+            stats = cluster.stats(broker)
+            followed = sum(
+                len(p["replicas"]) - 1 for p in stats["partitions"] if p["leader"] == broker
+            )
+            held = stats["replica_fetch_sessions"]
+            if held != {"sessions": 2, "partitions_cached": followed}:
+                return False
+        return True
+
+    wait_until(sessions_hold_every_followed_partition, 30, "follower sessions on every leader")
+    produce(cluster, topic, 20, start=20)  # and again, through the incremental fetches
+    high_watermarks = {
+        p["partition"]: p["high_watermark"]
+        for b in range(3)
+        for p in cluster.stats(b)["partitions"]
+        if p["topic"] == topic and p["leader"] == b
+    }
+    assert high_watermarks == dict.fromkeys(range(PARTITIONS), 40)

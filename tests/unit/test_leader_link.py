@@ -19,7 +19,7 @@ class FakeLeader:
         self.fail = False
         self.closed = False
 
-    async def request(self, api_key: int, body: dict, *, timeout: float) -> dict:
+    async def request(self, api_key: int, body: dict, *, timeout: float, version: int = 0) -> dict:
         self.requests.append((api_key, body))
         await trio.sleep(0.01)
         if self.fail:
@@ -126,7 +126,7 @@ class ParkingLeader(FakeLeader):
         super().__init__()
         self.release = trio.Event()
 
-    async def request(self, api_key: int, body: dict, *, timeout: float) -> dict:
+    async def request(self, api_key: int, body: dict, *, timeout: float, version: int = 0) -> dict:
         if api_key == ApiKey.FETCH and sum(len(t["partitions"]) for t in body["topics"]) == 1:
             self.requests.append((api_key, body))
             await self.release.wait()
@@ -261,7 +261,7 @@ class OmittingLeader(FakeLeader):
         super().__init__()
         self.changed: set[int] = set()
 
-    async def request(self, api_key: int, body: dict, *, timeout: float) -> dict:
+    async def request(self, api_key: int, body: dict, *, timeout: float, version: int = 0) -> dict:
         answer = await super().request(api_key, body, timeout=timeout)
         for t in answer["topics"]:
             t["partitions"] = [p for p in t["partitions"] if p["partition"] in self.changed]
