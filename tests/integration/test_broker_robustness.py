@@ -112,6 +112,26 @@ async def test_wrong_shapes_and_versions_get_error_responses(broker):
     assert (await conn.request(p.ApiKey.API_VERSIONS, {}))["error_code"] == 0
 
 
+async def test_a_fetch_naming_a_session_the_broker_does_not_hold_is_refused_by_name(broker):
+    """Fetch v2 (sessions, broker/replication/fetch_sessions.py): an incremental fetch of an
+    unknown session gets FETCH_SESSION_ID_NOT_FOUND, a consumer's full one no session, and
+    the connection goes on serving."""
+    await make_topic(broker, "sessions")
+    conn = await RawConnection.open(broker)
+    fetch = {
+        "max_wait_ms": 0,
+        "min_bytes": 0,
+        "topics": [{"name": "sessions", "partitions": [{"partition": 0, "fetch_offset": 0}]}],
+    }
+    body = await conn.request(p.ApiKey.FETCH, {**fetch, "session_id": 777, "session_epoch": 3}, 2)
+    assert body["error_code"] == ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+    assert "no fetch session 777" in body["error_message"]
+    body = await conn.request(p.ApiKey.FETCH, {**fetch, "session_epoch": 0}, 2)
+    assert body.get("session_id", 0) == 0
+    assert partition_error(body) == ErrorCode.NONE
+    assert (await conn.request(p.ApiKey.API_VERSIONS, {}))["error_code"] == 0
+
+
 async def test_bad_batches_are_refused_and_nothing_is_stored(broker_factory):
     proc = broker_factory({"message.max.bytes": 2000})
     await make_topic(proc.address)
