@@ -39,6 +39,7 @@ from minibroker.broker.replication.fetch_sessions import (
     INVALID_SESSION_ID,
     MAX_EPOCH,
     Key,
+    by_topic,
     next_epoch,
 )
 from minibroker.protocol.errors import ErrorCode
@@ -146,7 +147,12 @@ class FetchSessionCache:
             return FetchContext(self, [])
         session.last_used_ms = self.clock.now_ms()
         session.epoch = next_epoch(epoch)
-        return FetchContext(self, _by_topic(partitions), session=session, epoch=session.epoch)
+        return FetchContext(
+            self,
+            by_topic({key: p.fetch for key, p in partitions.items()}, "topic"),
+            session=session,
+            epoch=session.epoch,
+        )
 
     def _create(self, partitions: dict[Key, CachedPartition]) -> int:
         """A new session's id, or INVALID_SESSION_ID when there is no room for it."""
@@ -177,19 +183,6 @@ class FetchSessionCache:
         del self.sessions[victim.id]
         self.evictions += 1
         return True
-
-
-def _by_topic(partitions: dict[Key, CachedPartition]) -> list[dict]:
-    """The session's partitions as a Fetch request's topics, in session order (a topic
-    appears again where its partitions are not adjacent, as Kafka's requests allow)."""
-    topics: list[dict] = []
-    last = None
-    for (topic, _), cached in partitions.items():
-        if topic != last:
-            topics.append({"topic": topic, "partitions": []})
-            last = topic
-        topics[-1]["partitions"].append(cached.fetch)
-    return topics
 
 
 class FetchContext:

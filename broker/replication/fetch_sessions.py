@@ -170,14 +170,15 @@ class FollowerSession:
             self.epoch = next_epoch(self.epoch)
 
 
-def by_topic(parts: dict[Key, dict]) -> list[dict]:
+def by_topic(parts: dict[Key, dict], topic_field: str = "name") -> list[dict]:
     """Partitions' fields as a Fetch's ``topics``, in order (a topic appears again where
-    its partitions are not adjacent, as a Fetch may name them)."""
+    its partitions are not adjacent, as a Fetch may name them). ``topic_field``: the
+    topic's key ("topic" in Kafka's Fetch)."""
     topics: list[dict] = []
     last = None
     for (name, _), part in parts.items():
         if name != last:
-            topics.append({"name": name, "partitions": []})
+            topics.append({topic_field: name, "partitions": []})
             last = name
         topics[-1]["partitions"].append(part)
     return topics
