@@ -101,6 +101,12 @@ def render(body: dict) -> str:
             f"{sessions['partitions_cached']}  created {sessions['created']}  "
             f"evicted {sessions['evictions']}",
         ]
+    followers = stats.get("replica_fetch_sessions")  # followers' (fetch_sessions.py)
+    if followers and followers["sessions"]:
+        lines.append(
+            f"follower fetch sessions {followers['sessions']}  partitions cached "
+            f"{followers['partitions_cached']}"
+        )
     requests = stats.get("requests") or {}
     if requests:
         lines += [

@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka import Producer as RdProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from minibroker.deploy.stats_cli import render
 from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
 from minibroker.protocol.errors import ErrorCode
 from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader, decode_response, encode_request
@@ -144,6 +145,8 @@ def test_followers_replicate_through_sessions_holding_every_partition_they_follo
         return True
 
     wait_until(sessions_hold_every_followed_partition, 30, "follower sessions on every leader")
+    shown = render({"broker_id": 0, "stats": cluster.stats(0)})  # `minibroker stats`
+    assert "follower fetch sessions 2  partitions cached " in shown
     produce(cluster, topic, 20, start=20)  # and again, through the incremental fetches
     high_watermarks = {
         p["partition"]: p["high_watermark"]
