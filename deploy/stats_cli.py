@@ -105,7 +105,8 @@ def render(body: dict) -> str:
     if followers and followers["sessions"]:
         lines.append(
             f"follower fetch sessions {followers['sessions']}  partitions cached "
-            f"{followers['partitions_cached']}"
+            f"{followers['partitions_cached']}  fetches full {followers['full_fetches']}  "
+            f"incremental {followers['incremental_fetches']}"
         )
     requests = stats.get("requests") or {}
     if requests:

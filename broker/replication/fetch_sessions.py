@@ -59,7 +59,7 @@ class _Session:
 class ReplicaFetchSessions:
     """The followers' sessions on this leader, by follower broker id."""
 
-    __slots__ = ("_follows", "_ids", "_sessions")
+    __slots__ = ("_follows", "_ids", "_sessions", "full", "incremental")
 
     def __init__(self, follows: Callable[[int], bool]) -> None:
         # Whether a broker follows a partition led here: only such a broker gets a session,
@@ -69,6 +69,8 @@ class ReplicaFetchSessions:
         # Ids are not reused while the broker runs: a Fetch of a replaced session is
         # told so, never taken for the new one's. Random start: nor across restarts.
         self._ids = itertools.count(int.from_bytes(os.urandom(3), "big") + 1)
+        self.full = 0  # Fetches that opened a session
+        self.incremental = 0  # and that went on in one: how much the sessions are used
 
     def resolve(self, body: dict) -> int:
         """Apply a version-2 Fetch ``body`` to its session: afterwards ``body["topics"]``
@@ -87,6 +89,7 @@ class ReplicaFetchSessions:
                 (t["name"], p["partition"]): p for t in body["topics"] for p in t["partitions"]
             }
             session = self._sessions[replica_id] = _Session(next(self._ids), parts)
+            self.full += 1
             return session.id
         session = self._sessions.get(replica_id) if replica_id >= 0 else None
         if session is None or session.id != body["session_id"]:
@@ -109,12 +112,15 @@ class ReplicaFetchSessions:
                 parts.pop((name, index), None)
         session.epoch = next_epoch(epoch)
         body["topics"] = by_topic(parts)
+        self.incremental += 1
         return session.id
 
     def stats(self) -> dict[str, int]:
         return {
             "sessions": len(self._sessions),
             "partitions_cached": sum(len(s.parts) for s in self._sessions.values()),
+            "full_fetches": self.full,
+            "incremental_fetches": self.incremental,
         }
 
 

@@ -140,14 +140,19 @@ def test_followers_replicate_through_sessions_holding_every_partition_they_follo
                 len(p["replicas"]) - 1 for p in stats["partitions"] if p["leader"] == broker
             )
             held = stats["replica_fetch_sessions"]
-            if held != {"sessions": 2, "partitions_cached": followed}:
+            if (held["sessions"], held["partitions_cached"]) != (2, followed):
                 return False
         return True
 
     wait_until(sessions_hold_every_followed_partition, 30, "follower sessions on every leader")
     shown = render({"broker_id": 0, "stats": cluster.stats(0)})  # `minibroker stats`
     assert "follower fetch sessions 2  partitions cached " in shown
+    before = [cluster.stats(b)["replica_fetch_sessions"] for b in range(3)]
     produce(cluster, topic, 20, start=20)  # and again, through the incremental fetches
+    after = [cluster.stats(b)["replica_fetch_sessions"] for b in range(3)]
+    for was, now in zip(before, after, strict=True):
+        # Each leader's followers fetched in their sessions, naming only what changed.
+        assert now["incremental_fetches"] > was["incremental_fetches"]
     high_watermarks = {
         p["partition"]: p["high_watermark"]
         for b in range(3)

@@ -56,7 +56,12 @@ def test_a_session_fills_in_what_an_incremental_fetch_leaves_out():
     empty = request(2, session_id, 2, {})
     sessions.resolve(empty)
     assert fetched(empty) == {("a", 0): 0, ("a", 1): 7}
-    assert sessions.stats() == {"sessions": 1, "partitions_cached": 2}
+    assert sessions.stats() == {
+        "sessions": 1,
+        "partitions_cached": 2,
+        "full_fetches": 1,
+        "incremental_fetches": 2,
+    }
 
 
 def test_a_wrong_epoch_or_id_is_refused_and_a_full_fetch_replaces_the_session():
