@@ -585,15 +585,27 @@ class RequestHandler:
     def produce(
         self, header: RequestHeader, body: dict, session: ConnectionSession
     ) -> dict | PendingResponse | None:
-        if self.config["auto.create.topics.enable"]:
-            topics = self.cache.metadata.topics
-            missing = [
-                t["name"]
-                for t in body["topics"]
-                if t["name"] not in topics and _auto_creatable(t["name"])
-            ]
-            if missing:
-                self._auto_create(missing)
+        topics = self.cache.metadata.topics
+        missing = [t["name"] for t in body["topics"] if t["name"] not in topics]
+        if missing and self.config["auto.create.topics.enable"]:
+            creatable = [name for name in missing if _auto_creatable(name)]
+            if creatable:
+                self._auto_create(creatable)
+        if missing or self.deferral.holding(session):
+            # Just created (by a client, or auto-created above), a topic may not be applied
+            # here yet: wait for it briefly rather than have the client back off and retry.
+            # The connection's later produces wait behind it, in order.
+            return self.deferral.after_topics_known(
+                session,
+                lambda: all(name in self.cache.metadata.topics for name in missing),
+                lambda: self._produce(header, body, session),
+                answered=body["acks"] != 0,
+            )
+        return self._produce(header, body, session)
+
+    def _produce(
+        self, header: RequestHeader, body: dict, session: ConnectionSession
+    ) -> dict | PendingResponse | None:
         # Kafka's rule: only the admin client id may write internal topics from outside.
         allowed = header.client_id == ADMIN_CLIENT_ID
         result = self.replica_manager.produce(body, session, internal_topics_allowed=allowed)

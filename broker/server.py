@@ -338,7 +338,7 @@ class Broker:
             authenticator=Authenticator(self.credentials, self.broker_id, self.log),
             producer_ids=self.producer_ids,
             faults=self.faults,
-            deferral=RequestDeferral(self.tasks, self.cache.ready),
+            deferral=RequestDeferral(self.tasks, self.cache.ready, self.cache.updated),
             stats=self.stats,
             coordinator=self.coordinator,
             transactions=self.transactions,

@@ -21,11 +21,14 @@ class MetadataCache:
         self.controller_id = -1
         self.leader_known = trio.Event()
         self.ready = trio.Event()
+        # Woken by each update: requests held for a topic not applied here yet wait on it.
+        self.updated = trio.lowlevel.ParkingLot()
 
     def update(self, md: ClusterMetadata) -> None:
         """Serve ``md`` from now on; it names the controller this broker knows of."""
         md.controller_id = self.controller_id
         self.metadata = md
+        self.updated.unpark_all()
 
     def controller_changed(self, controller_id: int) -> None:
         """The quorum named a (possibly new) controller: wake whoever waits for one."""

@@ -4,7 +4,8 @@ answers when it is set, so the network layer treats them like any parked request
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Hashable
 
 import trio
 
@@ -14,6 +15,10 @@ from minibroker.broker.network.pending import PendingResponse
 # A client request held for the metadata catch-up waits at most this long, then is
 # answered from what the broker knows: below a client's default request timeout.
 CATCH_UP_WAIT_S = 25
+
+# A produce naming a topic this broker has not applied yet waits at most this long for a
+# metadata update that brings it (see RequestDeferral.after_topics_known).
+UNKNOWN_TOPIC_WAIT_S = 0.1
 
 Answer = dict | PendingResponse
 
@@ -25,9 +30,17 @@ async def _relay(result: Answer, pending: PendingResponse) -> None:
 class RequestDeferral:
     """Holds requests until ``caught_up`` is set, and answers late on purpose."""
 
-    def __init__(self, tasks: Spawner, caught_up: trio.Event) -> None:
+    def __init__(
+        self,
+        tasks: Spawner,
+        caught_up: trio.Event,
+        metadata_updated: trio.lowlevel.ParkingLot | None = None,
+    ) -> None:
         self.tasks = tasks
         self.caught_up = caught_up
+        # Unparked at each metadata update (MetadataCache.updated).
+        self.metadata_updated = metadata_updated or trio.lowlevel.ParkingLot()
+        self._held: dict[Hashable, deque] = {}  # after_topics_known's queues, by key
 
     def after_catch_up(self, handle: Callable[[], Answer]) -> PendingResponse:
         """Run ``handle`` once the metadata has caught up (or after CATCH_UP_WAIT_S, when it
@@ -41,6 +54,57 @@ class RequestDeferral:
 
         self.tasks.start_soon(later)
         return pending
+
+    def after_topics_known(
+        self,
+        key: Hashable,
+        known: Callable[[], bool],
+        handle: Callable[[], Answer | None],
+        *,
+        answered: bool = True,
+    ) -> PendingResponse | None:
+        """Run ``handle`` once ``known()`` holds, looked at after each metadata update, or
+        after UNKNOWN_TOPIC_WAIT_S, answered from what the broker knows then (None for a
+        request that gets no answer, ``answered`` False).
+
+        For a produce that names a topic the cluster has just created: the client learned
+        of it from a broker that has applied the topic, and the one it asks has not, a
+        few ms behind. Answered at once, UNKNOWN_TOPIC_OR_PARTITION cost the client its
+        retry backoff (librdkafka: 100 ms), on about one new topic in ten on a busy
+        machine. A topic that does not exist is refused that much later.
+
+        Held requests of one ``key`` (a connection) run in arrival order, one task each
+        key: a later one never overtakes an earlier one, as a producer's ordering and its
+        idempotent sequences need. ``holding(key)``: hold the next one too.
+        """
+        pending = PendingResponse() if answered else None
+        queue = self._held.get(key)
+        if queue is None:
+            queue = self._held[key] = deque()
+            self.tasks.start_soon(self._release_held, key, queue)
+        queue.append((trio.current_time() + UNKNOWN_TOPIC_WAIT_S, known, handle, pending))
+        return pending
+
+    def holding(self, key: Hashable) -> bool:
+        return key in self._held
+
+    async def _release_held(self, key: Hashable, queue: deque) -> None:
+        try:
+            while queue:
+                deadline, known, handle, pending = queue[0]
+                with trio.move_on_at(deadline):
+                    while not known():
+                        await self.metadata_updated.park()
+                queue.popleft()
+                result = handle()
+                if pending is None:
+                    continue
+                if isinstance(result, PendingResponse):
+                    result.add_done_callback(pending.set)
+                else:
+                    pending.set(result)
+        finally:
+            del self._held[key]
 
     def handled_after(self, delay_ms: int, handle: Callable[[], Answer]) -> PendingResponse:
         """Handle a request only ``delay_ms`` from now (fault delay-request): it is judged

@@ -182,6 +182,19 @@ async def test_auto_create_topics_when_enabled(broker_factory):
     assert (md.topic, md.partition, md.offset) == ("fresh", 1, 0)
 
 
+async def test_a_produce_to_a_topic_it_auto_creates_is_held_until_the_topic_exists(
+    broker_factory,
+):
+    """The first produce to a new topic creates it (auto.create.topics.enable) and is held
+    until this broker has applied the topic (RequestDeferral.after_topics_known), so it
+    is written rather than answered UNKNOWN_TOPIC_OR_PARTITION for the client to retry."""
+    proc = broker_factory({"auto.create.topics.enable": True, "num.partitions": 1})
+    conn = await RawConnection.open(proc.address)
+    body = await conn.request(p.ApiKey.PRODUCE, produce("made-by-its-first-write", batch()))
+    assert partition_error(body) == ErrorCode.NONE
+    assert body["topics"][0]["partitions"][0]["base_offset"] == 0
+
+
 async def test_silent_client_is_closed_after_idle_timeout(broker_factory):
     proc = broker_factory({"connections.max.idle.ms": 300})
     silent = await RawConnection.open(proc.address)

@@ -11,7 +11,11 @@ from minibroker.broker.common.config import BrokerConfig
 from minibroker.broker.common.tasks import BackgroundTasks, NotRunningError
 from minibroker.broker.metadata.cache import MetadataCache
 from minibroker.broker.metadata.image import ClusterMetadata
-from minibroker.broker.network.deferral import CATCH_UP_WAIT_S, RequestDeferral
+from minibroker.broker.network.deferral import (
+    CATCH_UP_WAIT_S,
+    UNKNOWN_TOPIC_WAIT_S,
+    RequestDeferral,
+)
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.server import Broker
 
@@ -112,6 +116,61 @@ async def test_a_held_request_is_answered_anyway_after_the_catch_up_wait(nursery
     inner.set({"error_code": 3})
     assert await pending.wait() == {"error_code": 3}
     assert trio.current_time() - start >= CATCH_UP_WAIT_S
+
+
+async def test_a_produce_for_a_topic_not_applied_yet_waits_for_the_update_that_brings_it(
+    nursery, autojump_clock
+):
+    """RequestDeferral.after_topics_known: a held request runs at the metadata update that
+    makes it known, not before; a later one of the same connection waits behind it even
+    when it could go at once (ordering), and another connection's does not."""
+    cache = MetadataCache()
+    deferral = RequestDeferral(nursery, cache.ready, cache.updated)
+    known: set[str] = set()
+    ran: list[str] = []
+
+    def hold(key: str, topic: str, name: str) -> PendingResponse | None:
+        def handle() -> dict:
+            ran.append(name)
+            return {"error_code": 0 if topic in known else 3}
+
+        return deferral.after_topics_known(key, lambda: topic in known, handle)
+
+    first = hold("conn-a", "new", "first")
+    second = hold("conn-a", "old", "second")  # known at once, but behind the first
+    known.add("old")
+    other = hold("conn-b", "old", "other")
+    assert await other.wait() == {"error_code": 0}
+    await trio.sleep(0.01)
+    assert ran == ["other"] and first.body is None and second.body is None
+    assert deferral.holding("conn-a") and not deferral.holding("conn-b")
+    known.add("new")
+    cache.update(ClusterMetadata(epoch=2))
+    assert await first.wait() == {"error_code": 0}
+    assert await second.wait() == {"error_code": 0}
+    assert ran == ["other", "first", "second"]
+    await trio.sleep(0)
+    assert not deferral.holding("conn-a")
+
+
+async def test_a_produce_for_a_topic_that_never_comes_is_answered_after_the_bound(
+    nursery, autojump_clock
+):
+    cache = MetadataCache()
+    deferral = RequestDeferral(nursery, cache.ready, cache.updated)
+    start = trio.current_time()
+    pending = deferral.after_topics_known("conn", lambda: False, lambda: {"error_code": 3})
+    cache.update(ClusterMetadata(epoch=2))  # an update that does not bring it
+    assert await pending.wait() == {"error_code": 3}
+    assert trio.current_time() - start == pytest.approx(UNKNOWN_TOPIC_WAIT_S)
+    # A request that gets no answer (acks=0) is held and run all the same.
+    ran = []
+    assert (
+        deferral.after_topics_known("conn", lambda: True, lambda: ran.append(1), answered=False)
+        is None
+    )
+    await trio.sleep(0.001)
+    assert ran == [1]
 
 
 async def test_a_delayed_answer_comes_after_its_delay(nursery, autojump_clock):
