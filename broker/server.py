@@ -338,7 +338,9 @@ class Broker:
             authenticator=Authenticator(self.credentials, self.broker_id, self.log),
             producer_ids=self.producer_ids,
             faults=self.faults,
-            deferral=RequestDeferral(self.tasks, self.cache.ready, self.cache.updated),
+            deferral=RequestDeferral(
+                self.tasks, self.cache.ready, self.cache.updated, log=self.log
+            ),
             stats=self.stats,
             coordinator=self.coordinator,
             transactions=self.transactions,

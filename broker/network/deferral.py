@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Hashable
+from typing import Any
 
+import structlog
 import trio
 
 from minibroker.broker.common.tasks import Spawner
 from minibroker.broker.network.pending import PendingResponse
+from minibroker.protocol import error_body
+from minibroker.protocol.errors import ErrorCode
 
 # A client request held for the metadata catch-up waits at most this long, then is
 # answered from what the broker knows: below a client's default request timeout.
@@ -23,8 +27,12 @@ UNKNOWN_TOPIC_WAIT_S = 0.1
 Answer = dict | PendingResponse
 
 
-async def _relay(result: Answer, pending: PendingResponse) -> None:
-    pending.set(await result.wait() if isinstance(result, PendingResponse) else result)
+def _forward(result: Answer, pending: PendingResponse) -> None:
+    """Answer ``pending`` with ``result``: now, or when that parked request completes."""
+    if isinstance(result, PendingResponse):
+        result.add_done_callback(pending.set)
+    else:
+        pending.set(result)
 
 
 class RequestDeferral:
@@ -35,9 +43,11 @@ class RequestDeferral:
         tasks: Spawner,
         caught_up: trio.Event,
         metadata_updated: trio.lowlevel.ParkingLot | None = None,
+        log: Any = None,
     ) -> None:
         self.tasks = tasks
         self.caught_up = caught_up
+        self.log = log or structlog.get_logger()
         # Unparked at each metadata update (MetadataCache.updated).
         self.metadata_updated = metadata_updated or trio.lowlevel.ParkingLot()
         self._held: dict[Hashable, deque] = {}  # after_topics_known's queues, by key
@@ -50,7 +60,7 @@ class RequestDeferral:
         async def later() -> None:
             with trio.move_on_after(CATCH_UP_WAIT_S):
                 await self.caught_up.wait()
-            await _relay(handle(), pending)
+            _forward(self._handled(handle), pending)
 
         self.tasks.start_soon(later)
         return pending
@@ -96,13 +106,9 @@ class RequestDeferral:
                     while not known():
                         await self.metadata_updated.park()
                 queue.popleft()
-                result = handle()
-                if pending is None:
-                    continue
-                if isinstance(result, PendingResponse):
-                    result.add_done_callback(pending.set)
-                else:
-                    pending.set(result)
+                result = self._handled(handle)
+                if pending is not None:
+                    _forward(result, pending)
         finally:
             del self._held[key]
 
@@ -114,7 +120,7 @@ class RequestDeferral:
 
         async def later() -> None:
             await trio.sleep(delay_ms / 1000)
-            await _relay(handle(), pending)
+            _forward(self._handled(handle), pending)
 
         self.tasks.start_soon(later)
         return pending
@@ -127,7 +133,17 @@ class RequestDeferral:
 
         async def later() -> None:
             await trio.sleep(delay_ms / 1000)
-            await _relay(result, pending)
+            _forward(result, pending)
 
         self.tasks.start_soon(later)
         return pending
+
+    def _handled(self, handle: Callable[[], Answer | None]) -> Answer | None:
+        """``handle()``, or UNKNOWN_SERVER_ERROR if it raised: a held request fails as one
+        handled at once does (the socket server's rule), and never takes the broker's
+        background tasks down with it."""
+        try:
+            return handle()
+        except Exception as exc:
+            self.log.exception("deferred_request_failed")
+            return error_body(ErrorCode.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}")

@@ -18,6 +18,7 @@ from minibroker.broker.network.deferral import (
 )
 from minibroker.broker.network.pending import PendingResponse
 from minibroker.broker.server import Broker
+from minibroker.protocol.errors import ErrorCode
 
 
 def test_a_broker_is_built_whole(tmp_path):
@@ -149,7 +150,6 @@ async def test_a_produce_for_a_topic_not_applied_yet_waits_for_the_update_that_b
     assert await first.wait() == {"error_code": 0}
     assert await second.wait() == {"error_code": 0}
     assert ran == ["other", "first", "second"]
-    await trio.sleep(0)
     assert not deferral.holding("conn-a")
 
 
@@ -164,13 +164,33 @@ async def test_a_produce_for_a_topic_that_never_comes_is_answered_after_the_boun
     assert await pending.wait() == {"error_code": 3}
     assert trio.current_time() - start == pytest.approx(UNKNOWN_TOPIC_WAIT_S)
     # A request that gets no answer (acks=0) is held and run all the same.
-    ran = []
-    assert (
-        deferral.after_topics_known("conn", lambda: True, lambda: ran.append(1), answered=False)
-        is None
-    )
-    await trio.sleep(0.001)
-    assert ran == [1]
+    ran = trio.Event()
+    assert deferral.after_topics_known("conn", lambda: True, ran.set, answered=False) is None
+    with trio.fail_after(1):
+        await ran.wait()
+
+
+async def test_a_held_request_whose_handler_fails_is_answered_and_the_next_still_runs(nursery):
+    """A failure in a deferred handler is answered UNKNOWN_SERVER_ERROR, as the socket
+    server answers one handled at once, instead of escaping into the background tasks
+    (the nursery would end, and the broker with it)."""
+    deferral = RequestDeferral(nursery, trio.Event())
+
+    def broken() -> dict:
+        raise RuntimeError("boom")
+
+    failed = deferral.after_topics_known("conn", lambda: True, broken)
+    after = deferral.after_topics_known("conn", lambda: True, lambda: {"error_code": 0})
+    with trio.fail_after(1):
+        assert await failed.wait() == {
+            "error_code": int(ErrorCode.UNKNOWN_SERVER_ERROR),
+            "error_message": "RuntimeError: boom",
+        }
+        assert await after.wait() == {"error_code": 0}
+    held = deferral.after_catch_up(broken)
+    deferral.caught_up.set()
+    with trio.fail_after(1):
+        assert (await held.wait())["error_code"] == ErrorCode.UNKNOWN_SERVER_ERROR
 
 
 async def test_a_delayed_answer_comes_after_its_delay(nursery, autojump_clock):
