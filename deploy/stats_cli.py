@@ -102,17 +102,12 @@ def render(body: dict) -> str:
             f"evicted {sessions['evictions']}",
         ]
     followers = stats.get("replica_fetch_sessions")  # followers' (fetch_sessions.py)
-    if followers and followers.get("sessions"):
-        line = (
+    if followers and followers["sessions"]:
+        lines.append(
             f"follower fetch sessions {followers['sessions']}  partitions cached "
-            f"{followers['partitions_cached']}"
+            f"{followers['partitions_cached']}  fetches full {followers['full_fetches']}  "
+            f"incremental {followers['incremental_fetches']}"
         )
-        if "full_fetches" in followers:  # (a broker of an older build does not count them)
-            line += (
-                f"  fetches full {followers['full_fetches']}  "
-                f"incremental {followers['incremental_fetches']}"
-            )
-        lines.append(line)
     requests = stats.get("requests") or {}
     if requests:
         lines += [

@@ -142,10 +142,11 @@ class FollowerSession:
         self.sent = {}
 
     def next_fetch(self, parts: dict[Key, dict]) -> dict:
-        """The session fields and topics of a Fetch of ``parts``: all of them in a full
+        """The session fields and topics of a Fetch of ``parts`` (a dict the caller made
+        for this Fetch and does not change: it is kept as sent): all of them in a full
         Fetch; else those whose fields changed, and the partitions to forget."""
         sent = self.sent
-        self.sent = dict(parts)
+        self.sent = parts
         if self.epoch == INITIAL_EPOCH:
             return {
                 "session_id": INVALID_SESSION_ID,

@@ -17,9 +17,9 @@ say whether it held the rate (``rate_achieved``, ``held``) and how late its burs
 the acknowledgement (Message.latency), of every tenth record. One JSON line, as every benchmark.
 
 ``--idle-topics N`` first creates N 3-partition topics nobody writes to, waits until
-their followers are in sync, and deletes them after the run: every replica fetch round
-names every followed partition, so a development cluster that gathered topics pays for
-them on each write.
+their followers are in sync, and deletes them after the run: what a development cluster
+that gathered topics pays for them on each write (the leader still reads every partition
+of a follower's fetch session each round).
 
 The clients come with the ``test`` extra (``pip install 'minibroker[test]'``).
 """
