@@ -28,6 +28,7 @@ from minibroker.protocol.kafka import (
     encode_request,
 )
 from minibroker.protocol.kafka import records as kafka_records
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -517,9 +518,10 @@ def test_bench_kafka_clients_idle_topics_are_followed_in_sync_and_deleted_after(
     out = kafka_clients.bench(parser.parse_args([*base, "--idle-topics", "3"]))
     assert out["params"]["idle_topics"] == 3 and out["unflushed"] == 0
     assert out["produce_records_per_s"] > 0
-    deadline = time.monotonic() + 30
-    while any("-idle-" in t for t in admin.list_topics(timeout=10).topics):
-        assert time.monotonic() < deadline, "the idle topics outlived the run"
-        time.sleep(0.1)
+    wait_until(
+        lambda: not any("-idle-" in t for t in admin.list_topics(timeout=10).topics),
+        30,
+        "the idle topics deleted after the run",
+    )
     with pytest.raises(ValueError, match="needs a cluster"):
         kafka_clients.bench(parser.parse_args([*base, "--client", "mock", "--idle-topics", "1"]))
