@@ -130,6 +130,9 @@ def test_confluent_producer_is_held_to_its_producer_byte_rate(cluster):
             "client.id": "quota-producer",
             "linger.ms": 5,
             "batch.size": 65536,  # requests of 64 KB: the rate is held at a finer grain
+            # ~2 s of backlog at the quota, not librdkafka's 100,000 records (100 s): the
+            # flush after the measurement waits out only that.
+            "queue.buffering.max.kbytes": 2048,
             "throttle_cb": lambda event: throttles.append(event.throttle_time),
         }
     )
