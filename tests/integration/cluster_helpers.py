@@ -70,9 +70,21 @@ async def isr_of(state: ClusterState, topic: str, partition: int) -> list[int]:
     return sorted(desc.partitions[partition].isr)
 
 
+def read_segments(directory: Path, look: Callable[[Path], Any] = Path.read_bytes) -> list:
+    """``look`` at each segment file of a live partition directory, in offset order. A
+    broker's cleaner or retention swaps segments in and deletes old ones meanwhile: a
+    file listed and gone before it was looked at means every file is looked at again."""
+    for _ in range(100):
+        try:
+            return [look(path) for path in sorted(directory.glob("*.log"))]
+        except FileNotFoundError:
+            continue
+    raise AssertionError(f"{directory}'s segments changed under 100 reads in a row")
+
+
 def segment_bytes(state: ClusterState, broker_id: int, topic: str, partition: int) -> bytes:
     directory = Path(state.data_dir) / f"broker-{broker_id}" / f"{topic}-{partition}"
-    return b"".join(p.read_bytes() for p in sorted(directory.glob("*.log")))
+    return b"".join(read_segments(directory))
 
 
 async def leader_of(state: ClusterState, topic: str, partition: int) -> int:

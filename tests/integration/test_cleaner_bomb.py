@@ -28,6 +28,7 @@ from minibroker.protocol.batch import iter_batches, wrap_kafka_batch
 from minibroker.protocol.kafka import KafkaApi, KafkaRequestHeader, decode_response, encode_request
 from minibroker.protocol.kafka import records as kafka_records
 from minibroker.protocol.kafka.messages import write_varint
+from tests.integration.cluster_helpers import read_segments
 
 pytestmark = pytest.mark.integration
 
@@ -179,7 +180,7 @@ def test_compression_bombs_are_cleaned_in_bounded_memory_even_after_a_restart(tm
         stats = cleaner_stats(cluster)
         assert stats["uncleanable_partitions"] == [] and stats["batches_copied_uncleaned"] >= 2
         assert cluster.status(0) == "alive"
-        assert raw[16:] in b"".join(p.read_bytes() for p in directory.glob("*.log"))
+        assert raw[16:] in b"".join(read_segments(directory))
     finally:
         peak = watch.stop()
         cluster.close()

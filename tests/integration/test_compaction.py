@@ -13,6 +13,7 @@ import trio
 
 from minibroker.client import Admin, Consumer, NewTopic, Producer
 from minibroker.protocol.batch import HEADER_SIZE
+from tests.integration.cluster_helpers import read_segments
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +23,7 @@ CLEANER = {"log.cleaner.backoff.ms": 100}
 
 
 def partition_bytes(directory: Path) -> int:
-    return sum(p.stat().st_size for p in directory.glob("*.log"))
+    return sum(read_segments(directory, lambda path: path.stat().st_size))
 
 
 async def wait_for(predicate, what: str, timeout: float = 60) -> None:

@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from minibroker.deploy.testing import DEFAULT_CONFIG, start_cluster
 from minibroker.protocol import iter_batches
 from minibroker.protocol.batch import CONTROL_FLAG
+from tests.integration.cluster_helpers import read_segments
 
 pytestmark = pytest.mark.integration
 
@@ -29,8 +30,7 @@ ROUNDS = 8  # each round: an aborted transaction, then a committed one, over eve
 def scan(directory: Path) -> tuple[int, int]:
     """A replica's control batches and last offset, read from its segment files."""
     count, last = 0, -1
-    for path in directory.glob("*.log"):
-        data = path.read_bytes()
+    for data in read_segments(directory):
         for _, header in iter_batches(data):
             count += bool(header.attributes & CONTROL_FLAG)
             last = max(last, header.next_offset - 1)
